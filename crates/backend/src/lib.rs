@@ -1,0 +1,341 @@
+//! The transactional byte key-value store under the MVCC layer: bbolt's role in etcd
+//! (etcd `server/storage/backend`).
+//!
+//! It owns one redb database file (`member/snap/db`) holding named buckets of byte keys and
+//! values, a single writer and many snapshot-isolated readers. It knows nothing of revisions,
+//! leases or raft: the `mvcc` crate decides what the bytes mean.
+//!
+//! # Durability
+//!
+//! Like etcd's batched backend, most commits are made without an fsync
+//! ([`Durability::None`]); every `force_commit_interval` or on request a commit is made durable.
+//! That is safe because the raft WAL is the source of truth: on restart the server replays
+//! every entry after the consistent index recorded in the last durable commit.
+
+#![deny(missing_docs)]
+
+mod error;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+pub use error::{Error, Result};
+
+/// A named table, etcd's bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bucket(&'static str);
+
+impl Bucket {
+    /// Revision -> encoded `mvccpb.KeyValue` (etcd's `key` bucket).
+    pub const KEY: Bucket = Bucket("key");
+    /// Bookkeeping: consistent index, term, compaction marks, conf state (etcd's `meta`).
+    pub const META: Bucket = Bucket("meta");
+    /// Lease id -> encoded lease (etcd's `lease`).
+    pub const LEASE: Bucket = Bucket("lease");
+    /// Member id -> member JSON (etcd's `members`).
+    pub const MEMBERS: Bucket = Bucket("members");
+    /// Removed member ids (etcd's `members_removed`).
+    pub const MEMBERS_REMOVED: Bucket = Bucket("members_removed");
+    /// Raised alarms (etcd's `alarm`).
+    pub const ALARM: Bucket = Bucket("alarm");
+    /// Cluster-wide settings such as the cluster version (etcd's `cluster`).
+    pub const CLUSTER: Bucket = Bucket("cluster");
+    /// Auth settings, users and roles (etcd's `auth`, `authUsers`, `authRoles`).
+    pub const AUTH: Bucket = Bucket("auth");
+
+    /// Every bucket, created when the database is opened.
+    pub const ALL: [Bucket; 8] = [
+        Bucket::KEY,
+        Bucket::META,
+        Bucket::LEASE,
+        Bucket::MEMBERS,
+        Bucket::MEMBERS_REMOVED,
+        Bucket::ALARM,
+        Bucket::CLUSTER,
+        Bucket::AUTH,
+    ];
+
+    fn table(self) -> TableDefinition<'static, &'static [u8], &'static [u8]> {
+        TableDefinition::new(self.0)
+    }
+
+    /// The bucket's name.
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+/// The backend: one database file, one writer at a time.
+pub struct Backend {
+    db: redb::Database,
+    path: PathBuf,
+    last_durable: parking_lot_free::Cell,
+    force_commit_interval: Duration,
+}
+
+/// A tiny interior-mutable timestamp; the backend is used by one writer at a time, but
+/// `Backend` is shared (`&self`) between the writer and readers.
+mod parking_lot_free {
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    pub(crate) struct Cell(Mutex<Instant>);
+
+    impl Cell {
+        pub(crate) fn new(now: Instant) -> Self {
+            Cell(Mutex::new(now))
+        }
+        pub(crate) fn get(&self) -> Instant {
+            match self.0.lock() {
+                Ok(guard) => *guard,
+                Err(poisoned) => *poisoned.into_inner(),
+            }
+        }
+        pub(crate) fn set(&self, value: Instant) {
+            match self.0.lock() {
+                Ok(mut guard) => *guard = value,
+                Err(poisoned) => *poisoned.into_inner() = value,
+            }
+        }
+    }
+}
+
+impl Backend {
+    /// Open (or create) the database at `path` and make sure every bucket exists.
+    pub fn open(path: &Path) -> Result<Backend> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(Error::Io)?;
+        }
+        let db = redb::Database::create(path).map_err(Error::storage)?;
+        let backend = Backend {
+            db,
+            path: path.to_path_buf(),
+            last_durable: parking_lot_free::Cell::new(Instant::now()),
+            force_commit_interval: Duration::from_millis(100),
+        };
+        let tx = backend.write()?;
+        for bucket in Bucket::ALL {
+            tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        }
+        tx.commit(true)?;
+        Ok(backend)
+    }
+
+    /// The path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Begin the (single) write transaction.
+    pub fn write(&self) -> Result<WriteTx<'_>> {
+        let tx = self.db.begin_write().map_err(Error::storage)?;
+        Ok(WriteTx { tx, backend: self })
+    }
+
+    /// Begin a read transaction: a consistent point-in-time view.
+    pub fn read(&self) -> Result<ReadTx> {
+        let tx = self.db.begin_read().map_err(Error::storage)?;
+        Ok(ReadTx { tx })
+    }
+
+    /// Size of the database file on disk (etcd's `dbSize`).
+    pub fn size(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Bytes the database actually uses (etcd's `dbSizeInUse`): allocated pages less fragmentation.
+    pub fn size_in_use(&self) -> u64 {
+        let Ok(tx) = self.db.begin_write() else {
+            return self.size();
+        };
+        let in_use = match tx.stats() {
+            Ok(stats) => {
+                let allocated = stats.allocated_pages() * stats.page_size() as u64;
+                allocated.saturating_sub(stats.fragmented_bytes())
+            }
+            Err(_) => self.size(),
+        };
+        let _ = tx.abort();
+        in_use
+    }
+
+    /// Rewrite the file to reclaim free space (etcd's defragment). Needs exclusive access.
+    pub fn defragment(&mut self) -> Result<()> {
+        // Compaction only reclaims space freed by durable commits.
+        let tx = self.write()?;
+        tx.commit(true)?;
+        while self.db.compact().map_err(Error::storage)? {}
+        Ok(())
+    }
+}
+
+/// The write transaction. Dropping it without [`WriteTx::commit`] aborts it.
+pub struct WriteTx<'a> {
+    tx: redb::WriteTransaction,
+    backend: &'a Backend,
+}
+
+impl WriteTx<'_> {
+    /// Insert or overwrite `key` in `bucket`.
+    pub fn put(&self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        table.insert(key, value).map_err(Error::storage)?;
+        Ok(())
+    }
+
+    /// Remove `key` from `bucket`.
+    pub fn delete(&self, bucket: Bucket, key: &[u8]) -> Result<()> {
+        let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        table.remove(key).map_err(Error::storage)?;
+        Ok(())
+    }
+
+    /// Remove every key in `[start, end)` from `bucket`; returns how many were removed.
+    pub fn delete_range(&self, bucket: Bucket, start: &[u8], end: &[u8]) -> Result<u64> {
+        let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let mut removed = 0;
+        table
+            .extract_from_if(start..end, |_, _| true)
+            .map_err(Error::storage)?
+            .for_each(|_| removed += 1);
+        Ok(removed)
+    }
+
+    /// Read `key` as this transaction sees it.
+    pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let value = table.get(key).map_err(Error::storage)?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
+    /// Commit. With `durable == false` the commit is made durable anyway when the last durable
+    /// commit is older than the backend's force-commit interval (etcd's `batch-interval`).
+    /// Returns whether this commit was durable.
+    pub fn commit(mut self, durable: bool) -> Result<bool> {
+        let now = Instant::now();
+        let durable = durable
+            || now.duration_since(self.backend.last_durable.get())
+                >= self.backend.force_commit_interval;
+        let level = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        self.tx.set_durability(level).map_err(Error::storage)?;
+        self.tx.commit().map_err(Error::storage)?;
+        if durable {
+            self.backend.last_durable.set(now);
+        }
+        Ok(durable)
+    }
+}
+
+/// A read transaction: a snapshot of the last commit at the time it began.
+pub struct ReadTx {
+    tx: redb::ReadTransaction,
+}
+
+impl ReadTx {
+    /// Read `key`.
+    pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let value = table.get(key).map_err(Error::storage)?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
+    /// Visit every pair in `[start, end)` in key order (`end == None`: to the end of the
+    /// bucket) until `visit` returns `false`.
+    pub fn for_each_in(
+        &self,
+        bucket: Bucket,
+        start: &[u8],
+        end: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let iter = match end {
+            Some(end) => table.range(start..end),
+            None => table.range(start..),
+        }
+        .map_err(Error::storage)?;
+        for item in iter {
+            let (key, value) = item.map_err(Error::storage)?;
+            if !visit(key.value(), value.value()) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of pairs in `bucket`.
+    pub fn len(&self, bucket: Bucket) -> Result<u64> {
+        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        table.len().map_err(Error::storage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_range_delete_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("member/snap/db");
+        {
+            let backend = Backend::open(&path).unwrap();
+            let tx = backend.write().unwrap();
+            for i in 0u8..10 {
+                tx.put(Bucket::KEY, &[i], &[i, i]).unwrap();
+            }
+            tx.put(Bucket::META, b"consistent_index", b"7").unwrap();
+            assert!(tx.commit(true).unwrap());
+            let tx = backend.write().unwrap();
+            assert_eq!(tx.delete_range(Bucket::KEY, &[2], &[5]).unwrap(), 3);
+            tx.commit(true).unwrap();
+        }
+        let backend = Backend::open(&path).unwrap();
+        let read = backend.read().unwrap();
+        let mut seen = Vec::new();
+        read.for_each_in(Bucket::KEY, &[0], None, |k, v| {
+            seen.push((k[0], v.len()));
+            true
+        })
+        .unwrap();
+        assert_eq!(
+            seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![0, 1, 5, 6, 7, 8, 9]
+        );
+        assert_eq!(
+            read.get(Bucket::META, b"consistent_index")
+                .unwrap()
+                .unwrap(),
+            b"7"
+        );
+        assert_eq!(read.len(Bucket::KEY).unwrap(), 7);
+        assert!(backend.size() > 0);
+        assert!(backend.size_in_use() <= backend.size());
+    }
+
+    #[test]
+    fn readers_see_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Backend::open(&dir.path().join("db")).unwrap();
+        let before = backend.read().unwrap();
+        let tx = backend.write().unwrap();
+        tx.put(Bucket::KEY, b"a", b"1").unwrap();
+        tx.commit(false).unwrap();
+        assert_eq!(before.get(Bucket::KEY, b"a").unwrap(), None);
+        assert_eq!(
+            backend
+                .read()
+                .unwrap()
+                .get(Bucket::KEY, b"a")
+                .unwrap()
+                .unwrap(),
+            b"1"
+        );
+    }
+}

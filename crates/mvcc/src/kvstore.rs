@@ -1,0 +1,762 @@
+//! The revisioned key-value store (etcd `server/storage/mvcc/kvstore.go`, `kvstore_txn.go`).
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::time::Instant;
+
+use etcdrs_backend::{Backend, Bucket, WriteTx};
+use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
+use parking_lot::{RwLock, RwLockWriteGuard};
+use prost::Message;
+
+use crate::key_index::KeyIndex;
+use crate::lease::{LeaseId, Lessor, NO_LEASE};
+use crate::revision::Revision;
+use crate::{Error, Result};
+
+/// `meta` key of the raft index of the last applied entry (etcd's `consistent_index`).
+pub const META_CONSISTENT_INDEX: &[u8] = b"consistent_index";
+/// `meta` key of the raft term of the last applied entry.
+pub const META_TERM: &[u8] = b"term";
+/// `meta` key of the raft membership (`ConfState`) as of the consistent index.
+pub const META_CONF_STATE: &[u8] = b"confState";
+const META_FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
+const META_SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
+
+/// A key range in etcd's encoding: `end` empty means the single key `key`; `end == [0]` means
+/// every key >= `key`; otherwise `[key, end)`.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyRange<'a> {
+    /// First key.
+    pub key: &'a [u8],
+    /// End, in etcd's encoding.
+    pub end: &'a [u8],
+}
+
+impl<'a> KeyRange<'a> {
+    /// A range from etcd's `key`/`range_end` pair.
+    pub fn new(key: &'a [u8], end: &'a [u8]) -> Self {
+        KeyRange { key, end }
+    }
+
+    fn bounds(&self) -> Option<(Bound<&'a [u8]>, Bound<&'a [u8]>)> {
+        if self.end.is_empty() {
+            return Some((Bound::Included(self.key), Bound::Included(self.key)));
+        }
+        if self.end == [0] {
+            return Some((Bound::Included(self.key), Bound::Unbounded));
+        }
+        if self.end <= self.key {
+            return None;
+        }
+        Some((Bound::Included(self.key), Bound::Excluded(self.end)))
+    }
+}
+
+/// How to read a range.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RangeParams {
+    /// Revision to read at; <= 0 means the current revision.
+    pub rev: i64,
+    /// Most keys to return; <= 0 means no limit.
+    pub limit: i64,
+    /// Count only: return no key-values.
+    pub count_only: bool,
+}
+
+/// The result of a range read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RangeResult {
+    /// The key-values, in key order, at most `limit`.
+    pub kvs: Vec<KeyValue>,
+    /// The revision the range was read at.
+    pub rev: i64,
+    /// How many keys the range holds at that revision, regardless of the limit.
+    pub count: i64,
+}
+
+/// One change a transaction made, in etcd's watch-event form.
+pub type Change = Event;
+
+struct State {
+    index: BTreeMap<Vec<u8>, KeyIndex>,
+    current_rev: i64,
+    compact_rev: i64,
+    consistent_index: u64,
+}
+
+impl State {
+    /// The revisions of keys visible in `range` at `rev`, with the total count.
+    fn visible(&self, range: KeyRange<'_>, rev: i64, limit: i64) -> (Vec<Revision>, i64) {
+        let Some(bounds) = range.bounds() else {
+            return (Vec::new(), 0);
+        };
+        let mut revs = Vec::new();
+        let mut count = 0;
+        for (_, key_index) in self.index.range::<[u8], _>(bounds) {
+            if let Some(found) = key_index.get(rev) {
+                count += 1;
+                if limit <= 0 || (revs.len() as i64) < limit {
+                    revs.push(found.modified);
+                }
+            }
+        }
+        (revs, count)
+    }
+
+    fn check_rev(&self, rev: i64) -> Result<i64> {
+        if rev <= 0 {
+            return Ok(self.current_rev);
+        }
+        if rev > self.current_rev {
+            return Err(Error::FutureRevision {
+                requested: rev,
+                current: self.current_rev,
+            });
+        }
+        if rev < self.compact_rev {
+            return Err(Error::Compacted {
+                requested: rev,
+                compacted: self.compact_rev,
+            });
+        }
+        Ok(rev)
+    }
+}
+
+fn decode_kv(bytes: &[u8]) -> Result<KeyValue> {
+    KeyValue::decode(bytes).map_err(|e| Error::Corrupt(format!("key-value: {e}")))
+}
+
+fn read_i64(bytes: Option<Vec<u8>>) -> i64 {
+    bytes
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map(i64::from_be_bytes)
+        .unwrap_or(0)
+}
+
+/// The MVCC store: one writer, many readers.
+pub struct KvStore {
+    backend: Backend,
+    state: RwLock<State>,
+    lessor: Lessor,
+}
+
+impl KvStore {
+    /// Open the store over `backend`, rebuilding the index and the leases from it.
+    pub fn open(backend: Backend, min_lease_ttl: i64) -> Result<KvStore> {
+        let read = backend.read()?;
+        let consistent_index = read_i64(read.get(Bucket::META, META_CONSISTENT_INDEX)?) as u64;
+        let mut compact_rev = read_i64(read.get(Bucket::META, META_FINISHED_COMPACT)?);
+        let scheduled = read_i64(read.get(Bucket::META, META_SCHEDULED_COMPACT)?);
+
+        let mut index: BTreeMap<Vec<u8>, KeyIndex> = BTreeMap::new();
+        let mut leases_of_keys: BTreeMap<Vec<u8>, LeaseId> = BTreeMap::new();
+        let mut current_rev = 0;
+        let mut failure = None;
+        read.for_each_in(Bucket::KEY, &[], None, |key, value| {
+            let Some((rev, tombstone)) = Revision::from_key(key) else {
+                failure = Some(Error::Corrupt("bad revision key".into()));
+                return false;
+            };
+            let kv = match decode_kv(value) {
+                Ok(kv) => kv,
+                Err(e) => {
+                    failure = Some(e);
+                    return false;
+                }
+            };
+            current_rev = current_rev.max(rev.main);
+            let key_index = index.entry(kv.key.clone()).or_default();
+            if tombstone {
+                key_index.tombstone(rev);
+                leases_of_keys.remove(&kv.key);
+            } else {
+                key_index.restore(rev, Revision::new(kv.create_revision, 0), kv.version);
+                if kv.lease != NO_LEASE {
+                    leases_of_keys.insert(kv.key, kv.lease);
+                } else {
+                    leases_of_keys.remove(&kv.key);
+                }
+            }
+            true
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        current_rev = current_rev.max(compact_rev);
+
+        let lessor = Lessor::new(min_lease_ttl);
+        let now = Instant::now();
+        let mut lease_failure = None;
+        read.for_each_in(Bucket::LEASE, &[], None, |key, value| {
+            match (<[u8; 8]>::try_from(key), <[u8; 8]>::try_from(value)) {
+                (Ok(id), Ok(ttl)) => {
+                    lessor.insert(i64::from_be_bytes(id), i64::from_be_bytes(ttl), now);
+                    true
+                }
+                _ => {
+                    lease_failure = Some(Error::Corrupt("bad lease record".into()));
+                    false
+                }
+            }
+        })?;
+        if let Some(e) = lease_failure {
+            return Err(e);
+        }
+        for (key, lease) in &leases_of_keys {
+            lessor.attach(*lease, key);
+        }
+        drop(read);
+
+        let store = KvStore {
+            backend,
+            state: RwLock::new(State {
+                index,
+                current_rev,
+                compact_rev,
+                consistent_index,
+            }),
+            lessor,
+        };
+        if scheduled > compact_rev {
+            // A compaction was applied but not finished before a crash: finish it.
+            let mut batch = store.write()?;
+            batch.compact(scheduled)?;
+            batch.commit_meta_only(true)?;
+            compact_rev = scheduled;
+        }
+        tracing::debug!(
+            current_rev,
+            compact_rev,
+            consistent_index,
+            "restored mvcc store"
+        );
+        Ok(store)
+    }
+
+    /// The backend underneath (for sizes, snapshots and defragmentation).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The lessor.
+    pub fn lessor(&self) -> &Lessor {
+        &self.lessor
+    }
+
+    /// The current revision.
+    pub fn current_rev(&self) -> i64 {
+        self.state.read().current_rev
+    }
+
+    /// The compacted revision (0 if never compacted).
+    pub fn compact_rev(&self) -> i64 {
+        self.state.read().compact_rev
+    }
+
+    /// The raft index of the last applied entry, as of the last commit.
+    pub fn consistent_index(&self) -> u64 {
+        self.state.read().consistent_index
+    }
+
+    /// Read a range.
+    pub fn range(&self, range: KeyRange<'_>, params: RangeParams) -> Result<RangeResult> {
+        let state = self.state.read();
+        let rev = state.check_rev(params.rev)?;
+        let limit = if params.count_only { 1 } else { params.limit };
+        let (revs, count) = state.visible(range, rev, limit);
+        if params.count_only {
+            return Ok(RangeResult {
+                kvs: Vec::new(),
+                rev: state.current_rev,
+                count,
+            });
+        }
+        // Begun under the read lock: every revision the index names is committed.
+        let read = self.backend.read()?;
+        let current_rev = state.current_rev;
+        drop(state);
+        let mut kvs = Vec::with_capacity(revs.len());
+        for rev in revs {
+            let Some(bytes) = read.get(Bucket::KEY, &rev.to_bytes())? else {
+                return Err(Error::Corrupt(format!("revision {rev:?} missing")));
+            };
+            kvs.push(decode_kv(&bytes)?);
+        }
+        Ok(RangeResult {
+            kvs,
+            rev: current_rev,
+            count,
+        })
+    }
+
+    /// Begin the write batch. Only the apply loop writes; a batch holds the index's write lock
+    /// until it commits.
+    pub fn write(&self) -> Result<WriteBatch<'_>> {
+        let state = self.state.write();
+        let tx = self.backend.write()?;
+        Ok(WriteBatch {
+            store: self,
+            state,
+            tx,
+            changes: Vec::new(),
+        })
+    }
+
+    /// Make every commit so far durable (an empty durable commit).
+    pub fn force_durable(&self) -> Result<()> {
+        self.backend.write()?.commit(true)?;
+        Ok(())
+    }
+
+    /// Read a `meta` value as last committed.
+    pub fn meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.backend.read()?.get(Bucket::META, key)?)
+    }
+
+    /// Read a value from any bucket as last committed.
+    pub fn bucket_get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.backend.read()?.get(bucket, key)?)
+    }
+}
+
+/// A batch of writes committed together: the apply loop's unit of work, one or more raft
+/// entries. Dropping it without committing aborts the backend transaction, but changes
+/// already made to the index stay: a failed batch is fatal to the server.
+pub struct WriteBatch<'a> {
+    store: &'a KvStore,
+    state: RwLockWriteGuard<'a, State>,
+    tx: WriteTx<'a>,
+    changes: Vec<Change>,
+}
+
+impl<'a> WriteBatch<'a> {
+    /// Begin a transaction: all its writes share one revision.
+    pub fn txn(&mut self) -> Txn<'_, 'a> {
+        let main = self.state.current_rev + 1;
+        Txn {
+            batch: self,
+            main,
+            sub: 0,
+        }
+    }
+
+    /// The current revision as this batch sees it.
+    pub fn current_rev(&self) -> i64 {
+        self.state.current_rev
+    }
+
+    /// The compacted revision.
+    pub fn compact_rev(&self) -> i64 {
+        self.state.compact_rev
+    }
+
+    /// The lessor.
+    pub fn lessor(&self) -> &Lessor {
+        &self.store.lessor
+    }
+
+    /// Compact history at `rev`: values no revision at or after `rev` needs are deleted.
+    pub fn compact(&mut self, rev: i64) -> Result<()> {
+        if rev <= self.state.compact_rev {
+            return Err(Error::Compacted {
+                requested: rev,
+                compacted: self.state.compact_rev,
+            });
+        }
+        if rev > self.state.current_rev {
+            return Err(Error::FutureRevision {
+                requested: rev,
+                current: self.state.current_rev,
+            });
+        }
+        self.tx
+            .put(Bucket::META, META_SCHEDULED_COMPACT, &rev.to_be_bytes())?;
+        let mut dropped = Vec::new();
+        self.state.index.retain(|_, key_index| {
+            dropped.extend(key_index.compact(rev));
+            !key_index.is_empty()
+        });
+        for (revision, tombstone) in dropped {
+            self.tx.delete(Bucket::KEY, &revision.to_key(tombstone))?;
+        }
+        self.tx
+            .put(Bucket::META, META_FINISHED_COMPACT, &rev.to_be_bytes())?;
+        self.state.compact_rev = rev;
+        Ok(())
+    }
+
+    /// Grant a lease (already validated: id free, TTL within bounds).
+    pub fn lease_grant(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+        if self.store.lessor.contains(id) {
+            return Err(Error::LeaseExists(id));
+        }
+        self.tx
+            .put(Bucket::LEASE, &id.to_be_bytes(), &ttl.to_be_bytes())?;
+        self.store.lessor.insert(id, ttl, Instant::now());
+        Ok(())
+    }
+
+    /// Revoke a lease: it is removed and every key attached to it is deleted, all in one
+    /// revision.
+    pub fn lease_revoke(&mut self, id: LeaseId) -> Result<()> {
+        let Some(keys) = self.store.lessor.get(id).map(|l| l.keys) else {
+            return Err(Error::LeaseNotFound(id));
+        };
+        let mut txn = self.txn();
+        for key in &keys {
+            txn.delete_range(KeyRange::new(key, &[]))?;
+        }
+        txn.end();
+        self.tx.delete(Bucket::LEASE, &id.to_be_bytes())?;
+        self.store.lessor.remove(id);
+        Ok(())
+    }
+
+    /// Write a value to a bucket inside this batch (membership, alarms, meta...).
+    pub fn bucket_put(&mut self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
+        self.tx.put(bucket, key, value)?;
+        Ok(())
+    }
+
+    /// Delete a value from a bucket inside this batch.
+    pub fn bucket_delete(&mut self, bucket: Bucket, key: &[u8]) -> Result<()> {
+        self.tx.delete(bucket, key)?;
+        Ok(())
+    }
+
+    /// Record the raft position this batch brings the store to.
+    pub fn set_consistent_index(&mut self, index: u64, term: u64) -> Result<()> {
+        self.tx
+            .put(Bucket::META, META_CONSISTENT_INDEX, &index.to_be_bytes())?;
+        self.tx.put(Bucket::META, META_TERM, &term.to_be_bytes())?;
+        self.state.consistent_index = index;
+        Ok(())
+    }
+
+    /// Take the changes made so far (for watchers), in revision order.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Commit the batch; `durable` forces an fsync (otherwise the backend decides by time).
+    /// Returns the batch's changes and whether the commit was durable.
+    pub fn commit(self, durable: bool) -> Result<(Vec<Change>, bool)> {
+        let WriteBatch {
+            state, tx, changes, ..
+        } = self;
+        let durable = tx.commit(durable)?;
+        // The index lock is released only now: readers never see uncommitted revisions.
+        drop(state);
+        Ok((changes, durable))
+    }
+
+    fn commit_meta_only(self, durable: bool) -> Result<()> {
+        self.commit(durable).map(|_| ())
+    }
+}
+
+/// A transaction inside a batch: every write gets the same main revision. Reads see the
+/// transaction's own earlier writes.
+pub struct Txn<'b, 'a> {
+    batch: &'b mut WriteBatch<'a>,
+    main: i64,
+    sub: i64,
+}
+
+impl Txn<'_, '_> {
+    /// The revision the transaction's writes get.
+    pub fn rev(&self) -> i64 {
+        self.main
+    }
+
+    /// Whether this transaction has written anything.
+    pub fn has_changes(&self) -> bool {
+        self.sub > 0
+    }
+
+    /// Read a range as this transaction sees it.
+    pub fn range(&self, range: KeyRange<'_>, params: RangeParams) -> Result<RangeResult> {
+        let state = &self.batch.state;
+        let read_rev = if self.sub > 0 {
+            self.main
+        } else {
+            state.current_rev
+        };
+        let rev = if params.rev <= 0 {
+            read_rev
+        } else if params.rev > read_rev {
+            return Err(Error::FutureRevision {
+                requested: params.rev,
+                current: read_rev,
+            });
+        } else if params.rev < state.compact_rev {
+            return Err(Error::Compacted {
+                requested: params.rev,
+                compacted: state.compact_rev,
+            });
+        } else {
+            params.rev
+        };
+        let limit = if params.count_only { 1 } else { params.limit };
+        let (revs, count) = state.visible(range, rev, limit);
+        let mut kvs = Vec::new();
+        if !params.count_only {
+            for rev in revs {
+                let Some(bytes) = self.batch.tx.get(Bucket::KEY, &rev.to_bytes())? else {
+                    return Err(Error::Corrupt(format!("revision {rev:?} missing")));
+                };
+                kvs.push(decode_kv(&bytes)?);
+            }
+        }
+        Ok(RangeResult {
+            kvs,
+            rev: read_rev,
+            count,
+        })
+    }
+
+    /// Put `key` = `value` attached to `lease` (0 for none). The lease must exist.
+    pub fn put(&mut self, key: &[u8], value: &[u8], lease: LeaseId) -> Result<KeyValue> {
+        if lease != NO_LEASE && !self.batch.store.lessor.contains(lease) {
+            return Err(Error::LeaseNotFound(lease));
+        }
+        let rev = Revision::new(self.main, self.sub);
+        let key_index = self.batch.state.index.entry(key.to_vec()).or_default();
+        let (create_revision, version) = match key_index.get(i64::MAX) {
+            Some(found) => (found.created.main, found.version + 1),
+            None => (self.main, 1),
+        };
+        let kv = KeyValue {
+            key: key.to_vec(),
+            create_revision,
+            mod_revision: self.main,
+            version,
+            value: value.to_vec(),
+            lease,
+        };
+        self.batch
+            .tx
+            .put(Bucket::KEY, &rev.to_bytes(), &kv.encode_to_vec())?;
+        key_index.put(rev);
+        let lessor = &self.batch.store.lessor;
+        let old_lease = lessor.lease_of(key);
+        if old_lease != lease {
+            lessor.detach(key);
+        }
+        if lease != NO_LEASE {
+            lessor.attach(lease, key);
+        }
+        self.sub += 1;
+        self.batch.changes.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv.clone()),
+            prev_kv: None,
+        });
+        Ok(kv)
+    }
+
+    /// Delete every key in `range`; returns the deleted keys, in key order.
+    pub fn delete_range(&mut self, range: KeyRange<'_>) -> Result<Vec<Vec<u8>>> {
+        let Some(bounds) = range.bounds() else {
+            return Ok(Vec::new());
+        };
+        let live: Vec<Vec<u8>> = self
+            .batch
+            .state
+            .index
+            .range::<[u8], _>(bounds)
+            .filter(|(_, key_index)| key_index.is_live())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &live {
+            let rev = Revision::new(self.main, self.sub);
+            let tombstone = KeyValue {
+                key: key.clone(),
+                mod_revision: self.main,
+                ..KeyValue::default()
+            };
+            self.batch
+                .tx
+                .put(Bucket::KEY, &rev.to_key(true), &tombstone.encode_to_vec())?;
+            if let Some(key_index) = self.batch.state.index.get_mut(key) {
+                key_index.tombstone(rev);
+            }
+            self.batch.store.lessor.detach(key);
+            self.sub += 1;
+            self.batch.changes.push(Event {
+                r#type: EventType::Delete as i32,
+                kv: Some(tombstone),
+                prev_kv: None,
+            });
+        }
+        Ok(live)
+    }
+
+    /// End the transaction: the store's revision advances if anything was written.
+    pub fn end(self) -> i64 {
+        if self.sub > 0 {
+            self.batch.state.current_rev = self.main;
+        }
+        self.batch.state.current_rev
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &std::path::Path) -> KvStore {
+        KvStore::open(Backend::open(&dir.join("db")).unwrap(), 2).unwrap()
+    }
+
+    fn get(store: &KvStore, key: &[u8], rev: i64) -> Option<KeyValue> {
+        store
+            .range(
+                KeyRange::new(key, &[]),
+                RangeParams {
+                    rev,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .kvs
+            .pop()
+    }
+
+    #[test]
+    fn revisions_versions_and_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut batch = store.write().unwrap();
+        let mut txn = batch.txn();
+        txn.put(b"a", b"1", 0).unwrap();
+        assert_eq!(txn.end(), 2 - 1);
+        let mut txn = batch.txn();
+        txn.put(b"a", b"2", 0).unwrap();
+        txn.put(b"b", b"x", 0).unwrap();
+        txn.end();
+        let mut txn = batch.txn();
+        assert_eq!(
+            txn.delete_range(KeyRange::new(b"a", b"c")).unwrap().len(),
+            2
+        );
+        txn.end();
+        let mut txn = batch.txn();
+        txn.put(b"a", b"3", 0).unwrap();
+        txn.end();
+        batch.set_consistent_index(9, 1).unwrap();
+        batch.commit(true).unwrap();
+
+        assert_eq!(store.current_rev(), 4);
+        let a = get(&store, b"a", 0).unwrap();
+        assert_eq!((a.create_revision, a.mod_revision, a.version), (4, 4, 1));
+        let a2 = get(&store, b"a", 2).unwrap();
+        assert_eq!(
+            (
+                a2.create_revision,
+                a2.mod_revision,
+                a2.version,
+                a2.value.as_slice()
+            ),
+            (1, 2, 2, &b"2"[..])
+        );
+        assert_eq!(get(&store, b"b", 3), None);
+        let all = store
+            .range(
+                KeyRange::new(b"\0", b"\0"),
+                RangeParams {
+                    rev: 2,
+                    limit: 1,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!((all.kvs.len(), all.count, all.rev), (1, 2, 4));
+        assert!(matches!(
+            store.range(
+                KeyRange::new(b"a", &[]),
+                RangeParams {
+                    rev: 5,
+                    ..Default::default()
+                }
+            ),
+            Err(Error::FutureRevision { .. })
+        ));
+
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.current_rev(), 4);
+        assert_eq!(store.consistent_index(), 9);
+        assert_eq!(get(&store, b"a", 2).unwrap().version, 2);
+        assert_eq!(get(&store, b"a", 0).unwrap().version, 1);
+    }
+
+    #[test]
+    fn compaction_drops_history_and_survives_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut batch = store.write().unwrap();
+        for value in [b"1", b"2", b"3"] {
+            let mut txn = batch.txn();
+            txn.put(b"k", value, 0).unwrap();
+            txn.end();
+        }
+        batch.compact(2).unwrap();
+        batch.commit(true).unwrap();
+        assert!(matches!(
+            store.range(
+                KeyRange::new(b"k", &[]),
+                RangeParams {
+                    rev: 1,
+                    ..Default::default()
+                }
+            ),
+            Err(Error::Compacted { .. })
+        ));
+        assert_eq!(get(&store, b"k", 2).unwrap().value, b"2");
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.compact_rev(), 2);
+        assert_eq!(get(&store, b"k", 2).unwrap().version, 2);
+        assert_eq!(get(&store, b"k", 0).unwrap().version, 3);
+        let mut batch = store.write().unwrap();
+        assert!(matches!(batch.compact(2), Err(Error::Compacted { .. })));
+        assert!(matches!(
+            batch.compact(9),
+            Err(Error::FutureRevision { .. })
+        ));
+    }
+
+    #[test]
+    fn leases_attach_and_revoke_in_one_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut batch = store.write().unwrap();
+        batch.lease_grant(5, 10).unwrap();
+        let mut txn = batch.txn();
+        assert!(matches!(
+            txn.put(b"x", b"", 6),
+            Err(Error::LeaseNotFound(6))
+        ));
+        txn.put(b"a", b"1", 5).unwrap();
+        txn.put(b"b", b"1", 5).unwrap();
+        txn.end();
+        batch.commit(true).unwrap();
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.lessor().get(5).unwrap().keys.len(), 2);
+        let mut batch = store.write().unwrap();
+        batch.lease_revoke(5).unwrap();
+        let (changes, _) = batch.commit(false).unwrap();
+        assert_eq!(changes.len(), 2);
+        assert!(
+            changes
+                .iter()
+                .all(|c| c.kv.as_ref().unwrap().mod_revision == 2)
+        );
+        assert_eq!(store.current_rev(), 2);
+        assert!(store.lessor().get(5).is_none());
+    }
+}
