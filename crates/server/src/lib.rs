@@ -1,2 +1,28 @@
-//! placeholder
+//! The etcd server for one member (etcd `server/etcdserver` and `server/embed`).
+//!
+//! [`EtcdServer`] is the core: it proposes client writes through raft, applies committed
+//! entries to the MVCC store (the only writer), answers linearizable reads after a
+//! ReadIndex, and runs the lease and compaction loops. [`rpc`] holds the gRPC services and
+//! the single place where errors become `tonic::Status`; [`http`] serves the client port.
+//!
+//! This is the only crate that sees both raft and the MVCC store.
+
+#![deny(missing_docs)]
+
+mod apply;
+pub mod config;
+pub mod error;
+mod etcd_server;
+pub mod http;
+mod idgen;
+pub mod membership;
+pub mod metrics;
+mod request;
+pub mod rpc;
+mod validate;
 pub mod version;
+
+pub use config::{AutoCompaction, ServerConfig};
+pub use error::{Result, ServerError};
+pub use etcd_server::{ApplyOutput, EtcdServer, url_string};
+pub use etcdrs_raftnode::task::TaskResult;

@@ -1,0 +1,24 @@
+//! The raft node's errors.
+
+/// Errors from the raft node.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The node's task has stopped (shutdown or a fatal error).
+    #[error("raft node stopped")]
+    Stopped,
+    /// The proposal was dropped: there is no leader to take it.
+    #[error("proposal dropped: no leader")]
+    ProposalDropped,
+    /// The write-ahead log failed: fatal.
+    #[error(transparent)]
+    Wal(#[from] etcdrs_wal::Error),
+    /// raft-rs refused an operation.
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    /// An entry in the log could not be decoded.
+    #[error("corrupt raft entry: {0}")]
+    Corrupt(String),
+}
+
+/// The raft node's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,565 @@
+//! Drives one raft-rs [`RawNode`]: ticks, proposals, the `Ready` loop, persistence to the WAL
+//! (etcd `server/etcdserver/raft.go`).
+//!
+//! It knows nothing of keys or the MVCC store: proposals are opaque bytes, and committed
+//! entries go out, in order, on the apply channel. One task owns the `RawNode`; everything
+//! else talks to it through a cloneable [`RaftNodeHandle`].
+//!
+//! # The Ready contract, as this loop keeps it
+//!
+//! 1. Messages in `Ready::messages` go to peers at once (the leader may send before it
+//!    persists, as in etcd).
+//! 2. Committed entries go to the apply channel; configuration changes among them are applied
+//!    to raft here, before the batch leaves, and the resulting `ConfState` travels with it.
+//! 3. New entries and the hard state are written to the WAL with **one** fsync per `Ready`:
+//!    every proposal that arrived while the previous fsync ran shares this one (group commit).
+//! 4. Only then are `persisted_messages` sent and the `Ready` advanced; the `LightReady`'s
+//!    commit index and committed entries are handled like 2.
+//!
+//! Snapshots and peers arrive with the cluster work; a single voter runs the same path.
+
+#![deny(missing_docs)]
+
+mod error;
+mod logger;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcdrs_wal::{EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
+use parking_lot::RwLock;
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message};
+use raft::storage::MemStorage;
+use raft::{RawNode, StateRole, Storage};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+pub use error::{Error, Result};
+pub use raft::eraftpb;
+
+/// How the node runs.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This member's id.
+    pub id: u64,
+    /// Directory of the WAL (etcd's `member/wal`).
+    pub wal_dir: PathBuf,
+    /// One tick (etcd's `--heartbeat-interval`).
+    pub tick_interval: Duration,
+    /// Ticks without a leader before an election (etcd's election timeout / heartbeat).
+    pub election_tick: usize,
+    /// Ticks between heartbeats.
+    pub heartbeat_tick: usize,
+    /// Whether to pre-vote before campaigning (etcd's `--pre-vote`).
+    pub pre_vote: bool,
+    /// Applied entries between WAL snapshot marks (etcd's `--snapshot-count`).
+    pub snapshot_count: u64,
+    /// Entries kept in memory behind a snapshot mark for lagging followers
+    /// (etcd's `SnapshotCatchUpEntries`).
+    pub catch_up_entries: u64,
+}
+
+/// How the node starts.
+#[derive(Clone, Debug)]
+pub enum Start {
+    /// A brand-new member of a new cluster: the WAL is created and the initial membership is
+    /// written as the first entries, as etcd's bootstrap does.
+    New {
+        /// WAL metadata (node id, cluster id), opaque here.
+        metadata: Vec<u8>,
+        /// Initial members: id and the context (member JSON) of its `AddNode` change.
+        peers: Vec<(u64, Vec<u8>)>,
+    },
+    /// A restart from an existing WAL.
+    Restart {
+        /// Index of the last entry the state machine has applied durably.
+        applied: u64,
+        /// Membership as of `applied`.
+        conf_state: ConfState,
+    },
+}
+
+/// A batch of committed entries for the state machine, in log order.
+#[derive(Debug)]
+pub struct Apply {
+    /// The entries.
+    pub entries: Vec<Entry>,
+    /// Membership after the batch's configuration changes, if it had any.
+    pub conf_state: Option<ConfState>,
+}
+
+/// Sends raft messages to peers. The cluster issue supplies a network transport.
+pub trait Transport: Send + Sync + 'static {
+    /// Send messages; delivery is best effort (raft retries).
+    fn send(&self, messages: Vec<Message>);
+}
+
+/// A transport for a cluster of one: there is nobody to talk to.
+pub struct NoPeers;
+
+impl Transport for NoPeers {
+    fn send(&self, messages: Vec<Message>) {
+        if !messages.is_empty() {
+            tracing::debug!(n = messages.len(), "dropping raft messages: no peers");
+        }
+    }
+}
+
+/// The node's state as last seen by its loop.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// This member's id.
+    pub id: u64,
+    /// The current leader (0 if none).
+    pub leader: u64,
+    /// The current term.
+    pub term: u64,
+    /// The commit index.
+    pub commit: u64,
+    /// Index of the last entry handed to the apply channel.
+    pub applied: u64,
+    /// Whether this member is the leader.
+    pub is_leader: bool,
+    /// Voters of the current configuration.
+    pub voters: Vec<u64>,
+    /// Learners of the current configuration.
+    pub learners: Vec<u64>,
+}
+
+enum NodeMsg {
+    Propose {
+        data: Vec<u8>,
+        done: oneshot::Sender<Result<()>>,
+    },
+    ReadIndex {
+        done: oneshot::Sender<Result<u64>>,
+    },
+    Step(Box<Message>),
+    Applied {
+        index: u64,
+        term: u64,
+        durable: bool,
+    },
+}
+
+/// The cloneable handle to the raft node's task.
+#[derive(Clone)]
+pub struct RaftNodeHandle {
+    tx: mpsc::Sender<NodeMsg>,
+    status: Arc<RwLock<NodeStatus>>,
+}
+
+impl RaftNodeHandle {
+    /// Propose opaque data. Ok means raft accepted it into its log, not that it committed:
+    /// the state machine reports the outcome when it applies the entry.
+    pub async fn propose(&self, data: Vec<u8>) -> Result<()> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(NodeMsg::Propose { data, done })
+            .await
+            .map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Ask for a read index (etcd's linearizable read): once the state machine has applied up
+    /// to the returned index, a read reflects every write committed before this call.
+    pub async fn read_index(&self) -> Result<u64> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(NodeMsg::ReadIndex { done })
+            .await
+            .map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Hand a message from a peer to raft.
+    pub async fn step(&self, message: Message) -> Result<()> {
+        self.tx
+            .send(NodeMsg::Step(Box::new(message)))
+            .await
+            .map_err(|_| Error::Stopped)
+    }
+
+    /// Tell the node what the state machine has applied, and whether that is durable (the
+    /// node may then drop older WAL segments).
+    pub async fn applied(&self, index: u64, term: u64, durable: bool) -> Result<()> {
+        self.tx
+            .send(NodeMsg::Applied {
+                index,
+                term,
+                durable,
+            })
+            .await
+            .map_err(|_| Error::Stopped)
+    }
+
+    /// The node's state as last seen by its loop.
+    pub fn status(&self) -> NodeStatus {
+        self.status.read().clone()
+    }
+}
+
+/// Capacity of the proposal/step channel: a bound on requests queued for the raft task.
+const NODE_CHANNEL: usize = 4096;
+/// Capacity of the apply channel, in batches.
+const APPLY_CHANNEL: usize = 256;
+/// Messages handled per loop turn before the node builds a `Ready`.
+const MAX_BATCH: usize = 1024;
+
+/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop on
+/// `tasks`. Returns the handle and the apply channel.
+pub fn start(
+    config: NodeConfig,
+    start: Start,
+    transport: Arc<dyn Transport>,
+    tasks: &mut tokio::task::JoinSet<task::TaskResult>,
+    shutdown: CancellationToken,
+) -> Result<(RaftNodeHandle, mpsc::Receiver<Apply>)> {
+    let storage = MemStorage::new();
+    let (wal, applied) = match start {
+        Start::New { metadata, peers } => {
+            let mut wal = Wal::create(&config.wal_dir, &metadata)?;
+            let mut entries = Vec::with_capacity(peers.len());
+            for (i, (id, context)) in peers.iter().enumerate() {
+                let mut change = ConfChange::default();
+                change.set_change_type(ConfChangeType::AddNode);
+                change.node_id = *id;
+                change.context = context.clone().into();
+                let mut entry = Entry::default();
+                entry.set_entry_type(EntryType::EntryConfChange);
+                entry.term = 1;
+                entry.index = i as u64 + 1;
+                entry.data = change
+                    .write_to_bytes()
+                    .map_err(|e| Error::Corrupt(e.to_string()))?
+                    .into();
+                entries.push(entry);
+            }
+            let mut hard_state = HardState::default();
+            hard_state.term = 1;
+            hard_state.commit = entries.len() as u64;
+            persist(&mut wal, &storage, Some(&hard_state), &entries)?;
+            (wal, 0)
+        }
+        Start::Restart {
+            applied,
+            conf_state,
+        } => {
+            let (wal, state) = Wal::open(&config.wal_dir)?;
+            let mut core = storage.wl();
+            if state.snapshot.index > 0 {
+                let mut snapshot = raft::eraftpb::Snapshot::default();
+                let meta = snapshot.mut_metadata();
+                meta.index = state.snapshot.index;
+                meta.term = state.snapshot.term;
+                meta.set_conf_state(conf_state.clone());
+                core.apply_snapshot(snapshot)?;
+            }
+            let entries = state
+                .entries
+                .iter()
+                .map(decode_entry)
+                .collect::<Result<Vec<_>>>()?;
+            core.append(&entries)?;
+            let last_index = entries
+                .last()
+                .map(|e| e.index)
+                .unwrap_or(state.snapshot.index);
+            let mut hard_state = HardState::default();
+            hard_state.term = state.hard_state.term;
+            hard_state.vote = state.hard_state.vote;
+            // Entries the state machine applied were committed even if the hard state that
+            // said so did not reach the WAL before a crash.
+            hard_state.commit = state.hard_state.commit.max(applied).min(last_index);
+            core.set_hardstate(hard_state);
+            core.set_conf_state(conf_state);
+            drop(core);
+            (wal, applied)
+        }
+    };
+
+    let raft_config = raft::Config {
+        id: config.id,
+        election_tick: config.election_tick,
+        heartbeat_tick: config.heartbeat_tick,
+        applied,
+        pre_vote: config.pre_vote,
+        check_quorum: true,
+        max_size_per_msg: 1024 * 1024,
+        max_inflight_msgs: 256,
+        ..Default::default()
+    };
+    raft_config.validate()?;
+    let node = RawNode::new(&raft_config, storage, &logger::logger())?;
+    let status = Arc::new(RwLock::new(NodeStatus {
+        id: config.id,
+        applied,
+        ..NodeStatus::default()
+    }));
+    let (tx, rx) = mpsc::channel(NODE_CHANNEL);
+    let (apply_tx, apply_rx) = mpsc::channel(APPLY_CHANNEL);
+    let core = NodeCore {
+        config,
+        node,
+        wal,
+        transport,
+        status: status.clone(),
+        apply_tx,
+        pending_reads: HashMap::new(),
+        next_read: 0,
+        last_mark: applied,
+    };
+    tasks.spawn(async move {
+        let result = core.run(rx, shutdown).await;
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "raft node stopped");
+        }
+        ("raft node", result.map_err(|e| e.to_string()))
+    });
+    Ok((RaftNodeHandle { tx, status }, apply_rx))
+}
+
+/// What a named task returns to its owner's `JoinSet`: its name and its outcome.
+pub mod task {
+    /// A task's name and outcome (Err carries the fatal error's text).
+    pub type TaskResult = (&'static str, Result<(), String>);
+}
+
+fn decode_entry(record: &EntryRecord) -> Result<Entry> {
+    let mut entry = Entry::default();
+    entry
+        .merge_from_bytes(&record.data)
+        .map_err(|e| Error::Corrupt(e.to_string()))?;
+    Ok(entry)
+}
+
+fn persist(
+    wal: &mut Wal,
+    storage: &MemStorage,
+    hard_state: Option<&HardState>,
+    entries: &[Entry],
+) -> Result<()> {
+    let records = entries
+        .iter()
+        .map(|e| {
+            Ok(EntryRecord {
+                index: e.index,
+                term: e.term,
+                data: e
+                    .write_to_bytes()
+                    .map_err(|err| Error::Corrupt(err.to_string()))?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let wal_hard_state = hard_state.map(|hs| WalHardState {
+        term: hs.term,
+        vote: hs.vote,
+        commit: hs.commit,
+    });
+    wal.save(wal_hard_state, &records)?;
+    let mut core = storage.wl();
+    if !entries.is_empty() {
+        core.append(entries)?;
+    }
+    if let Some(hs) = hard_state {
+        core.set_hardstate(hs.clone());
+    }
+    Ok(())
+}
+
+struct NodeCore {
+    config: NodeConfig,
+    node: RawNode<MemStorage>,
+    wal: Wal,
+    transport: Arc<dyn Transport>,
+    status: Arc<RwLock<NodeStatus>>,
+    apply_tx: mpsc::Sender<Apply>,
+    pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
+    next_read: u64,
+    last_mark: u64,
+}
+
+impl NodeCore {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<NodeMsg>,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
+        let mut ticker = tokio::time::interval(self.config.tick_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = ticker.tick() => {
+                    self.node.tick();
+                }
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { break };
+                    self.handle(msg)?;
+                    for _ in 0..MAX_BATCH {
+                        match rx.try_recv() {
+                            Ok(msg) => self.handle(msg)?,
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            self.maybe_campaign()?;
+            if self.node.has_ready() {
+                self.on_ready().await?;
+            }
+        }
+        for (_, done) in self.pending_reads.drain() {
+            let _ = done.send(Err(Error::Stopped));
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, msg: NodeMsg) -> Result<()> {
+        match msg {
+            NodeMsg::Propose { data, done } => {
+                let result = match self.node.propose(Vec::new(), data) {
+                    Ok(()) => Ok(()),
+                    Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
+                    Err(e) => Err(Error::Raft(e)),
+                };
+                let _ = done.send(result);
+            }
+            NodeMsg::ReadIndex { done } => {
+                if self.node.raft.leader_id == raft::INVALID_ID {
+                    let _ = done.send(Err(Error::ProposalDropped));
+                    return Ok(());
+                }
+                self.next_read += 1;
+                let ctx = self.next_read;
+                self.pending_reads.insert(ctx, done);
+                self.node.read_index(ctx.to_be_bytes().to_vec());
+            }
+            NodeMsg::Step(message) => {
+                if let Err(e) = self.node.step(*message) {
+                    tracing::debug!(error = %e, "raft step refused a message");
+                }
+            }
+            NodeMsg::Applied {
+                index,
+                term,
+                durable,
+            } => self.on_applied(index, term, durable)?,
+        }
+        Ok(())
+    }
+
+    /// A cluster of one does not wait out an election timeout to lead itself.
+    fn maybe_campaign(&mut self) -> Result<()> {
+        let raft = &self.node.raft;
+        if raft.state == StateRole::Leader || !raft.promotable() {
+            return Ok(());
+        }
+        let voters: Vec<u64> = raft.prs().conf().voters().ids().iter().collect();
+        if voters == [self.config.id] {
+            self.node.campaign()?;
+        }
+        Ok(())
+    }
+
+    async fn on_ready(&mut self) -> Result<()> {
+        let mut ready = self.node.ready();
+        if !ready.messages().is_empty() {
+            self.transport.send(ready.take_messages());
+        }
+        let committed = ready.take_committed_entries();
+        self.send_committed(committed).await?;
+        for read_state in ready.take_read_states() {
+            let ctx = <[u8; 8]>::try_from(read_state.request_ctx.as_slice())
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            if let Some(done) = self.pending_reads.remove(&ctx) {
+                let _ = done.send(Ok(read_state.index));
+            }
+        }
+        let hard_state = ready.hs().cloned();
+        if hard_state.is_some() || !ready.entries().is_empty() {
+            let entries = ready.take_entries();
+            let wal = &mut self.wal;
+            let storage = self.node.raft.raft_log.store.clone();
+            tokio::task::block_in_place(|| persist(wal, &storage, hard_state.as_ref(), &entries))?;
+        }
+        if !ready.persisted_messages().is_empty() {
+            self.transport.send(ready.take_persisted_messages());
+        }
+        let mut light = self.node.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.node.raft.raft_log.store.wl().mut_hard_state().commit = commit;
+        }
+        if !light.messages().is_empty() {
+            self.transport.send(light.take_messages());
+        }
+        let committed = light.take_committed_entries();
+        self.send_committed(committed).await?;
+        self.node.advance_apply();
+        self.publish_status();
+        Ok(())
+    }
+
+    async fn send_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
+        let Some(last) = entries.last() else {
+            return Ok(());
+        };
+        let last_index = last.index;
+        let mut conf_state = None;
+        for entry in &entries {
+            if entry.get_entry_type() == EntryType::EntryConfChange {
+                let mut change = ConfChange::default();
+                change
+                    .merge_from_bytes(&entry.data)
+                    .map_err(|e| Error::Corrupt(e.to_string()))?;
+                conf_state = Some(self.node.apply_conf_change(&change)?);
+            }
+        }
+        self.status.write().applied = last_index;
+        self.apply_tx
+            .send(Apply {
+                entries,
+                conf_state,
+            })
+            .await
+            .map_err(|_| Error::Stopped)
+    }
+
+    fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {
+        if !durable || index < self.last_mark + self.config.snapshot_count {
+            return Ok(());
+        }
+        // Everything up to `index` is durable in the backend: the WAL no longer needs it.
+        let wal = &mut self.wal;
+        tokio::task::block_in_place(|| -> Result<()> {
+            wal.save_snapshot_mark(SnapshotMark { index, term })?;
+            wal.release_to(index)?;
+            Ok(())
+        })?;
+        self.last_mark = index;
+        let keep_from = index.saturating_sub(self.config.catch_up_entries);
+        let store = self.node.raft.raft_log.store.clone();
+        let first = store.first_index().unwrap_or(1);
+        if keep_from > first {
+            store.wl().compact(keep_from)?;
+        }
+        tracing::info!(index, "saved snapshot mark and released old WAL segments");
+        Ok(())
+    }
+
+    fn publish_status(&self) {
+        let raft = &self.node.raft;
+        let conf = raft.prs().conf();
+        let mut status = self.status.write();
+        status.leader = raft.leader_id;
+        status.term = raft.term;
+        status.commit = raft.raft_log.committed;
+        status.is_leader = raft.state == StateRole::Leader;
+        status.voters = conf.voters().ids().iter().collect();
+        status.learners = conf.learners().iter().copied().collect();
+    }
+}

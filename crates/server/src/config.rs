@@ -1,0 +1,129 @@
+//! The server's configuration: plain data, built by the `etcd` binary from flags,
+//! environment and config file, validated here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use url::Url;
+
+/// When history is compacted automatically (etcd's `--auto-compaction-*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AutoCompaction {
+    /// Never.
+    #[default]
+    Off,
+    /// Keep this much time of history (etcd's periodic mode).
+    Periodic(Duration),
+    /// Keep this many revisions of history (etcd's revision mode).
+    Revision(u64),
+}
+
+/// Everything the server needs to start.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Member name (`--name`).
+    pub name: String,
+    /// Data directory (`--data-dir`).
+    pub data_dir: PathBuf,
+    /// WAL directory (`--wal-dir`); `<data-dir>/member/wal` when None.
+    pub wal_dir: Option<PathBuf>,
+    /// URLs to serve clients on.
+    pub listen_client_urls: Vec<Url>,
+    /// Client URLs advertised to the cluster.
+    pub advertise_client_urls: Vec<Url>,
+    /// URLs to listen on for peers.
+    pub listen_peer_urls: Vec<Url>,
+    /// Peer URLs advertised to the cluster.
+    pub initial_advertise_peer_urls: Vec<Url>,
+    /// The initial cluster: member name and peer URLs.
+    pub initial_cluster: Vec<(String, Vec<Url>)>,
+    /// Cluster token (`--initial-cluster-token`).
+    pub initial_cluster_token: String,
+    /// Whether the cluster is new (`--initial-cluster-state=new`).
+    pub new_cluster: bool,
+    /// Backend quota in bytes; 0 means etcd's default (2 GiB).
+    pub quota_backend_bytes: u64,
+    /// Largest request accepted, bytes.
+    pub max_request_bytes: u64,
+    /// Most operations in one txn.
+    pub max_txn_ops: usize,
+    /// Automatic compaction.
+    pub auto_compaction: AutoCompaction,
+    /// Raft tick (`--heartbeat-interval`).
+    pub heartbeat_interval: Duration,
+    /// Election timeout (`--election-timeout`).
+    pub election_timeout: Duration,
+    /// Applied entries between WAL snapshot marks (`--snapshot-count`).
+    pub snapshot_count: u64,
+    /// Pre-vote (`--pre-vote`).
+    pub pre_vote: bool,
+}
+
+/// etcd's default backend quota: 2 GiB.
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+impl ServerConfig {
+    /// A configuration with etcd's defaults for member `default`.
+    pub fn with_defaults() -> Self {
+        let peer = parse_url("http://localhost:2380");
+        let client = parse_url("http://localhost:2379");
+        ServerConfig {
+            name: "default".into(),
+            data_dir: PathBuf::from("default.etcd"),
+            wal_dir: None,
+            listen_client_urls: vec![client.clone()],
+            advertise_client_urls: vec![client],
+            listen_peer_urls: vec![peer.clone()],
+            initial_advertise_peer_urls: vec![peer.clone()],
+            initial_cluster: vec![("default".into(), vec![peer])],
+            initial_cluster_token: "etcd-cluster".into(),
+            new_cluster: true,
+            quota_backend_bytes: 0,
+            max_request_bytes: 1_572_864,
+            max_txn_ops: 128,
+            auto_compaction: AutoCompaction::Off,
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout: Duration::from_millis(1000),
+            snapshot_count: 100_000,
+            pre_vote: true,
+        }
+    }
+
+    /// The backend quota in force.
+    pub fn quota_bytes(&self) -> u64 {
+        if self.quota_backend_bytes == 0 {
+            DEFAULT_QUOTA_BYTES
+        } else {
+            self.quota_backend_bytes
+        }
+    }
+
+    /// The WAL directory in force.
+    pub fn wal_dir(&self) -> PathBuf {
+        self.wal_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("member").join("wal"))
+    }
+
+    /// The backend file (etcd's `member/snap/db`).
+    pub fn backend_path(&self) -> PathBuf {
+        self.data_dir.join("member").join("snap").join("db")
+    }
+
+    /// Election timeout in ticks.
+    pub fn election_ticks(&self) -> usize {
+        let hb = self.heartbeat_interval.as_millis().max(1);
+        (self.election_timeout.as_millis() / hb).max(1) as usize
+    }
+
+    /// etcd's minimum lease TTL: 1.5 election timeouts, rounded up to whole seconds.
+    pub fn min_lease_ttl(&self) -> i64 {
+        let ticks = (3 * self.election_ticks()) / 2;
+        let millis = ticks as u128 * self.heartbeat_interval.as_millis();
+        millis.div_ceil(1000) as i64
+    }
+}
+
+fn parse_url(s: &str) -> Url {
+    Url::parse(s).expect("static default URL is valid")
+}

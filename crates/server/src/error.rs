@@ -1,0 +1,33 @@
+//! The server's error type: every failure a request can meet, mapped to gRPC in one place
+//! (`rpc::status`).
+
+use etcdrs_proto::rpctypes::EtcdError;
+
+/// Errors from the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// One of etcd's request errors, answered with its exact code and message.
+    #[error("{}", .0.message)]
+    Etcd(&'static EtcdError),
+    /// The MVCC store refused or failed.
+    #[error(transparent)]
+    Mvcc(#[from] etcdrs_mvcc::Error),
+    /// The raft node refused or stopped.
+    #[error(transparent)]
+    Raft(#[from] etcdrs_raftnode::Error),
+    /// The server is stopping.
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// A fatal storage failure.
+    #[error("fatal: {0}")]
+    Fatal(String),
+}
+
+impl From<&'static EtcdError> for ServerError {
+    fn from(e: &'static EtcdError) -> Self {
+        ServerError::Etcd(e)
+    }
+}
+
+/// The server's result type.
+pub type Result<T, E = ServerError> = std::result::Result<T, E>;

@@ -1,0 +1,827 @@
+//! `EtcdServer`: the member's core (etcd `server/etcdserver/server.go`). It turns client
+//! requests into raft proposals and waits for their results, applies committed entries to
+//! the MVCC store (the one writer), serves linearizable reads through ReadIndex, expires
+//! leases and runs auto-compaction.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use etcdrs_backend::{Backend, Bucket};
+use etcdrs_mvcc::{KvStore, META_CONF_STATE, WriteBatch};
+use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
+use etcdrs_proto::etcdserverpb::{
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
+    LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
+};
+use etcdrs_proto::rpctypes;
+use etcdrs_raftnode::eraftpb::{ConfChange, ConfChangeType, EntryType};
+use etcdrs_raftnode::{Apply, NodeConfig, RaftNodeHandle, Start, task::TaskResult};
+use parking_lot::{Mutex, RwLock};
+use prost::Message as _;
+use protobuf_free::{decode_conf_change, decode_conf_state, encode_conf_state};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::apply;
+use crate::config::{AutoCompaction, ServerConfig};
+use crate::error::{Result, ServerError};
+use crate::idgen::IdGenerator;
+use crate::membership::{self, Member};
+use crate::request::{InternalRaftRequest, MemberAttributes, Op};
+
+/// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
+mod protobuf_free {
+    use etcdrs_raftnode::eraftpb::{ConfChange, ConfState};
+    use protobuf::Message;
+
+    pub(super) fn decode_conf_change(bytes: &[u8]) -> Option<ConfChange> {
+        let mut change = ConfChange::default();
+        change.merge_from_bytes(bytes).ok()?;
+        Some(change)
+    }
+
+    pub(super) fn decode_conf_state(bytes: &[u8]) -> Option<ConfState> {
+        let mut state = ConfState::default();
+        state.merge_from_bytes(bytes).ok()?;
+        Some(state)
+    }
+
+    pub(super) fn encode_conf_state(state: &ConfState) -> Vec<u8> {
+        state.write_to_bytes().unwrap_or_default()
+    }
+}
+
+/// What applying a request produced.
+#[derive(Debug)]
+pub enum ApplyOutput {
+    /// Put.
+    Put(PutResponse),
+    /// DeleteRange.
+    DeleteRange(DeleteRangeResponse),
+    /// Txn.
+    Txn(TxnResponse),
+    /// Compaction.
+    Compaction(CompactionResponse),
+    /// LeaseGrant.
+    LeaseGrant(LeaseGrantResponse),
+    /// LeaseRevoke.
+    LeaseRevoke(LeaseRevokeResponse),
+    /// Alarm.
+    Alarm(AlarmResponse),
+    /// Publish.
+    Published,
+}
+
+type Waiter = oneshot::Sender<Result<ApplyOutput>>;
+
+/// etcd refuses new proposals when the applied index trails the committed index by this much.
+const MAX_GAP_APPLY_COMMIT: u64 = 5000;
+/// Cost etcd's quota charges per key on top of its key and value.
+const KV_OVERHEAD: u64 = 256;
+const META_MEMBER_ID: &[u8] = b"memberID";
+const META_CLUSTER_ID: &[u8] = b"clusterID";
+
+struct Inner {
+    config: ServerConfig,
+    member_id: u64,
+    cluster_id: u64,
+    store: Arc<KvStore>,
+    raft: RaftNodeHandle,
+    waiters: Mutex<HashMap<u64, Waiter>>,
+    applied: watch::Sender<u64>,
+    ids: IdGenerator,
+    members: RwLock<BTreeMap<u64, Member>>,
+    alarms: RwLock<Vec<AlarmMember>>,
+    published: AtomicBool,
+    leader_changes: AtomicU64,
+    request_timeout: Duration,
+}
+
+/// The member's core. Cheap to clone.
+#[derive(Clone)]
+pub struct EtcdServer {
+    inner: Arc<Inner>,
+}
+
+impl EtcdServer {
+    /// Open storage, start raft and the background tasks (on `tasks`, stopped by `shutdown`).
+    pub fn start(
+        config: ServerConfig,
+        tasks: &mut JoinSet<TaskResult>,
+        shutdown: CancellationToken,
+    ) -> Result<EtcdServer> {
+        let fatal =
+            |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
+        let backend =
+            Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
+        tracing::info!(path = %config.backend_path().display(), "opened backend db");
+        let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
+
+        let wal_dir = config.wal_dir();
+        let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
+        let (member_id, cluster_id, start) = if wal_exists {
+            let member_id = read_u64(store.meta(META_MEMBER_ID)?);
+            let cluster_id = read_u64(store.meta(META_CLUSTER_ID)?);
+            let conf_state = store
+                .meta(META_CONF_STATE)?
+                .and_then(|b| decode_conf_state(&b))
+                .unwrap_or_default();
+            tracing::info!(
+                local_member_id = %membership::id_hex(member_id),
+                commit_index = store.consistent_index(),
+                "restarting local member"
+            );
+            let start = Start::Restart {
+                applied: store.consistent_index(),
+                conf_state,
+            };
+            (member_id, cluster_id, start)
+        } else {
+            bootstrap(&config, &store)?
+        };
+        let start_members = load_members(&store)?;
+        let alarms = load_alarms(&store)?;
+
+        let node_config = NodeConfig {
+            id: member_id,
+            wal_dir,
+            tick_interval: config.heartbeat_interval,
+            election_tick: config.election_ticks(),
+            heartbeat_tick: 1,
+            pre_vote: config.pre_vote,
+            snapshot_count: config.snapshot_count,
+            catch_up_entries: 5000,
+        };
+        let (raft, apply_rx) = etcdrs_raftnode::start(
+            node_config,
+            start,
+            Arc::new(etcdrs_raftnode::NoPeers),
+            tasks,
+            shutdown.clone(),
+        )?;
+        let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
+        let (applied, _) = watch::channel(store.consistent_index());
+        let server = EtcdServer {
+            inner: Arc::new(Inner {
+                config,
+                member_id,
+                cluster_id,
+                store: store.clone(),
+                raft,
+                waiters: Mutex::new(HashMap::new()),
+                applied,
+                ids: IdGenerator::new(member_id),
+                members: RwLock::new(start_members),
+                alarms: RwLock::new(alarms),
+                published: AtomicBool::new(false),
+                leader_changes: AtomicU64::new(0),
+                request_timeout,
+            }),
+        };
+        store.lessor().refresh_all(Instant::now());
+
+        let applier = server.clone();
+        tasks.spawn(async move {
+            let result = applier.run_apply(apply_rx).await;
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "apply loop stopped");
+            }
+            ("apply", result.map_err(|e| e.to_string()))
+        });
+        let lessor = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            lessor.run_lease_expiry(stop).await;
+            ("lease expiry", Ok(()))
+        });
+        let compactor = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            compactor.run_auto_compaction(stop).await;
+            ("auto compaction", Ok(()))
+        });
+        Ok(server)
+    }
+
+    /// This member's id.
+    pub fn member_id(&self) -> u64 {
+        self.inner.member_id
+    }
+
+    /// The cluster's id.
+    pub fn cluster_id(&self) -> u64 {
+        self.inner.cluster_id
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    /// The MVCC store.
+    pub fn store(&self) -> &KvStore {
+        &self.inner.store
+    }
+
+    /// The raft node's status.
+    pub fn raft_status(&self) -> etcdrs_raftnode::NodeStatus {
+        self.inner.raft.status()
+    }
+
+    /// Members, by id.
+    pub fn members(&self) -> Vec<Member> {
+        self.inner.members.read().values().cloned().collect()
+    }
+
+    /// Raised alarms.
+    pub fn alarms(&self) -> Vec<AlarmMember> {
+        self.inner.alarms.read().clone()
+    }
+
+    /// How many times the leader changed (for metrics).
+    pub fn leader_changes(&self) -> u64 {
+        self.inner.leader_changes.load(AtomicOrdering::Relaxed)
+    }
+
+    /// A response header as etcd fills it; `revision` 0 means the current revision.
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.inner.cluster_id,
+            member_id: self.inner.member_id,
+            revision: if revision == 0 {
+                self.inner.store.current_rev()
+            } else {
+                revision
+            },
+            raft_term: self.inner.raft.status().term,
+        }
+    }
+
+    /// Fill a header that the applier set only the revision of.
+    pub fn fill_header(&self, header: &mut Option<ResponseHeader>) {
+        let revision = header.as_ref().map(|h| h.revision).unwrap_or(0);
+        *header = Some(self.header(revision));
+    }
+
+    /// Wait until this member has published itself and can serve clients.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let mut applied = self.inner.applied.subscribe();
+        while !self.inner.published.load(AtomicOrdering::Acquire) {
+            if applied.changed().await.is_err() {
+                return Err(ServerError::Stopped);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publish this member's name and client URLs through raft (etcd's `publish`).
+    pub async fn publish(&self) -> Result<()> {
+        let attributes = MemberAttributes {
+            member_id: self.inner.member_id,
+            name: self.inner.config.name.clone(),
+            client_urls: self
+                .inner
+                .config
+                .advertise_client_urls
+                .iter()
+                .map(url_string)
+                .collect(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.propose(Op::Publish(attributes.clone())).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "publish failed; retrying");
+                    tokio::time::sleep(self.inner.config.heartbeat_interval).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        tracing::info!(
+            local_member_id = %membership::id_hex(self.inner.member_id),
+            cluster_id = %membership::id_hex(self.inner.cluster_id),
+            "published local member to cluster through raft"
+        );
+        self.inner.published.store(true, AtomicOrdering::Release);
+        self.inner.applied.send_modify(|_| {});
+        tracing::info!(cluster_version = "3.5", "enabled capabilities for version");
+        Ok(())
+    }
+
+    /// Wait until every write committed before this call is applied (ReadIndex).
+    pub async fn linearizable_barrier(&self) -> Result<()> {
+        let index = tokio::time::timeout(self.inner.request_timeout, self.inner.raft.read_index())
+            .await
+            .map_err(|_| ServerError::Etcd(&rpctypes::TIMEOUT))??;
+        self.wait_applied(index).await
+    }
+
+    async fn wait_applied(&self, index: u64) -> Result<()> {
+        let mut applied = self.inner.applied.subscribe();
+        let wait = applied.wait_for(|applied| *applied >= index);
+        match tokio::time::timeout(self.inner.request_timeout, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(ServerError::Stopped),
+            Err(_) => Err(ServerError::Etcd(&rpctypes::TIMEOUT)),
+        }
+    }
+
+    /// Whether a write of about `cost` bytes fits the quota; raises the NOSPACE alarm when not.
+    pub async fn check_quota(&self, cost: u64) -> Result<()> {
+        if self.has_alarm(AlarmType::Nospace) {
+            return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+        }
+        let size = self.inner.store.backend().size();
+        if size + cost + KV_OVERHEAD <= self.inner.config.quota_bytes() {
+            return Ok(());
+        }
+        tracing::warn!(
+            quota_size = self.inner.config.quota_bytes(),
+            db_size = size,
+            "database space exceeded; raising NOSPACE alarm"
+        );
+        let activate = AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: self.inner.member_id,
+            alarm: AlarmType::Nospace as i32,
+        };
+        let _ = self.propose(Op::Alarm(activate)).await;
+        Err(ServerError::Etcd(&rpctypes::NO_SPACE))
+    }
+
+    fn has_alarm(&self, alarm: AlarmType) -> bool {
+        self.inner
+            .alarms
+            .read()
+            .iter()
+            .any(|a| a.alarm == alarm as i32)
+    }
+
+    /// Propose a request through raft and wait for its applied result.
+    pub async fn propose(&self, op: Op) -> Result<ApplyOutput> {
+        let status = self.inner.raft.status();
+        if status.commit > status.applied + MAX_GAP_APPLY_COMMIT {
+            return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
+        }
+        let id = self.inner.ids.next();
+        let data = InternalRaftRequest { id, op: Some(op) }.encode_to_vec();
+        if data.len() as u64 > self.inner.config.max_request_bytes {
+            return Err(ServerError::Etcd(&rpctypes::REQUEST_TOO_LARGE));
+        }
+        let (done, result) = oneshot::channel();
+        self.inner.waiters.lock().insert(id, done);
+        let forget = || {
+            self.inner.waiters.lock().remove(&id);
+        };
+        if let Err(e) = self.inner.raft.propose(data).await {
+            forget();
+            return Err(match e {
+                etcdrs_raftnode::Error::ProposalDropped => ServerError::Etcd(&rpctypes::NO_LEADER),
+                e => e.into(),
+            });
+        }
+        match tokio::time::timeout(self.inner.request_timeout, result).await {
+            Ok(Ok(output)) => output,
+            Ok(Err(_)) => Err(ServerError::Stopped),
+            Err(_) => {
+                forget();
+                Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+            }
+        }
+    }
+
+    /// A fresh lease id (etcd picks one when the client asks for 0).
+    pub fn new_lease_id(&self) -> i64 {
+        loop {
+            let id = (self.inner.ids.next() & (i64::MAX as u64)) as i64;
+            if id != 0 && !self.inner.store.lessor().contains(id) {
+                return id;
+            }
+        }
+    }
+
+    async fn run_apply(&self, mut apply_rx: tokio::sync::mpsc::Receiver<Apply>) -> Result<()> {
+        let mut last_leader = 0;
+        while let Some(batch) = apply_rx.recv().await {
+            let (index, term, durable, results) =
+                tokio::task::block_in_place(|| self.apply_batch(batch))?;
+            for (id, output) in results {
+                if let Some(waiter) = self.inner.waiters.lock().remove(&id) {
+                    let _ = waiter.send(output);
+                }
+            }
+            self.inner.applied.send_replace(index);
+            let leader = self.inner.raft.status().leader;
+            if leader != last_leader && leader != 0 {
+                self.inner
+                    .leader_changes
+                    .fetch_add(1, AtomicOrdering::Relaxed);
+                last_leader = leader;
+            }
+            self.inner.raft.applied(index, term, durable).await?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn apply_batch(
+        &self,
+        apply: Apply,
+    ) -> Result<(u64, u64, bool, Vec<(u64, Result<ApplyOutput>)>)> {
+        let store = &self.inner.store;
+        let mut batch = store.write()?;
+        let mut results = Vec::new();
+        let (mut index, mut term) = (0, 0);
+        let skip_below = store.consistent_index();
+        for entry in &apply.entries {
+            index = entry.index;
+            term = entry.term;
+            if entry.index <= skip_below {
+                continue;
+            }
+            match entry.get_entry_type() {
+                EntryType::EntryNormal => {
+                    if entry.data.is_empty() {
+                        continue;
+                    }
+                    let request = InternalRaftRequest::decode(entry.data.as_ref())
+                        .map_err(|e| ServerError::Fatal(format!("decode raft request: {e}")))?;
+                    let Some(op) = request.op else { continue };
+                    let output = self.apply_op(&mut batch, op);
+                    if let Err(ServerError::Mvcc(
+                        e @ (etcdrs_mvcc::Error::Backend(_) | etcdrs_mvcc::Error::Corrupt(_)),
+                    )) = &output
+                    {
+                        return Err(ServerError::Fatal(e.to_string()));
+                    }
+                    results.push((request.id, output));
+                }
+                EntryType::EntryConfChange => {
+                    if let Some(change) = decode_conf_change(&entry.data) {
+                        self.apply_conf_change(&mut batch, &change)?;
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {}
+            }
+        }
+        if index > skip_below {
+            batch.set_consistent_index(index, term)?;
+        }
+        if let Some(conf_state) = &apply.conf_state {
+            batch.bucket_put(
+                Bucket::META,
+                META_CONF_STATE,
+                &encode_conf_state(conf_state),
+            )?;
+        }
+        let (_changes, durable) = batch.commit(false)?;
+        Ok((index, term, durable, results))
+    }
+
+    fn apply_conf_change(&self, batch: &mut WriteBatch<'_>, change: &ConfChange) -> Result<()> {
+        match change.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                let member: Member = serde_json::from_slice(&change.context).map_err(|e| {
+                    ServerError::Fatal(format!("decode member in conf change: {e}"))
+                })?;
+                let json = serde_json::to_vec(&member)
+                    .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+                tracing::info!(
+                    added_peer_id = %membership::id_hex(member.id),
+                    added_peer_peer_urls = ?member.peer_urls,
+                    "added member"
+                );
+                self.inner.members.write().insert(member.id, member);
+            }
+            ConfChangeType::RemoveNode => {
+                batch.bucket_delete(Bucket::MEMBERS, &change.node_id.to_be_bytes())?;
+                batch.bucket_put(
+                    Bucket::MEMBERS_REMOVED,
+                    &change.node_id.to_be_bytes(),
+                    b"removed",
+                )?;
+                self.inner.members.write().remove(&change.node_id);
+            }
+        }
+        Ok(())
+    }
+
+    fn capped(&self) -> bool {
+        self.has_alarm(AlarmType::Nospace)
+    }
+
+    fn apply_op(&self, batch: &mut WriteBatch<'_>, op: Op) -> Result<ApplyOutput> {
+        let store = &self.inner.store;
+        match op {
+            Op::Put(req) => {
+                if self.capped() {
+                    return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+                }
+                let mut txn = batch.txn();
+                let result = apply::put(&mut txn, &req);
+                txn.end();
+                result.map(ApplyOutput::Put)
+            }
+            Op::DeleteRange(req) => {
+                let mut txn = batch.txn();
+                let result = apply::delete_range(&mut txn, &req);
+                txn.end();
+                result.map(ApplyOutput::DeleteRange)
+            }
+            Op::Txn(req) => {
+                if self.capped() && !apply::txn_is_read_only(&req) {
+                    return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+                }
+                let mut txn = batch.txn();
+                let result = apply::txn_write(&mut txn, store.lessor(), &req);
+                txn.end();
+                result.map(ApplyOutput::Txn)
+            }
+            Op::Compaction(req) => {
+                let rev = apply::compact(batch, req.revision)?;
+                tracing::info!(
+                    compact_revision = req.revision,
+                    "finished scheduled compaction"
+                );
+                Ok(ApplyOutput::Compaction(CompactionResponse {
+                    header: Some(ResponseHeader {
+                        revision: rev,
+                        ..Default::default()
+                    }),
+                }))
+            }
+            Op::LeaseGrant(req) => {
+                if self.capped() {
+                    return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+                }
+                let ttl = store.lessor().effective_ttl(req.ttl);
+                match batch.lease_grant(req.id, ttl) {
+                    Ok(()) => {}
+                    Err(etcdrs_mvcc::Error::LeaseExists(_)) => {
+                        return Err(ServerError::Etcd(&rpctypes::LEASE_EXIST));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(ApplyOutput::LeaseGrant(LeaseGrantResponse {
+                    header: Some(ResponseHeader {
+                        revision: batch.current_rev(),
+                        ..Default::default()
+                    }),
+                    id: req.id,
+                    ttl,
+                    error: String::new(),
+                }))
+            }
+            Op::LeaseRevoke(req) => {
+                match batch.lease_revoke(req.id) {
+                    Ok(()) => {}
+                    Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {
+                        return Err(ServerError::Etcd(&rpctypes::LEASE_NOT_FOUND));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(ApplyOutput::LeaseRevoke(LeaseRevokeResponse {
+                    header: Some(ResponseHeader {
+                        revision: batch.current_rev(),
+                        ..Default::default()
+                    }),
+                }))
+            }
+            Op::Alarm(req) => self.apply_alarm(batch, req).map(ApplyOutput::Alarm),
+            Op::Publish(attributes) => {
+                let mut members = self.inner.members.write();
+                if let Some(member) = members.get_mut(&attributes.member_id) {
+                    member.name = attributes.name;
+                    member.client_urls = attributes.client_urls;
+                    let json = serde_json::to_vec(&*member)
+                        .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                    batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+                }
+                Ok(ApplyOutput::Published)
+            }
+        }
+    }
+
+    fn apply_alarm(&self, batch: &mut WriteBatch<'_>, req: AlarmRequest) -> Result<AlarmResponse> {
+        let action = AlarmAction::try_from(req.action).unwrap_or(AlarmAction::Get);
+        let mut alarms = self.inner.alarms.write();
+        let key = alarm_key(req.member_id, req.alarm);
+        let mut changed = Vec::new();
+        match action {
+            AlarmAction::Get => {}
+            AlarmAction::Activate => {
+                if req.alarm == AlarmType::None as i32 {
+                    return Ok(AlarmResponse::default());
+                }
+                let member = AlarmMember {
+                    member_id: req.member_id,
+                    alarm: req.alarm,
+                };
+                if !alarms.contains(&member) {
+                    batch.bucket_put(Bucket::ALARM, &key, &member.encode_to_vec())?;
+                    alarms.push(member.clone());
+                    tracing::warn!(alarm = req.alarm, "alarm raised");
+                }
+                changed.push(member);
+            }
+            AlarmAction::Deactivate => {
+                let before = alarms.len();
+                alarms.retain(|a| !(a.member_id == req.member_id && a.alarm == req.alarm));
+                if alarms.len() != before {
+                    batch.bucket_delete(Bucket::ALARM, &key)?;
+                    changed.push(AlarmMember {
+                        member_id: req.member_id,
+                        alarm: req.alarm,
+                    });
+                }
+            }
+        }
+        Ok(AlarmResponse {
+            header: Some(ResponseHeader {
+                revision: batch.current_rev(),
+                ..Default::default()
+            }),
+            alarms: if action == AlarmAction::Get {
+                alarms.clone()
+            } else {
+                changed
+            },
+        })
+    }
+
+    async fn run_lease_expiry(&self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            if !self.inner.raft.status().is_leader {
+                continue;
+            }
+            let now = Instant::now();
+            for id in self.inner.store.lessor().expired(now, 64) {
+                // Push the deadline out so one expiry is proposed once.
+                self.inner.store.lessor().renew(id, now);
+                let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
+                match self.propose(Op::LeaseRevoke(revoke)).await {
+                    Ok(_) | Err(ServerError::Etcd(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(lease_id = id, error = %e, "failed to revoke expired lease")
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run_auto_compaction(&self, shutdown: CancellationToken) {
+        let (interval, mode) = match self.inner.config.auto_compaction {
+            AutoCompaction::Off => return,
+            AutoCompaction::Periodic(retention) => {
+                // etcd samples every tenth of the retention (at most an hour).
+                let step =
+                    (retention / 10).clamp(Duration::from_millis(100), Duration::from_secs(3600));
+                (step, AutoCompaction::Periodic(retention))
+            }
+            AutoCompaction::Revision(keep) => {
+                (Duration::from_secs(5 * 60), AutoCompaction::Revision(keep))
+            }
+        };
+        let mut samples: std::collections::VecDeque<(Instant, i64)> =
+            std::collections::VecDeque::new();
+        let mut ticker = tokio::time::interval(interval);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let now = Instant::now();
+            let current = self.inner.store.current_rev();
+            let target = match mode {
+                AutoCompaction::Periodic(retention) => {
+                    samples.push_back((now, current));
+                    let mut target = None;
+                    while let Some(&(at, rev)) = samples.front() {
+                        if now.duration_since(at) >= retention {
+                            target = Some(rev);
+                            samples.pop_front();
+                        } else {
+                            break;
+                        }
+                    }
+                    target
+                }
+                AutoCompaction::Revision(keep) => Some(current - keep as i64),
+                AutoCompaction::Off => None,
+            };
+            let Some(target) = target else { continue };
+            if target <= self.inner.store.compact_rev() || target <= 0 {
+                continue;
+            }
+            if !self.inner.raft.status().is_leader {
+                continue;
+            }
+            let request = etcdrs_proto::etcdserverpb::CompactionRequest {
+                revision: target,
+                physical: false,
+            };
+            match self.propose(Op::Compaction(request)).await {
+                Ok(_) => tracing::info!(revision = target, "completed auto compaction"),
+                Err(e) => tracing::warn!(revision = target, error = %e, "auto compaction failed"),
+            }
+        }
+    }
+}
+
+fn alarm_key(member_id: u64, alarm: i32) -> Vec<u8> {
+    let mut key = member_id.to_be_bytes().to_vec();
+    key.extend_from_slice(&alarm.to_be_bytes());
+    key
+}
+
+fn read_u64(bytes: Option<Vec<u8>>) -> u64 {
+    bytes
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0)
+}
+
+/// A URL as etcd prints it (no trailing slash for a bare host).
+pub fn url_string(url: &url::Url) -> String {
+    let s = url.as_str();
+    s.strip_suffix('/').unwrap_or(s).to_string()
+}
+
+fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, u64, Start)> {
+    let mut members = Vec::new();
+    for (name, urls) in &config.initial_cluster {
+        let peer_urls: Vec<String> = urls.iter().map(url_string).collect();
+        let id = membership::member_id(&peer_urls, &config.initial_cluster_token);
+        members.push(Member {
+            id,
+            name: name.clone(),
+            peer_urls,
+            client_urls: Vec::new(),
+            is_learner: false,
+        });
+    }
+    let Some(local) = members.iter().find(|m| m.name == config.name) else {
+        return Err(ServerError::Fatal(format!(
+            "couldn't find local name {:?} in the initial cluster configuration",
+            config.name
+        )));
+    };
+    let member_id = local.id;
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    let cluster_id = membership::cluster_id(&ids);
+    tracing::info!(
+        local_member_id = %membership::id_hex(member_id),
+        cluster_id = %membership::id_hex(cluster_id),
+        "starting local member"
+    );
+    let mut batch = store.write()?;
+    batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
+    batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
+    batch.commit(true)?;
+    let mut peers = Vec::new();
+    for member in &members {
+        let context = serde_json::to_vec(member)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+        peers.push((member.id, context));
+    }
+    let mut metadata = member_id.to_be_bytes().to_vec();
+    metadata.extend_from_slice(&cluster_id.to_be_bytes());
+    Ok((member_id, cluster_id, Start::New { metadata, peers }))
+}
+
+fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
+    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
+    let mut members = BTreeMap::new();
+    read.for_each_in(Bucket::MEMBERS, &[], None, |_, value| {
+        if let Ok(member) = serde_json::from_slice::<Member>(value) {
+            members.insert(member.id, member);
+        }
+        true
+    })
+    .map_err(etcdrs_mvcc::Error::from)?;
+    Ok(members)
+}
+
+fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {
+    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
+    let mut alarms = Vec::new();
+    read.for_each_in(Bucket::ALARM, &[], None, |_, value| {
+        if let Ok(alarm) = AlarmMember::decode(value) {
+            alarms.push(alarm);
+        }
+        true
+    })
+    .map_err(etcdrs_mvcc::Error::from)?;
+    Ok(alarms)
+}

@@ -1,0 +1,115 @@
+//! The KV service (etcd `api/v3rpc/key.go`).
+
+use etcdrs_proto::etcdserverpb::kv_server::Kv;
+use etcdrs_proto::etcdserverpb::request_op::Request as OpRequest;
+use etcdrs_proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::Rpc;
+use crate::apply;
+use crate::etcd_server::ApplyOutput;
+use crate::request::Op;
+use crate::validate;
+
+fn unexpected() -> Status {
+    Status::internal("etcdserver: unexpected apply result")
+}
+
+/// Bytes a txn's puts would add, for the quota check.
+fn txn_put_bytes(req: &TxnRequest) -> u64 {
+    req.success
+        .iter()
+        .chain(req.failure.iter())
+        .map(|op| match &op.request {
+            Some(OpRequest::RequestPut(p)) => (p.key.len() + p.value.len()) as u64,
+            Some(OpRequest::RequestTxn(t)) => txn_put_bytes(t),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tonic::async_trait]
+impl Kv for Rpc {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        let req = request.into_inner();
+        validate::range(&req).map_err(|e| e.to_status())?;
+        if !req.serializable {
+            self.server.linearizable_barrier().await?;
+        }
+        let mut resp = apply::range(self.server.store(), &req)?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let req = request.into_inner();
+        validate::put(&req).map_err(|e| e.to_status())?;
+        self.server
+            .check_quota((req.key.len() + req.value.len()) as u64)
+            .await?;
+        match self.server.propose(Op::Put(req)).await? {
+            ApplyOutput::Put(mut resp) => {
+                self.server.fill_header(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let req = request.into_inner();
+        validate::delete_range(&req).map_err(|e| e.to_status())?;
+        match self.server.propose(Op::DeleteRange(req)).await? {
+            ApplyOutput::DeleteRange(mut resp) => {
+                self.server.fill_header(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let req = request.into_inner();
+        validate::txn(&req, self.server.config().max_txn_ops).map_err(|e| e.to_status())?;
+        if apply::txn_is_read_only(&req) {
+            self.server.linearizable_barrier().await?;
+            let mut resp = apply::txn_read(self.server.store(), &req)?;
+            self.server.fill_header(&mut resp.header);
+            return Ok(Response::new(resp));
+        }
+        let put_bytes = txn_put_bytes(&req);
+        if put_bytes > 0 {
+            self.server.check_quota(put_bytes).await?;
+        }
+        match self.server.propose(Op::Txn(req)).await? {
+            ApplyOutput::Txn(mut resp) => {
+                self.server.fill_header(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let req = request.into_inner();
+        match self.server.propose(Op::Compaction(req)).await? {
+            ApplyOutput::Compaction(mut resp) => {
+                self.server.fill_header(&mut resp.header);
+                Ok(Response::new(resp))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+}
