@@ -408,6 +408,7 @@ impl EtcdServer {
     async fn run_apply(&self, mut apply_rx: tokio::sync::mpsc::Receiver<Apply>) -> Result<()> {
         let mut last_leader = 0;
         while let Some(batch) = apply_rx.recv().await {
+            tracing::debug!(entries = batch.entries.len(), "applying batch");
             let (index, term, durable, results) =
                 tokio::task::block_in_place(|| self.apply_batch(batch))?;
             for (id, output) in results {
@@ -415,6 +416,7 @@ impl EtcdServer {
                     let _ = waiter.send(output);
                 }
             }
+            tracing::debug!(index, "applied batch");
             self.inner.applied.send_replace(index);
             let leader = self.inner.raft.status().leader;
             if leader != last_leader && leader != 0 {
@@ -434,10 +436,11 @@ impl EtcdServer {
         apply: Apply,
     ) -> Result<(u64, u64, bool, Vec<(u64, Result<ApplyOutput>)>)> {
         let store = &self.inner.store;
+        // Read before the batch takes the store's write lock.
+        let skip_below = store.consistent_index();
         let mut batch = store.write()?;
         let mut results = Vec::new();
         let (mut index, mut term) = (0, 0);
-        let skip_below = store.consistent_index();
         for entry in &apply.entries {
             index = entry.index;
             term = entry.term;
@@ -682,7 +685,10 @@ impl EtcdServer {
 
     async fn run_auto_compaction(&self, shutdown: CancellationToken) {
         let (interval, mode) = match self.inner.config.auto_compaction {
-            AutoCompaction::Off => return,
+            AutoCompaction::Off => {
+                shutdown.cancelled().await;
+                return;
+            }
             AutoCompaction::Periodic(retention) => {
                 // etcd samples every tenth of the retention (at most an hour).
                 let step =
