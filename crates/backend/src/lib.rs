@@ -17,6 +17,8 @@
 mod error;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
@@ -69,37 +71,20 @@ impl Bucket {
 
 /// The backend: one database file, one writer at a time.
 pub struct Backend {
-    db: redb::Database,
+    /// Shared by every transaction; taken exclusively only to defragment.
+    db: RwLock<redb::Database>,
     path: PathBuf,
-    last_durable: parking_lot_free::Cell,
+    /// When the last durable commit happened (only the writer updates it).
+    last_durable: Mutex<Instant>,
     force_commit_interval: Duration,
+    /// Bytes of keys and values stored, over every bucket, as of the last commit.
+    logical_bytes: AtomicU64,
 }
 
-/// A tiny interior-mutable timestamp; the backend is used by one writer at a time, but
-/// `Backend` is shared (`&self`) between the writer and readers.
-mod parking_lot_free {
-    use std::sync::Mutex;
-    use std::time::Instant;
-
-    pub(crate) struct Cell(Mutex<Instant>);
-
-    impl Cell {
-        pub(crate) fn new(now: Instant) -> Self {
-            Cell(Mutex::new(now))
-        }
-        pub(crate) fn get(&self) -> Instant {
-            match self.0.lock() {
-                Ok(guard) => *guard,
-                Err(poisoned) => *poisoned.into_inner(),
-            }
-        }
-        pub(crate) fn set(&self, value: Instant) {
-            match self.0.lock() {
-                Ok(mut guard) => *guard = value,
-                Err(poisoned) => *poisoned.into_inner() = value,
-            }
-        }
-    }
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Backend {
@@ -110,16 +95,27 @@ impl Backend {
         }
         let db = redb::Database::create(path).map_err(Error::storage)?;
         let backend = Backend {
-            db,
+            db: RwLock::new(db),
             path: path.to_path_buf(),
-            last_durable: parking_lot_free::Cell::new(Instant::now()),
+            last_durable: Mutex::new(Instant::now()),
             force_commit_interval: Duration::from_millis(100),
+            logical_bytes: AtomicU64::new(0),
         };
         let tx = backend.write()?;
         for bucket in Bucket::ALL {
             tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
         tx.commit(true)?;
+        let read = backend.read()?;
+        let mut total = 0u64;
+        for bucket in Bucket::ALL {
+            read.for_each_in(bucket, &[], None, |k, v| {
+                total += (k.len() + v.len()) as u64;
+                true
+            })?;
+        }
+        drop(read);
+        backend.logical_bytes.store(total, Ordering::Relaxed);
         Ok(backend)
     }
 
@@ -130,13 +126,27 @@ impl Backend {
 
     /// Begin the (single) write transaction.
     pub fn write(&self) -> Result<WriteTx<'_>> {
-        let tx = self.db.begin_write().map_err(Error::storage)?;
-        Ok(WriteTx { tx, backend: self })
+        let tx = self
+            .db
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .begin_write()
+            .map_err(Error::storage)?;
+        Ok(WriteTx {
+            tx,
+            backend: self,
+            delta: std::cell::Cell::new(0),
+        })
     }
 
     /// Begin a read transaction: a consistent point-in-time view.
     pub fn read(&self) -> Result<ReadTx> {
-        let tx = self.db.begin_read().map_err(Error::storage)?;
+        let tx = self
+            .db
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .begin_read()
+            .map_err(Error::storage)?;
         Ok(ReadTx { tx })
     }
 
@@ -145,29 +155,33 @@ impl Backend {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
 
-    /// Bytes the database actually uses (etcd's `dbSizeInUse`): allocated pages less fragmentation.
+    /// Bytes the stored data takes (etcd's `dbSizeInUse`): the keys and values of every bucket
+    /// as of the last commit, without the engine's page overhead. Cheap: kept up to date by
+    /// the writer rather than measured.
     pub fn size_in_use(&self) -> u64 {
-        let Ok(tx) = self.db.begin_write() else {
-            return self.size();
-        };
-        let in_use = match tx.stats() {
-            Ok(stats) => {
-                let allocated = stats.allocated_pages() * stats.page_size() as u64;
-                allocated.saturating_sub(stats.fragmented_bytes())
-            }
-            Err(_) => self.size(),
-        };
-        let _ = tx.abort();
-        in_use
+        self.logical_bytes.load(Ordering::Relaxed)
     }
 
-    /// Rewrite the file to reclaim free space (etcd's defragment). Needs exclusive access.
-    pub fn defragment(&mut self) -> Result<()> {
+    /// Rewrite the file to reclaim free space (etcd's defragment). Blocks new transactions
+    /// while it runs and waits, within `wait`, for those in flight to finish.
+    pub fn defragment(&self, wait: Duration) -> Result<()> {
         // Compaction only reclaims space freed by durable commits.
-        let tx = self.write()?;
-        tx.commit(true)?;
-        while self.db.compact().map_err(Error::storage)? {}
-        Ok(())
+        self.write()?.commit(true)?;
+        let mut db = self
+            .db
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let deadline = Instant::now() + wait;
+        loop {
+            match db.compact() {
+                Ok(true) => continue,
+                Ok(false) => return Ok(()),
+                Err(redb::CompactionError::TransactionInProgress) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(Error::storage(e)),
+            }
+        }
     }
 }
 
@@ -175,20 +189,27 @@ impl Backend {
 pub struct WriteTx<'a> {
     tx: redb::WriteTransaction,
     backend: &'a Backend,
+    /// Change in stored bytes made by this transaction.
+    delta: std::cell::Cell<i64>,
 }
 
 impl WriteTx<'_> {
     /// Insert or overwrite `key` in `bucket`.
     pub fn put(&self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        table.insert(key, value).map_err(Error::storage)?;
+        let old = table.insert(key, value).map_err(Error::storage)?;
+        let old_len = old.map(|v| key.len() + v.value().len()).unwrap_or(0);
+        self.add((key.len() + value.len()) as i64 - old_len as i64);
         Ok(())
     }
 
     /// Remove `key` from `bucket`.
     pub fn delete(&self, bucket: Bucket, key: &[u8]) -> Result<()> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        table.remove(key).map_err(Error::storage)?;
+        let old = table.remove(key).map_err(Error::storage)?;
+        if let Some(old) = old {
+            self.add(-((key.len() + old.value().len()) as i64));
+        }
         Ok(())
     }
 
@@ -196,11 +217,21 @@ impl WriteTx<'_> {
     pub fn delete_range(&self, bucket: Bucket, start: &[u8], end: &[u8]) -> Result<u64> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let mut removed = 0;
-        table
+        let mut bytes = 0i64;
+        for item in table
             .extract_from_if(start..end, |_, _| true)
             .map_err(Error::storage)?
-            .for_each(|_| removed += 1);
+        {
+            let (k, v) = item.map_err(Error::storage)?;
+            removed += 1;
+            bytes += (k.value().len() + v.value().len()) as i64;
+        }
+        self.add(-bytes);
         Ok(removed)
+    }
+
+    fn add(&self, bytes: i64) {
+        self.delta.set(self.delta.get() + bytes);
     }
 
     /// Read `key` as this transaction sees it.
@@ -216,7 +247,7 @@ impl WriteTx<'_> {
     pub fn commit(mut self, durable: bool) -> Result<bool> {
         let now = Instant::now();
         let durable = durable
-            || now.duration_since(self.backend.last_durable.get())
+            || now.duration_since(*lock(&self.backend.last_durable))
                 >= self.backend.force_commit_interval;
         let level = if durable {
             Durability::Immediate
@@ -226,8 +257,13 @@ impl WriteTx<'_> {
         self.tx.set_durability(level).map_err(Error::storage)?;
         self.tx.commit().map_err(Error::storage)?;
         if durable {
-            self.backend.last_durable.set(now);
+            *lock(&self.backend.last_durable) = now;
         }
+        let delta = self.delta.get();
+        let logical = &self.backend.logical_bytes;
+        let _ = logical.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_add_signed(delta))
+        });
         Ok(durable)
     }
 }
@@ -316,7 +352,27 @@ mod tests {
         );
         assert_eq!(read.len(Bucket::KEY).unwrap(), 7);
         assert!(backend.size() > 0);
-        assert!(backend.size_in_use() <= backend.size());
+        // Keys 0, 1, 5..9 (1 byte + 2 bytes) and the meta record.
+        assert_eq!(backend.size_in_use(), 7 * 3 + 16 + 1);
+    }
+
+    #[test]
+    fn defragment_shrinks_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Backend::open(&dir.path().join("db")).unwrap();
+        let tx = backend.write().unwrap();
+        for i in 0u32..2000 {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), &[7u8; 512]).unwrap();
+        }
+        tx.commit(true).unwrap();
+        let tx = backend.write().unwrap();
+        tx.delete_range(Bucket::KEY, &0u32.to_be_bytes(), &2000u32.to_be_bytes())
+            .unwrap();
+        tx.commit(true).unwrap();
+        let before = backend.size();
+        backend.defragment(Duration::from_secs(5)).unwrap();
+        assert!(backend.size() < before, "{} !< {before}", backend.size());
+        assert_eq!(backend.read().unwrap().len(Bucket::KEY).unwrap(), 0);
     }
 
     #[test]

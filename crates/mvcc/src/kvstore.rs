@@ -23,6 +23,9 @@ pub const META_CONF_STATE: &[u8] = b"confState";
 const META_FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
 const META_SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
 
+/// Lower and upper bounds of a key range, for `BTreeMap::range`.
+type KeyBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
 /// A key range in etcd's encoding: `end` empty means the single key `key`; `end == [0]` means
 /// every key >= `key`; otherwise `[key, end)`.
 #[derive(Clone, Copy, Debug)]
@@ -39,7 +42,7 @@ impl<'a> KeyRange<'a> {
         KeyRange { key, end }
     }
 
-    fn bounds(&self) -> Option<(Bound<&'a [u8]>, Bound<&'a [u8]>)> {
+    fn bounds(&self) -> Option<KeyBounds<'a>> {
         if self.end.is_empty() {
             return Some((Bound::Included(self.key), Bound::Included(self.key)));
         }
@@ -184,7 +187,8 @@ impl KvStore {
         if let Some(e) = failure {
             return Err(e);
         }
-        current_rev = current_rev.max(compact_rev);
+        // A new store is at revision 1, so the first write is revision 2, as in etcd.
+        current_rev = current_rev.max(compact_rev).max(1);
 
         let lessor = Lessor::new(min_lease_ttl);
         let now = Instant::now();
@@ -611,15 +615,16 @@ mod tests {
         KvStore::open(Backend::open(&dir.join("db")).unwrap(), 2).unwrap()
     }
 
+    fn at(rev: i64) -> RangeParams {
+        RangeParams {
+            rev,
+            ..Default::default()
+        }
+    }
+
     fn get(store: &KvStore, key: &[u8], rev: i64) -> Option<KeyValue> {
         store
-            .range(
-                KeyRange::new(key, &[]),
-                RangeParams {
-                    rev,
-                    ..Default::default()
-                },
-            )
+            .range(KeyRange::new(key, &[]), at(rev))
             .unwrap()
             .kvs
             .pop()
@@ -629,10 +634,11 @@ mod tests {
     fn revisions_versions_and_history() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
+        assert_eq!(store.current_rev(), 1);
         let mut batch = store.write().unwrap();
         let mut txn = batch.txn();
         txn.put(b"a", b"1", 0).unwrap();
-        assert_eq!(txn.end(), 2 - 1);
+        assert_eq!(txn.end(), 2);
         let mut txn = batch.txn();
         txn.put(b"a", b"2", 0).unwrap();
         txn.put(b"b", b"x", 0).unwrap();
@@ -649,47 +655,37 @@ mod tests {
         batch.set_consistent_index(9, 1).unwrap();
         batch.commit(true).unwrap();
 
-        assert_eq!(store.current_rev(), 4);
+        assert_eq!(store.current_rev(), 5);
         let a = get(&store, b"a", 0).unwrap();
-        assert_eq!((a.create_revision, a.mod_revision, a.version), (4, 4, 1));
-        let a2 = get(&store, b"a", 2).unwrap();
+        assert_eq!((a.create_revision, a.mod_revision, a.version), (5, 5, 1));
+        let a3 = get(&store, b"a", 3).unwrap();
         assert_eq!(
             (
-                a2.create_revision,
-                a2.mod_revision,
-                a2.version,
-                a2.value.as_slice()
+                a3.create_revision,
+                a3.mod_revision,
+                a3.version,
+                a3.value.as_slice()
             ),
-            (1, 2, 2, &b"2"[..])
+            (2, 3, 2, &b"2"[..])
         );
-        assert_eq!(get(&store, b"b", 3), None);
-        let all = store
-            .range(
-                KeyRange::new(b"\0", b"\0"),
-                RangeParams {
-                    rev: 2,
-                    limit: 1,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        assert_eq!((all.kvs.len(), all.count, all.rev), (1, 2, 4));
+        assert_eq!(get(&store, b"b", 4), None);
+        let params = RangeParams {
+            rev: 3,
+            limit: 1,
+            count_only: false,
+        };
+        let all = store.range(KeyRange::new(b"\0", b"\0"), params).unwrap();
+        assert_eq!((all.kvs.len(), all.count, all.rev), (1, 2, 5));
         assert!(matches!(
-            store.range(
-                KeyRange::new(b"a", &[]),
-                RangeParams {
-                    rev: 5,
-                    ..Default::default()
-                }
-            ),
+            store.range(KeyRange::new(b"a", &[]), at(6)),
             Err(Error::FutureRevision { .. })
         ));
 
         drop(store);
         let store = open(dir.path());
-        assert_eq!(store.current_rev(), 4);
+        assert_eq!(store.current_rev(), 5);
         assert_eq!(store.consistent_index(), 9);
-        assert_eq!(get(&store, b"a", 2).unwrap().version, 2);
+        assert_eq!(get(&store, b"a", 3).unwrap().version, 2);
         assert_eq!(get(&store, b"a", 0).unwrap().version, 1);
     }
 
@@ -703,26 +699,20 @@ mod tests {
             txn.put(b"k", value, 0).unwrap();
             txn.end();
         }
-        batch.compact(2).unwrap();
+        batch.compact(3).unwrap();
         batch.commit(true).unwrap();
         assert!(matches!(
-            store.range(
-                KeyRange::new(b"k", &[]),
-                RangeParams {
-                    rev: 1,
-                    ..Default::default()
-                }
-            ),
+            store.range(KeyRange::new(b"k", &[]), at(2)),
             Err(Error::Compacted { .. })
         ));
-        assert_eq!(get(&store, b"k", 2).unwrap().value, b"2");
+        assert_eq!(get(&store, b"k", 3).unwrap().value, b"2");
         drop(store);
         let store = open(dir.path());
-        assert_eq!(store.compact_rev(), 2);
-        assert_eq!(get(&store, b"k", 2).unwrap().version, 2);
+        assert_eq!(store.compact_rev(), 3);
+        assert_eq!(get(&store, b"k", 3).unwrap().version, 2);
         assert_eq!(get(&store, b"k", 0).unwrap().version, 3);
         let mut batch = store.write().unwrap();
-        assert!(matches!(batch.compact(2), Err(Error::Compacted { .. })));
+        assert!(matches!(batch.compact(3), Err(Error::Compacted { .. })));
         assert!(matches!(
             batch.compact(9),
             Err(Error::FutureRevision { .. })
@@ -754,9 +744,9 @@ mod tests {
         assert!(
             changes
                 .iter()
-                .all(|c| c.kv.as_ref().unwrap().mod_revision == 2)
+                .all(|c| c.kv.as_ref().unwrap().mod_revision == 3)
         );
-        assert_eq!(store.current_rev(), 2);
+        assert_eq!(store.current_rev(), 3);
         assert!(store.lessor().get(5).is_none());
     }
 }

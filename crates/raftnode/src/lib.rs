@@ -238,9 +238,11 @@ pub fn start(
                     .into();
                 entries.push(entry);
             }
-            let mut hard_state = HardState::default();
-            hard_state.term = 1;
-            hard_state.commit = entries.len() as u64;
+            let hard_state = HardState {
+                term: 1,
+                commit: entries.len() as u64,
+                ..Default::default()
+            };
             persist(&mut wal, &storage, Some(&hard_state), &entries)?;
             (wal, 0)
         }
@@ -268,12 +270,14 @@ pub fn start(
                 .last()
                 .map(|e| e.index)
                 .unwrap_or(state.snapshot.index);
-            let mut hard_state = HardState::default();
-            hard_state.term = state.hard_state.term;
-            hard_state.vote = state.hard_state.vote;
             // Entries the state machine applied were committed even if the hard state that
             // said so did not reach the WAL before a crash.
-            hard_state.commit = state.hard_state.commit.max(applied).min(last_index);
+            let hard_state = HardState {
+                term: state.hard_state.term,
+                vote: state.hard_state.vote,
+                commit: state.hard_state.commit.max(applied).min(last_index),
+                ..Default::default()
+            };
             core.set_hardstate(hard_state);
             core.set_conf_state(conf_state);
             drop(core);

@@ -261,6 +261,14 @@ impl EtcdServer {
         }
     }
 
+    /// The header etcd's Cluster service sends: no revision.
+    pub fn cluster_header(&self) -> ResponseHeader {
+        ResponseHeader {
+            revision: 0,
+            ..self.header(-1)
+        }
+    }
+
     /// Fill a header that the applier set only the revision of.
     pub fn fill_header(&self, header: &mut Option<ResponseHeader>) {
         let revision = header.as_ref().map(|h| h.revision).unwrap_or(0);
@@ -336,8 +344,10 @@ impl EtcdServer {
         if self.has_alarm(AlarmType::Nospace) {
             return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
         }
-        let size = self.inner.store.backend().size();
-        if size + cost + KV_OVERHEAD <= self.inner.config.quota_bytes() {
+        // etcd compares the file size; redb's file starts larger and grows in bigger steps than
+        // bbolt's, so the quota is checked against the data actually stored.
+        let size = self.inner.store.backend().size_in_use();
+        if size.saturating_add(cost + KV_OVERHEAD) <= self.inner.config.quota_bytes() {
             return Ok(());
         }
         tracing::warn!(
@@ -628,7 +638,7 @@ impl EtcdServer {
                 };
                 if !alarms.contains(&member) {
                     batch.bucket_put(Bucket::ALARM, &key, &member.encode_to_vec())?;
-                    alarms.push(member.clone());
+                    alarms.push(member);
                     tracing::warn!(alarm = req.alarm, "alarm raised");
                 }
                 changed.push(member);

@@ -43,6 +43,57 @@ pub fn router(server: EtcdServer) -> Router {
         .route("/metrics", get(metrics_text))
         .with_state(server);
     grpc.merge(http)
+        .fallback(not_found)
+        .layer(axum::middleware::map_response(grpc_size_error))
+}
+
+/// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest.
+async fn not_found(request: axum::extract::Request) -> axum::response::Response {
+    let is_grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if is_grpc {
+        return tonic::Status::unimplemented(format!("unknown service {}", request.uri().path()))
+            .into_http();
+    }
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "404 page not found\n",
+    )
+        .into_response()
+}
+
+/// tonic refuses an over-limit request message with OutOfRange and its own text; grpc-go (and
+/// so etcd) answers ResourceExhausted "grpc: received message larger than max (N vs. M)".
+async fn grpc_size_error(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers();
+    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"11") {
+        return response;
+    }
+    let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) else {
+        return response;
+    };
+    let message = percent_decode(message);
+    let Some(rest) = message.strip_prefix("Error, decoded message length too large: found ") else {
+        return response;
+    };
+    let numbers: Vec<&str> = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let [found, limit] = numbers[..] else {
+        return response;
+    };
+    let text = format!("grpc: received message larger than max ({found} vs. {limit})");
+    if let Ok(value) = axum::http::HeaderValue::from_str(&text) {
+        let headers = response.headers_mut();
+        headers.insert("grpc-status", axum::http::HeaderValue::from_static("8"));
+        headers.insert("grpc-message", value);
+    }
+    response
 }
 
 /// Serve clients on `listener` until `shutdown`.
@@ -54,6 +105,27 @@ pub async fn serve(
     axum::serve(listener, router(server))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
+}
+
+/// Decode a `grpc-message` header (percent-encoded, as the gRPC spec says).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn health(State(server): State<EtcdServer>) -> impl IntoResponse {

@@ -6,6 +6,7 @@ use etcdrs_proto::etcdserverpb::request_op::Request;
 use etcdrs_proto::etcdserverpb::{
     DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
+
 use etcdrs_proto::rpctypes::{self, EtcdError};
 
 type Check = Result<(), &'static EtcdError>;
@@ -42,7 +43,21 @@ pub fn delete_range(req: &DeleteRangeRequest) -> Check {
 
 /// Check a TxnRequest against `max_ops` (etcd's `--max-txn-ops`).
 pub fn txn(req: &TxnRequest, max_ops: usize) -> Check {
-    if req.compare.len() > max_ops || req.success.len() > max_ops || req.failure.len() > max_ops {
+    txn_ops(req, max_ops)?;
+    writes_of(&req.success)?;
+    writes_of(&req.failure)?;
+    Ok(())
+}
+
+/// The size and key checks, recursively. As in etcd, a nested txn gets the budget its parent
+/// left: `max_ops` less the parent's widest list (compares, success or failure ops).
+fn txn_ops(req: &TxnRequest, max_ops: usize) -> Check {
+    let widest = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len());
+    if widest > max_ops {
         return Err(&rpctypes::TOO_MANY_OPS);
     }
     for compare in &req.compare {
@@ -51,21 +66,15 @@ pub fn txn(req: &TxnRequest, max_ops: usize) -> Check {
         }
     }
     for op in req.success.iter().chain(req.failure.iter()) {
-        request_op(op, max_ops)?;
+        match &op.request {
+            Some(Request::RequestRange(r)) => range(r)?,
+            Some(Request::RequestPut(p)) => put(p)?,
+            Some(Request::RequestDeleteRange(d)) => delete_range(d)?,
+            Some(Request::RequestTxn(t)) => txn_ops(t, max_ops - widest)?,
+            None => {}
+        }
     }
-    writes_of(&req.success)?;
-    writes_of(&req.failure)?;
     Ok(())
-}
-
-fn request_op(op: &RequestOp, max_ops: usize) -> Check {
-    match &op.request {
-        Some(Request::RequestRange(r)) => range(r),
-        Some(Request::RequestPut(p)) => put(p),
-        Some(Request::RequestDeleteRange(d)) => delete_range(d),
-        Some(Request::RequestTxn(t)) => txn(t, max_ops),
-        None => Ok(()),
-    }
 }
 
 /// A deleted key range, in etcd's encoding (empty end: one key; `[0]`: to the end).
@@ -75,11 +84,13 @@ struct Deleted {
 }
 
 impl Deleted {
+    /// Whether the range covers `key`. As in etcd's interval check, the range is `[key, end)`
+    /// compared as bytes, so a from-key delete (`end == [0]`) covers nothing here.
     fn contains(&self, key: &[u8]) -> bool {
         if self.end.is_empty() {
             return key == self.key.as_slice();
         }
-        key >= self.key.as_slice() && (self.end == [0] || key < self.end.as_slice())
+        key >= self.key.as_slice() && key < self.end.as_slice()
     }
 }
 
@@ -200,6 +211,8 @@ mod tests {
             Err(&rpctypes::DUPLICATE_KEY)
         );
         assert!(check(vec![del_op("a", ""), del_op("a", "")]).is_ok());
+        // etcd quirk: a from-key delete does not conflict with puts.
+        assert!(check(vec![del_op("a", "\0"), put_op("a")]).is_ok());
     }
 
     #[test]

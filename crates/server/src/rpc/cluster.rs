@@ -58,7 +58,7 @@ impl Cluster for Rpc {
             self.server.linearizable_barrier().await?;
         }
         Ok(Response::new(MemberListResponse {
-            header: Some(self.server.header(0)),
+            header: Some(self.server.cluster_header()),
             members: self.member_pbs(),
         }))
     }

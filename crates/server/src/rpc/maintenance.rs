@@ -75,7 +75,21 @@ impl Maintenance for Rpc {
         &self,
         _request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        Err(Status::unimplemented("defragment is not supported yet"))
+        let backend = self.server.store().backend();
+        let before = backend.size();
+        tracing::info!(path = %backend.path().display(), "defragmenting");
+        let started = std::time::Instant::now();
+        tokio::task::block_in_place(|| backend.defragment(std::time::Duration::from_secs(30)))
+            .map_err(|e| Status::unknown(e.to_string()))?;
+        tracing::info!(
+            current_db_size_bytes = before,
+            new_db_size_bytes = backend.size(),
+            took = ?started.elapsed(),
+            "finished defragmenting directory"
+        );
+        Ok(Response::new(DefragmentResponse {
+            header: Some(self.server.header(0)),
+        }))
     }
 
     async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {

@@ -1,0 +1,151 @@
+//! Logs in etcd's shape: one JSON object per line on stderr, as etcd's default zap logger
+//! writes them (`{"level":"info","ts":"…","caller":"…","msg":"ready to serve client requests",…}`),
+//! so that operators' scripts that read etcd's logs read ours.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Install the global subscriber at etcd's `--log-level`.
+pub fn init(log_level: &str) {
+    let level = match log_level {
+        "debug" => "debug",
+        "warn" => "warn",
+        "error" | "panic" | "fatal" | "dpanic" => "error",
+        _ => "info",
+    };
+    // raft-rs is chatty at info; etcd's raft logs the same milestones at info, so keep it.
+    // ETCDRS_LOG (a tracing filter) overrides, for debugging etcd-rs itself.
+    let directives = std::env::var("ETCDRS_LOG")
+        .unwrap_or_else(|_| format!("{level},h2=warn,hyper=warn,tower=warn"));
+    let filter = tracing_subscriber::EnvFilter::new(directives);
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .event_format(ZapJson)
+        .try_init();
+}
+
+struct ZapJson;
+
+struct Fields(Map<String, Value>);
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(name(field), Value::String(value.to_string()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(name(field), Value::from(value));
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(name(field), Value::from(value));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(name(field), Value::Bool(value));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(name(field), Value::String(format!("{value:?}")));
+    }
+}
+
+/// etcd's fields are kebab-case (`local-member-id`); ours are snake_case in code.
+fn name(field: &Field) -> String {
+    field.name().replace('_', "-")
+}
+
+impl<S, N> FormatEvent<S, N> for ZapJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let meta = event.metadata();
+        let mut fields = Fields(Map::new());
+        event.record(&mut fields);
+        let msg = fields
+            .0
+            .remove("message")
+            .unwrap_or(Value::String(String::new()));
+        let mut line = Map::new();
+        let level = match *meta.level() {
+            Level::ERROR => "error",
+            Level::WARN => "warn",
+            Level::INFO => "info",
+            Level::DEBUG | Level::TRACE => "debug",
+        };
+        line.insert("level".into(), Value::String(level.into()));
+        line.insert("ts".into(), Value::String(timestamp()));
+        let caller = match (meta.file(), meta.line()) {
+            (Some(file), Some(line)) => format!("{}:{line}", short_path(file)),
+            _ => meta.target().to_string(),
+        };
+        line.insert("caller".into(), Value::String(caller));
+        line.insert("msg".into(), msg);
+        line.extend(fields.0);
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+fn short_path(file: &str) -> &str {
+    let mut parts = file.rsplitn(3, '/');
+    let last = parts.next().unwrap_or(file);
+    match parts.next() {
+        Some(dir) => &file[file.len() - last.len() - dir.len() - 1..],
+        None => last,
+    }
+}
+
+/// Now, as `2006-01-02T15:04:05.000Z`.
+fn timestamp() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(short_path("crates/server/src/http.rs"), "src/http.rs");
+    }
+}

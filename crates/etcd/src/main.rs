@@ -1,0 +1,120 @@
+//! `etcd`: the etcd-rs binary. With no subcommand it runs a member; `etcd gateway start` and
+//! `etcd grpc-proxy start` run the proxies (etcd `etcdmain`).
+
+mod config;
+mod logging;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::anyhow;
+use etcdrs_server::{AutoCompaction, ServerConfig};
+
+use crate::config::{ClusterState, Command, EtcdConfig};
+
+/// The server's configuration from the parsed command line.
+fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
+    let members = cfg.initial_cluster_members().map_err(|e| anyhow!(e))?;
+    cfg.check_local_member(&members).map_err(|e| anyhow!(e))?;
+    let mut initial_cluster: Vec<(String, Vec<url::Url>)> = Vec::new();
+    for (name, url) in members {
+        match initial_cluster.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, urls)) => urls.push(url),
+            None => initial_cluster.push((name, vec![url])),
+        }
+    }
+    let auto_compaction = match cfg.auto_compaction {
+        config::AutoCompaction::Off => AutoCompaction::Off,
+        config::AutoCompaction::Periodic(d) => AutoCompaction::Periodic(d),
+        config::AutoCompaction::Revision(n) => AutoCompaction::Revision(n),
+    };
+    let wal_dir = (!cfg.wal_dir.is_empty()).then(|| PathBuf::from(&cfg.wal_dir));
+    Ok(ServerConfig {
+        name: cfg.name.clone(),
+        data_dir: PathBuf::from(&cfg.data_dir),
+        wal_dir,
+        listen_client_urls: cfg.listen_client_urls.clone(),
+        advertise_client_urls: cfg.advertise_client_urls.clone(),
+        listen_peer_urls: cfg.listen_peer_urls.clone(),
+        initial_advertise_peer_urls: cfg.initial_advertise_peer_urls.clone(),
+        initial_cluster,
+        initial_cluster_token: cfg.initial_cluster_token.clone(),
+        new_cluster: cfg.initial_cluster_state == ClusterState::New,
+        // A negative quota disables the check, as in etcd.
+        quota_backend_bytes: cfg.backend_quota().unwrap_or(u64::MAX),
+        max_request_bytes: cfg.max_request_bytes,
+        max_txn_ops: cfg.max_txn_ops as usize,
+        auto_compaction,
+        heartbeat_interval: std::time::Duration::from_millis(cfg.heartbeat_interval),
+        election_timeout: std::time::Duration::from_millis(cfg.election_timeout),
+        snapshot_count: cfg.snapshot_count,
+        pre_vote: cfg.pre_vote,
+    })
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let parsed = match config::parse(&args, &env) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("{}", e.message.trim_end_matches('\n'));
+            return ExitCode::from(u8::try_from(e.exit_code).unwrap_or(1));
+        }
+    };
+    let cfg = match parsed.command {
+        Command::Version => {
+            print!("{}", config::version_text());
+            return ExitCode::SUCCESS;
+        }
+        Command::Help => {
+            eprint!("{}", config::usage_text());
+            println!("{}", config::help_text());
+            return ExitCode::SUCCESS;
+        }
+        Command::Gateway(_) | Command::GrpcProxy(_) => {
+            eprintln!("etcd-rs: this subcommand is not available yet");
+            return ExitCode::from(1);
+        }
+        Command::Run(cfg) => cfg,
+    };
+    logging::init(&cfg.log_level);
+    for line in &parsed.infos {
+        tracing::info!("{line}");
+    }
+    for line in &parsed.warnings {
+        tracing::warn!("{line}");
+    }
+    let server_config = match server_config(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "discovery failed");
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run::run(server_config)) {
+        Ok(run::Stopped::Signal(signal)) => {
+            drop(runtime);
+            // Die by the signal that stopped us, as etcd does, so supervisors see why.
+            if signal != 0 {
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "etcd server failed");
+            ExitCode::FAILURE
+        }
+    }
+}

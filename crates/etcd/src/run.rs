@@ -1,0 +1,149 @@
+//! Running a member: bind the listeners, start the server, publish, serve, and shut down in
+//! order on SIGINT/SIGTERM or when a task fails (etcd `embed/etcd.go`, `etcdmain/etcd.go`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use etcdrs_server::{EtcdServer, ServerConfig, TaskResult};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+/// The address a `http://host:port` URL names, resolved for binding.
+fn bind_addr(url: &Url) -> anyhow::Result<SocketAddr> {
+    match url.scheme() {
+        "http" => {}
+        "https" => bail!("TLS listeners are not supported yet: {url}"),
+        "unix" | "unixs" => bail!("unix socket listeners are not supported yet: {url}"),
+        other => bail!("unsupported URL scheme {other:?} in {url}"),
+    }
+    let host = url.host_str().context("URL without host")?;
+    let port = url.port_or_known_default().context("URL without port")?;
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    format!("{host}:{port}")
+        .parse::<SocketAddr>()
+        .or_else(|_| {
+            use std::net::ToSocketAddrs;
+            (host, port)
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| std::io::Error::other("no address"))
+        })
+        .with_context(|| format!("cannot resolve {url}"))
+}
+
+/// How a member's run ended.
+pub enum Stopped {
+    /// By this signal, after a clean shutdown; the process re-raises it, as etcd does.
+    Signal(i32),
+}
+
+/// Run a member until it is told to stop. Returns an error for a fatal failure.
+pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
+    tracing::info!(
+        name = %config.name,
+        data_dir = %config.data_dir.display(),
+        advertise_client_urls = ?config.advertise_client_urls.iter().map(etcdrs_server::url_string).collect::<Vec<_>>(),
+        "starting an etcd server"
+    );
+    // Bind first, as etcd does: a port in use fails start-up before anything is written.
+    let mut peer_listeners = Vec::new();
+    for url in &config.listen_peer_urls {
+        let addr = bind_addr(url)?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+        tracing::info!(address = %addr, "starting peer listener");
+        peer_listeners.push(listener);
+    }
+    let mut client_listeners = Vec::new();
+    for url in &config.listen_client_urls {
+        let addr = bind_addr(url)?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+        client_listeners.push((addr, listener));
+    }
+
+    let shutdown = CancellationToken::new();
+    let mut tasks: JoinSet<TaskResult> = JoinSet::new();
+    let server = EtcdServer::start(config, &mut tasks, shutdown.clone())?;
+
+    tokio::select! {
+        published = server.publish() => published?,
+        Some(done) = tasks.join_next() => {
+            shutdown.cancel();
+            report(done)?;
+        }
+    }
+    for (addr, listener) in client_listeners {
+        let server = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let result = etcdrs_server::http::serve(server, listener, stop).await;
+            ("client listener", result.map_err(|e| e.to_string()))
+        });
+        tracing::info!("ready to serve client requests");
+        tracing::warn!(
+            address = %addr,
+            "serving client traffic insecurely; this is strongly discouraged!"
+        );
+    }
+    // Peer traffic arrives with the cluster work; the port stays bound as etcd's would be.
+    let _peer_listeners = peer_listeners;
+
+    let outcome = tokio::select! {
+        signal = shutdown_signal() => {
+            tracing::info!(signal = signal_name(signal), "received signal; shutting down");
+            Ok(Stopped::Signal(signal))
+        }
+        Some(done) = tasks.join_next() => report(done).map(|()| Stopped::Signal(0)),
+    };
+    shutdown.cancel();
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("tasks did not stop in time");
+    }
+    tracing::info!("stopped etcd server");
+    outcome
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        signal_hook::consts::SIGTERM => "terminated",
+        signal_hook::consts::SIGINT => "interrupt",
+        _ => "signal",
+    }
+}
+
+fn report(done: Result<TaskResult, tokio::task::JoinError>) -> anyhow::Result<()> {
+    match done {
+        Ok((name, Ok(()))) => bail!("task {name} stopped unexpectedly"),
+        Ok((name, Err(e))) => bail!("task {name} failed: {e}"),
+        Err(e) => bail!("task panicked: {e}"),
+    }
+}
+
+async fn shutdown_signal() -> i32 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending::<i32>().await;
+    };
+    tokio::select! {
+        _ = term.recv() => signal_hook::consts::SIGTERM,
+        _ = int.recv() => signal_hook::consts::SIGINT,
+    }
+}

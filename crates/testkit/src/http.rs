@@ -1,0 +1,157 @@
+//! A minimal HTTP/1.1 GET client for the member's plain-HTTP endpoints (`/health`, `/version`,
+//! `/metrics`). It sends `Connection: close` and understands `Content-Length`, chunked and
+//! read-to-EOF bodies; that is all those endpoints need.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A parsed HTTP response.
+#[derive(Clone, Debug)]
+pub struct HttpResponse {
+    /// Status code, e.g. 200.
+    pub status: u16,
+    /// Header names (as sent) and values, in order.
+    pub headers: Vec<(String, String)>,
+    /// Body decoded as UTF-8 (lossy).
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// First header with this name (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body parsed as JSON.
+    pub fn json(&self) -> anyhow::Result<serde_json::Value> {
+        serde_json::from_str(&self.body)
+            .with_context(|| format!("body is not JSON: {:?}", self.body))
+    }
+}
+
+/// `GET path` from `host:port` (e.g. `"127.0.0.1:23790"`), with a 5 s overall timeout.
+pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<HttpResponse> {
+    tokio::time::timeout(Duration::from_secs(5), get_inner(addr, path))
+        .await
+        .with_context(|| format!("GET http://{addr}{path} timed out"))?
+}
+
+async fn get_inner(addr: &str, path: &str) -> anyhow::Result<HttpResponse> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await?;
+    parse(&raw)
+}
+
+fn parse(raw: &[u8]) -> anyhow::Result<HttpResponse> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no end of HTTP headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let rest = &raw[split + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or_default();
+    if !version.starts_with("HTTP/") {
+        bail!("not an HTTP response: {status_line:?}");
+    }
+    let status: u16 = parts
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .with_context(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let mut resp = HttpResponse {
+        status,
+        headers,
+        body: String::new(),
+    };
+    let body = if resp
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
+        dechunk(rest)?
+    } else if let Some(len) = resp.header("content-length") {
+        let len: usize = len.parse().context("bad content-length")?;
+        rest.get(..len)
+            .context("body shorter than content-length")?
+            .to_vec()
+    } else {
+        rest.to_vec()
+    };
+    resp.body = String::from_utf8_lossy(&body).into_owned();
+    Ok(resp)
+}
+
+fn dechunk(mut rest: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("truncated chunk size")?;
+        let size_field = String::from_utf8_lossy(&rest[..eol]);
+        let size_hex = size_field.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .with_context(|| format!("bad chunk size {size_hex:?}"))?;
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(rest.get(..size).context("truncated chunk")?);
+        rest = rest.get(size + 2..).context("truncated chunk trailer")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_body() {
+        let r =
+            parse(b"HTTP/1.1 200 OK\r\nContent-Length: 17\r\n\r\n{\"health\":\"true\"}").unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, r#"{"health":"true"}"#);
+        assert_eq!(r.json().unwrap()["health"], "true");
+    }
+
+    #[test]
+    fn chunked_body() {
+        let r = parse(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n3;x=y\r\nefg\r\n0\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.body, "abcdefg");
+    }
+
+    #[test]
+    fn eof_body_and_header_lookup() {
+        let r = parse(b"HTTP/1.0 404 Not Found\r\nX-A: 1\r\n\r\nnope").unwrap();
+        assert_eq!(
+            (r.status, r.body.as_str(), r.header("x-a")),
+            (404, "nope", Some("1"))
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(parse(b"\x00\x00\x12\x04\r\n\r\n").is_err());
+    }
+}

@@ -1,0 +1,448 @@
+//! One server process forming a single-member cluster.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use etcd_client::{Client, ConnectOptions};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::bin::EtcdBin;
+use crate::etcdctl::Etcdctl;
+use crate::http::{HttpResponse, http_get};
+use crate::ports::{self, PortLease};
+
+/// Lines of log included in readiness errors.
+const LOG_TAIL_LINES: usize = 40;
+/// Attempts to find ports nobody outside the testkit grabs between our check and the server's bind.
+const PORT_ATTEMPTS: usize = 5;
+
+/// How to start a [`Member`]. Built with chained setters:
+///
+/// ```no_run
+/// # fn demo(bin: &etcdrs_testkit::EtcdBin) {
+/// use etcdrs_testkit::MemberOpts;
+/// let opts = MemberOpts::new(bin).name("n1").args(["--max-txn-ops", "4"]).env("GOMAXPROCS", "1");
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemberOpts {
+    bin: EtcdBin,
+    name: Option<String>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    ready_timeout: Duration,
+}
+
+impl MemberOpts {
+    /// Defaults: `--name test`, no extra args or env, 20 s readiness deadline.
+    pub fn new(bin: &EtcdBin) -> Self {
+        Self {
+            bin: bin.clone(),
+            name: Some("test".to_owned()),
+            args: Vec::new(),
+            env: Vec::new(),
+            ready_timeout: Duration::from_secs(20),
+        }
+    }
+
+    /// Member name passed as `--name` and used in `--initial-cluster`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Pass no `--name` at all, so the server uses its default name. `--initial-cluster` then
+    /// names the member `default`, which is etcd's default.
+    pub fn without_name(mut self) -> Self {
+        self.name = None;
+        self
+    }
+
+    /// Appends one extra command-line argument (after the standard flags).
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Appends extra command-line arguments (after the standard flags).
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets an environment variable for the server process.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// How long [`Member::start`] / [`Member::restart`] wait for readiness.
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = timeout;
+        self
+    }
+
+    fn cluster_name(&self) -> &str {
+        self.name.as_deref().unwrap_or("default")
+    }
+}
+
+/// A running (or stopped) server process with its own data dir and ports.
+///
+/// The data dir, log file and ports stay the same for the whole life of the `Member`, across
+/// [`Member::kill9`], [`Member::stop`] and [`Member::restart`]. Dropping it SIGKILLs the process and
+/// deletes the temp dir (unless `ETCDRS_TEST_KEEP` is set).
+#[derive(Debug)]
+pub struct Member {
+    opts: MemberOpts,
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    client_port: PortLease,
+    peer_port: PortLease,
+    child: Option<Child>,
+    starts: u32,
+    log_offset: u64,
+}
+
+impl Member {
+    /// Starts the server and waits until it is ready (see [`Member::wait_ready`]).
+    ///
+    /// If the server fails because a port was taken after we checked it ("address already in
+    /// use" in the log), it is retried on fresh ports with a fresh data dir.
+    pub async fn start(opts: MemberOpts) -> anyhow::Result<Member> {
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let mut member = Self::spawn(opts.clone())?;
+            match member.wait_ready().await {
+                Ok(()) => return Ok(member),
+                Err(e) if member.current_log().contains("address already in use") => {
+                    member.kill9()?;
+                    last_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| anyhow::anyhow!("no start attempt made")))
+            .context("ports kept being taken")
+    }
+
+    /// Starts the server without waiting for readiness (for tests of startup failures, or to
+    /// call [`Member::wait_ready`] later).
+    pub fn spawn(opts: MemberOpts) -> anyhow::Result<Member> {
+        let dir = tempfile::Builder::new()
+            .prefix("etcdrs-member-")
+            .tempdir()
+            .context("creating member temp dir")?;
+        let root = dir.path().to_path_buf();
+        let mut member = Member {
+            data_dir: root.join("data"),
+            log_path: root.join("etcd.log"),
+            root,
+            dir: Some(dir),
+            client_port: ports::reserve()?,
+            peer_port: ports::reserve()?,
+            opts,
+            child: None,
+            starts: 0,
+            log_offset: 0,
+        };
+        member.launch()?;
+        Ok(member)
+    }
+
+    /// `http://127.0.0.1:<client port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port.port())
+    }
+
+    /// `127.0.0.1:<client port>`.
+    pub fn client_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port.port())
+    }
+
+    /// `http://127.0.0.1:<peer port>`.
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port.port())
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port.port()
+    }
+
+    /// The peer port.
+    pub fn peer_port(&self) -> u16 {
+        self.peer_port.port()
+    }
+
+    /// The member name used in `--initial-cluster` (`default` when started without `--name`).
+    pub fn name(&self) -> &str {
+        self.opts.cluster_name()
+    }
+
+    /// The `--data-dir`.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The log file receiving the server's stdout and stderr (all starts, appended).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// OS process id of the current server process, if one is running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// How many times the process has been launched (1 after `start`).
+    pub fn starts(&self) -> u32 {
+        self.starts
+    }
+
+    /// Whether the server process is alive (reaps it if it exited).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => true,
+            Some(Ok(Some(_)) | Err(_)) | None => false,
+        }
+    }
+
+    /// The whole log, over all starts. The testkit writes one `=== etcdrs-testkit: start #N …`
+    /// line before each start.
+    pub fn log(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The log written since the latest start.
+    pub fn current_log(&self) -> String {
+        let all = std::fs::read(&self.log_path).unwrap_or_default();
+        let from = usize::try_from(self.log_offset).unwrap_or(0).min(all.len());
+        String::from_utf8_lossy(&all[from..]).into_owned()
+    }
+
+    /// Whether the whole log (all starts) contains `needle`.
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log().contains(needle)
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// A connected `etcd_client::Client` (connect timeout 5 s, per-request timeout 10 s).
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(10));
+        Client::connect([self.endpoint()], Some(opts))
+            .await
+            .with_context(|| format!("connecting etcd-client to {}", self.endpoint()))
+    }
+
+    /// An [`Etcdctl`] runner pointed at this member.
+    pub fn etcdctl(&self) -> Etcdctl {
+        Etcdctl::new(self.endpoint())
+    }
+
+    /// Plain HTTP `GET path` on the client port.
+    pub async fn http_get(&self, path: &str) -> anyhow::Result<HttpResponse> {
+        http_get(&self.client_addr(), path).await
+    }
+
+    /// Polls until the member serves: HTTP `GET /health` answers `"health":"true"`, or (for
+    /// servers that are up but report unhealthy over HTTP, e.g. with an active NOSPACE alarm)
+    /// gRPC `Maintenance.Status` reports a leader. Fails at once if the process exits, and after
+    /// the readiness deadline; both errors include the log tail.
+    pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let timeout = self.opts.ready_timeout;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "server exited with {status} before becoming ready\n--- log tail ---\n{}",
+                        self.log_tail(LOG_TAIL_LINES)
+                    );
+                }
+            } else {
+                bail!("server is not running");
+            }
+            let last = match self.probe().await {
+                Ok(()) => return Ok(()),
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() >= deadline {
+                bail!(
+                    "server not ready within {timeout:?} (last probe: {last})\n--- log tail ---\n{}",
+                    self.log_tail(LOG_TAIL_LINES)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn probe(&self) -> anyhow::Result<()> {
+        let http_err = match self.http_get("/health").await {
+            Ok(r) if r.status == 200 && r.body.contains(r#""health":"true""#) => return Ok(()),
+            Ok(r) => anyhow::anyhow!("/health: {} {:?}", r.status, r.body),
+            Err(e) => {
+                // Nothing listening yet: no point trying gRPC on the same port.
+                let refused = e.chain().any(|c| {
+                    c.downcast_ref::<std::io::Error>()
+                        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+                });
+                if refused {
+                    return Err(e);
+                }
+                e
+            }
+        };
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(1));
+        let grpc = async {
+            let mut client = Client::connect([self.endpoint()], Some(opts)).await?;
+            let status = client.status().await?;
+            anyhow::Ok(status.leader())
+        };
+        match tokio::time::timeout(Duration::from_secs(2), grpc).await {
+            Ok(Ok(leader)) if leader != 0 => Ok(()),
+            Ok(Ok(_)) => Err(http_err.context("gRPC Status: no leader")),
+            Ok(Err(e)) => Err(http_err.context(format!("gRPC Status: {e:#}"))),
+            Err(_) => Err(http_err.context("gRPC Status timed out")),
+        }
+    }
+
+    /// SIGKILLs the server and reaps it. No-op if it is not running.
+    pub fn kill9(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            if child.try_wait()?.is_none() {
+                child.kill().context("SIGKILL")?;
+            }
+            child.wait().context("reaping killed server")?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERMs the server and polls until it exits (10 s deadline, then SIGKILL and an
+    /// error). Returns the exit status, or `None` if it was not running.
+    pub async fn stop(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(status) = child.try_wait()? {
+            self.child = None;
+            return Ok(Some(status));
+        }
+        let pid = Pid::from_raw(i32::try_from(child.id()).context("pid out of range")?);
+        kill(pid, Signal::SIGTERM).context("SIGTERM")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                self.kill9()?;
+                bail!(
+                    "server did not exit within 10 s of SIGTERM (killed)\n--- log tail ---\n{}",
+                    self.log_tail(LOG_TAIL_LINES)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the server again on the same data dir and ports and waits until ready. A running
+    /// server is stopped first (SIGTERM).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop().await?;
+        self.launch()?;
+        self.wait_ready().await
+    }
+
+    fn launch(&mut self) -> anyhow::Result<()> {
+        let name = self.opts.cluster_name().to_owned();
+        let client_url = self.endpoint();
+        let peer_url = self.peer_url();
+        let mut args: Vec<String> = Vec::new();
+        if let Some(n) = &self.opts.name {
+            args.extend(["--name".to_owned(), n.clone()]);
+        }
+        args.extend([
+            "--data-dir".to_owned(),
+            self.data_dir.display().to_string(),
+            "--listen-client-urls".to_owned(),
+            client_url.clone(),
+            "--advertise-client-urls".to_owned(),
+            client_url,
+            "--listen-peer-urls".to_owned(),
+            peer_url.clone(),
+            "--initial-advertise-peer-urls".to_owned(),
+            peer_url.clone(),
+            "--initial-cluster".to_owned(),
+            format!("{name}={peer_url}"),
+        ]);
+        args.extend(self.opts.args.iter().cloned());
+
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("opening {}", self.log_path.display()))?;
+        self.starts += 1;
+        writeln!(
+            log,
+            "=== etcdrs-testkit: start #{} {} {} ===",
+            self.starts,
+            self.opts.bin.path().display(),
+            args.join(" ")
+        )?;
+        log.flush()?;
+        self.log_offset = log.metadata()?.len();
+        let stderr: File = log.try_clone()?;
+        let child = Command::new(self.opts.bin.path())
+            .args(&args)
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.root)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("spawning {}", self.opts.bin.path().display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::env::var_os("ETCDRS_TEST_KEEP").is_some()
+            && let Some(dir) = self.dir.take()
+        {
+            let kept = dir.keep();
+            eprintln!("etcdrs-testkit: kept member dir {}", kept.display());
+        }
+    }
+}
