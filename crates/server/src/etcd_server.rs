@@ -26,7 +26,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::apply;
-use crate::config::{AutoCompaction, ServerConfig};
+use crate::compactor::Plan;
+use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::membership::{self, Member};
@@ -694,62 +695,39 @@ impl EtcdServer {
     }
 
     async fn run_auto_compaction(&self, shutdown: CancellationToken) {
-        let (interval, mode) = match self.inner.config.auto_compaction {
-            AutoCompaction::Off => {
-                shutdown.cancelled().await;
-                return;
-            }
-            AutoCompaction::Periodic(retention) => {
-                // etcd samples every tenth of the retention (at most an hour).
-                let step =
-                    (retention / 10).clamp(Duration::from_millis(100), Duration::from_secs(3600));
-                (step, AutoCompaction::Periodic(retention))
-            }
-            AutoCompaction::Revision(keep) => {
-                (Duration::from_secs(5 * 60), AutoCompaction::Revision(keep))
-            }
+        let mut plan = Plan::new(self.inner.config.auto_compaction, Instant::now());
+        let Some(interval) = plan.interval() else {
+            shutdown.cancelled().await;
+            return;
         };
-        let mut samples: std::collections::VecDeque<(Instant, i64)> =
-            std::collections::VecDeque::new();
+        let mode = match plan {
+            Plan::Periodic(_) => "periodic",
+            _ => "revision",
+        };
         let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            let now = Instant::now();
-            let current = self.inner.store.current_rev();
-            let target = match mode {
-                AutoCompaction::Periodic(retention) => {
-                    samples.push_back((now, current));
-                    let mut target = None;
-                    while let Some(&(at, rev)) = samples.front() {
-                        if now.duration_since(at) >= retention {
-                            target = Some(rev);
-                            samples.pop_front();
-                        } else {
-                            break;
-                        }
-                    }
-                    target
-                }
-                AutoCompaction::Revision(keep) => Some(current - keep as i64),
-                AutoCompaction::Off => None,
-            };
-            let Some(target) = target else { continue };
-            if target <= self.inner.store.compact_rev() || target <= 0 {
+            let Some(revision) = plan.tick(Instant::now(), self.inner.store.current_rev()) else {
                 continue;
-            }
+            };
             if !self.inner.raft.status().is_leader {
                 continue;
             }
+            tracing::info!(revision, "starting auto {mode} compaction");
             let request = etcdrs_proto::etcdserverpb::CompactionRequest {
-                revision: target,
+                revision,
                 physical: false,
             };
             match self.propose(Op::Compaction(request)).await {
-                Ok(_) => tracing::info!(revision = target, "completed auto compaction"),
-                Err(e) => tracing::warn!(revision = target, error = %e, "auto compaction failed"),
+                Ok(_) | Err(ServerError::Mvcc(etcdrs_mvcc::Error::Compacted { .. })) => {
+                    tracing::info!(revision, "completed auto {mode} compaction");
+                    plan.succeeded(revision, Instant::now());
+                }
+                Err(e) => tracing::warn!(revision, error = %e, "failed auto {mode} compaction"),
             }
         }
     }

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod apply;
+mod compactor;
 pub mod config;
 pub mod error;
 mod etcd_server;
