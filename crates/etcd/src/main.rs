@@ -50,6 +50,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         election_timeout: std::time::Duration::from_millis(cfg.election_timeout),
         snapshot_count: cfg.snapshot_count,
         pre_vote: cfg.pre_vote,
+        watch_progress_notify_interval: cfg.experimental_watch_progress_notify_interval,
     })
 }
 

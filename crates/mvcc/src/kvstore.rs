@@ -295,6 +295,45 @@ impl KvStore {
         })
     }
 
+    /// Every change with a revision in `[from, to]`, in revision order, as watch events
+    /// (history a catching-up watcher needs). Revisions compacted away are simply absent.
+    pub fn events_between(&self, from: i64, to: i64) -> Result<Vec<Change>> {
+        let read = self.backend.read()?;
+        let start = Revision::new(from, 0).to_bytes();
+        let end = Revision::new(to.saturating_add(1), 0).to_bytes();
+        let mut events = Vec::new();
+        let mut failure = None;
+        read.for_each_in(Bucket::KEY, &start, Some(&end), |key, value| {
+            let Some((_, tombstone)) = Revision::from_key(key) else {
+                failure = Some(Error::Corrupt("bad revision key".into()));
+                return false;
+            };
+            match decode_kv(value) {
+                Ok(kv) => {
+                    let kind = if tombstone {
+                        EventType::Delete
+                    } else {
+                        EventType::Put
+                    };
+                    events.push(Event {
+                        r#type: kind as i32,
+                        kv: Some(kv),
+                        prev_kv: None,
+                    });
+                    true
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    false
+                }
+            }
+        })?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(events),
+        }
+    }
+
     /// Begin the write batch. Only the apply loop writes; a batch holds the index's write lock
     /// until it commits.
     pub fn write(&self) -> Result<WriteBatch<'_>> {

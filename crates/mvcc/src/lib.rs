@@ -21,6 +21,7 @@ pub mod key_index;
 mod kvstore;
 pub mod lease;
 pub mod revision;
+pub mod watch;
 
 pub use error::{Error, Result};
 pub use kvstore::{
@@ -29,3 +30,4 @@ pub use kvstore::{
 };
 pub use lease::{Lease, LeaseId, Lessor, NO_LEASE};
 pub use revision::Revision;
+pub use watch::{Filters, HubMsg, StreamId, WatchHub, WatchId, WatchRange};

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub snapshot_count: u64,
     /// Pre-vote (`--pre-vote`).
     pub pre_vote: bool,
+    /// How often idle watchers that asked for progress notifications get one
+    /// (`--experimental-watch-progress-notify-interval`).
+    pub watch_progress_notify_interval: Duration,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -86,6 +89,7 @@ impl ServerConfig {
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 100_000,
             pre_vote: true,
+            watch_progress_notify_interval: Duration::from_secs(600),
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use etcdrs_backend::{Backend, Bucket};
-use etcdrs_mvcc::{KvStore, META_CONF_STATE, WriteBatch};
+use etcdrs_mvcc::{KvStore, META_CONF_STATE, WatchHub, WriteBatch};
 use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
 use etcdrs_proto::etcdserverpb::{
     AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
@@ -97,6 +97,9 @@ struct Inner {
     members: RwLock<BTreeMap<u64, Member>>,
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
+    watch_hub: WatchHub,
+    /// Wakes the watch sync task when a watcher falls behind or starts from history.
+    watch_sync: tokio::sync::Notify,
     leader_changes: AtomicU64,
     request_timeout: Duration,
 }
@@ -179,6 +182,8 @@ impl EtcdServer {
                 members: RwLock::new(start_members),
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
+                watch_hub: WatchHub::new(store.current_rev()),
+                watch_sync: tokio::sync::Notify::new(),
                 leader_changes: AtomicU64::new(0),
                 request_timeout,
             }),
@@ -198,6 +203,12 @@ impl EtcdServer {
         tasks.spawn(async move {
             lessor.run_lease_expiry(stop).await;
             ("lease expiry", Ok(()))
+        });
+        let syncer = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let result = syncer.run_watch_sync(stop).await;
+            ("watch sync", result.map_err(|e| e.to_string()))
         });
         let compactor = server.clone();
         let stop = shutdown.clone();
@@ -493,7 +504,12 @@ impl EtcdServer {
                 &encode_conf_state(conf_state),
             )?;
         }
-        let (_changes, durable) = batch.commit(false)?;
+        let (changes, durable) = batch.commit(false)?;
+        // After the commit: a watcher that falls behind reads these events back from the store.
+        self.inner.watch_hub.notify(&changes, store.current_rev());
+        if self.inner.watch_hub.has_unsynced() {
+            self.inner.watch_sync.notify_one();
+        }
         Ok((index, term, durable, results))
     }
 
@@ -667,6 +683,41 @@ impl EtcdServer {
                 changed
             },
         })
+    }
+
+    /// The watch hub.
+    pub fn watch_hub(&self) -> &WatchHub {
+        &self.inner.watch_hub
+    }
+
+    /// Ask the watch sync task to run a round soon.
+    pub fn wake_watch_sync(&self) {
+        self.inner.watch_sync.notify_one();
+    }
+
+    /// Catch up watchers that are behind, from the store's history (etcd's `syncWatchersLoop`).
+    async fn run_watch_sync(&self, shutdown: CancellationToken) -> Result<()> {
+        let mut ticker = tokio::time::interval(Duration::from_millis(100));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = ticker.tick() => {}
+                _ = self.inner.watch_sync.notified() => {}
+            }
+            // Keep going while rounds make progress, up to a bound per wake-up.
+            for _ in 0..16 {
+                let hub = &self.inner.watch_hub;
+                if !hub.has_unsynced() {
+                    break;
+                }
+                let outcome = tokio::task::block_in_place(|| hub.sync_round(&self.inner.store))?;
+                if outcome.behind == 0 || outcome.advanced == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
     }
 
     async fn run_lease_expiry(&self, shutdown: CancellationToken) {

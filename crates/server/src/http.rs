@@ -12,6 +12,7 @@ use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
 use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
 use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
+use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +34,7 @@ pub fn router(server: EtcdServer) -> Router {
         tonic::service::Routes::new(KvServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(MaintenanceServer::new(rpc).max_decoding_message_size(max))
             .add_service(health_service)
             .prepare()

@@ -1,0 +1,437 @@
+//! Watchers and event delivery (etcd `server/storage/mvcc/watchable_store.go`).
+//!
+//! The [`WatchHub`] keeps every watcher in one of two groups:
+//! - *synced* watchers have received every event up to the last revision the hub was told
+//!   about ([`WatchHub::notify`], called by the one writer after each commit) and get new
+//!   events as they are committed;
+//! - *unsynced* watchers are behind: they asked for history, or their stream's buffer was full
+//!   when an event came. [`WatchHub::sync_round`] catches them up from the store's history,
+//!   a bounded slice at a time, and moves them to synced once they reach the head.
+//!
+//! Delivery never blocks the writer: each watch stream has one bounded channel and the hub
+//! only `try_send`s into it. A watcher whose channel is full becomes unsynced and is caught up
+//! later from history (etcd's victims), or canceled with the compacted revision if that
+//! history is gone. Every event reaches a watcher exactly once and in revision order.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use etcdrs_proto::mvccpb::{Event, event::EventType};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use crate::Result;
+use crate::kvstore::KvStore;
+
+/// A watch id, unique within its stream.
+pub type WatchId = i64;
+
+/// Identifies a watch stream (one gRPC Watch call).
+pub type StreamId = u64;
+
+/// Most revisions a catch-up reads in one round (etcd's `watchBatchMaxRevs`).
+pub const MAX_REVS_PER_SYNC: i64 = 1000;
+/// Most unsynced watchers handled in one round (etcd's `maxWatchersPerSync`).
+pub const MAX_WATCHERS_PER_SYNC: usize = 512;
+
+/// What a watcher's stream receives from the hub.
+#[derive(Debug)]
+pub enum HubMsg {
+    /// Events for one watcher, in revision order.
+    Events {
+        /// The watcher.
+        watch_id: WatchId,
+        /// The events.
+        events: Vec<Event>,
+        /// The store revision the batch brings the watcher to.
+        revision: i64,
+    },
+    /// The watcher asked for history that compaction removed; it is canceled.
+    Compacted {
+        /// The watcher.
+        watch_id: WatchId,
+        /// The store's compacted revision.
+        compact_revision: i64,
+    },
+}
+
+/// Which keys a watcher follows, in etcd's encoding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchRange {
+    /// First key.
+    pub key: Vec<u8>,
+    /// Empty: just `key`; `[0]`: every key >= `key`; otherwise `[key, end)`.
+    pub end: Vec<u8>,
+}
+
+impl WatchRange {
+    /// Whether the range holds `key`.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        if self.end.is_empty() {
+            return key == self.key.as_slice();
+        }
+        key >= self.key.as_slice() && (self.end == [0] || key < self.end.as_slice())
+    }
+
+    /// Whether the range is empty (etcd refuses such a watch).
+    pub fn is_empty_range(&self) -> bool {
+        !self.end.is_empty() && self.end != [0] && self.end.as_slice() <= self.key.as_slice()
+    }
+}
+
+/// How a watcher filters events.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Filters {
+    /// Drop put events.
+    pub no_put: bool,
+    /// Drop delete events.
+    pub no_delete: bool,
+}
+
+struct Watcher {
+    range: WatchRange,
+    filters: Filters,
+    /// The lowest revision not yet delivered.
+    next_rev: i64,
+    tx: mpsc::Sender<HubMsg>,
+}
+
+impl Watcher {
+    fn wants(&self, event: &Event) -> bool {
+        let Some(kv) = &event.kv else { return false };
+        if kv.mod_revision < self.next_rev || !self.range.contains(&kv.key) {
+            return false;
+        }
+        let is_put = event.r#type == EventType::Put as i32;
+        !(is_put && self.filters.no_put || !is_put && self.filters.no_delete)
+    }
+}
+
+type Key = (StreamId, WatchId);
+
+#[derive(Default)]
+struct Groups {
+    synced: HashMap<Key, Watcher>,
+    unsynced: HashMap<Key, Watcher>,
+    /// The last revision the writer notified.
+    notified_rev: i64,
+}
+
+/// The registry of watchers.
+pub struct WatchHub {
+    groups: Mutex<Groups>,
+    next_stream: AtomicU64,
+}
+
+impl Default for WatchHub {
+    fn default() -> Self {
+        WatchHub::new(0)
+    }
+}
+
+impl WatchHub {
+    /// A hub whose head is `current_rev`.
+    pub fn new(current_rev: i64) -> Self {
+        WatchHub {
+            groups: Mutex::new(Groups {
+                notified_rev: current_rev,
+                ..Groups::default()
+            }),
+            next_stream: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh stream id.
+    pub fn new_stream(&self) -> StreamId {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The last revision delivered to synced watchers.
+    pub fn notified_rev(&self) -> i64 {
+        self.groups.lock().notified_rev
+    }
+
+    /// Add a watcher that wants events from `start_rev` on. Returns whether it starts synced.
+    pub fn watch(
+        &self,
+        stream: StreamId,
+        id: WatchId,
+        range: WatchRange,
+        filters: Filters,
+        start_rev: i64,
+        tx: mpsc::Sender<HubMsg>,
+    ) -> bool {
+        let mut groups = self.groups.lock();
+        let watcher = Watcher {
+            range,
+            filters,
+            next_rev: start_rev,
+            tx,
+        };
+        if start_rev > groups.notified_rev {
+            groups.synced.insert((stream, id), watcher);
+            true
+        } else {
+            groups.unsynced.insert((stream, id), watcher);
+            false
+        }
+    }
+
+    /// Remove a watcher; returns whether it existed.
+    pub fn cancel(&self, stream: StreamId, id: WatchId) -> bool {
+        let mut groups = self.groups.lock();
+        groups.synced.remove(&(stream, id)).is_some()
+            || groups.unsynced.remove(&(stream, id)).is_some()
+    }
+
+    /// Remove every watcher of a stream.
+    pub fn close_stream(&self, stream: StreamId) {
+        let mut groups = self.groups.lock();
+        groups.synced.retain(|k, _| k.0 != stream);
+        groups.unsynced.retain(|k, _| k.0 != stream);
+    }
+
+    /// Whether every watcher of `stream` is synced (so a progress report is truthful).
+    pub fn stream_synced(&self, stream: StreamId) -> bool {
+        !self.groups.lock().unsynced.keys().any(|k| k.0 == stream)
+    }
+
+    /// The revision a progress report for `stream` may carry: the hub's head, if every watcher
+    /// of the stream is synced (every event up to it has been handed to the stream's channel).
+    pub fn progress_rev(&self, stream: StreamId) -> Option<i64> {
+        let groups = self.groups.lock();
+        if groups.unsynced.keys().any(|k| k.0 == stream) {
+            return None;
+        }
+        Some(groups.notified_rev)
+    }
+
+    /// Number of watchers (synced, unsynced).
+    pub fn counts(&self) -> (usize, usize) {
+        let groups = self.groups.lock();
+        (groups.synced.len(), groups.unsynced.len())
+    }
+
+    /// Deliver committed events (in revision order) to synced watchers; the store's head is now
+    /// `rev`. Never blocks: a watcher whose channel is full falls back to unsynced.
+    pub fn notify(&self, events: &[Event], rev: i64) {
+        let mut groups = self.groups.lock();
+        groups.notified_rev = groups.notified_rev.max(rev);
+        if events.is_empty() || groups.synced.is_empty() {
+            return;
+        }
+        // Split the batch by revision: one response per revision, as etcd sends them.
+        let mut by_rev: Vec<(i64, &[Event])> = Vec::new();
+        let mut start = 0;
+        for i in 1..=events.len() {
+            let rev_of = |e: &Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+            if i == events.len() || rev_of(&events[i]) != rev_of(&events[start]) {
+                by_rev.push((rev_of(&events[start]), &events[start..i]));
+                start = i;
+            }
+        }
+        let mut fell_behind = Vec::new();
+        for (key, watcher) in groups.synced.iter_mut() {
+            for (event_rev, slice) in &by_rev {
+                let wanted: Vec<Event> =
+                    slice.iter().filter(|e| watcher.wants(e)).cloned().collect();
+                if wanted.is_empty() {
+                    continue;
+                }
+                let msg = HubMsg::Events {
+                    watch_id: key.1,
+                    events: wanted,
+                    revision: *event_rev,
+                };
+                match watcher.tx.try_send(msg) {
+                    Ok(()) => watcher.next_rev = event_rev + 1,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        fell_behind.push(*key);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        fell_behind.push(*key);
+                        break;
+                    }
+                }
+            }
+        }
+        for key in fell_behind {
+            if let Some(watcher) = groups.synced.remove(&key) {
+                if watcher.tx.is_closed() {
+                    continue;
+                }
+                groups.unsynced.insert(key, watcher);
+            }
+        }
+    }
+
+    /// Whether any watcher is behind.
+    pub fn has_unsynced(&self) -> bool {
+        !self.groups.lock().unsynced.is_empty()
+    }
+
+    /// One catch-up round: read history for up to [`MAX_WATCHERS_PER_SYNC`] unsynced watchers
+    /// (at most [`MAX_REVS_PER_SYNC`] revisions) and deliver it; watchers that reach the head
+    /// become synced. Returns how many watchers are still behind and how many advanced.
+    pub fn sync_round(&self, store: &KvStore) -> Result<SyncOutcome> {
+        let compact_rev = store.compact_rev();
+        // Choose watchers and the revision window under the lock, read without it.
+        let (chosen, from, to) = {
+            let mut groups = self.groups.lock();
+            let head = groups.notified_rev;
+            let mut compacted = Vec::new();
+            let mut chosen = Vec::new();
+            let mut from = i64::MAX;
+            for (key, watcher) in groups.unsynced.iter() {
+                if watcher.tx.is_closed() {
+                    compacted.push((*key, None));
+                    continue;
+                }
+                if watcher.next_rev < compact_rev && watcher.next_rev > 0 {
+                    compacted.push((*key, Some(compact_rev)));
+                    continue;
+                }
+                if chosen.len() < MAX_WATCHERS_PER_SYNC {
+                    chosen.push(*key);
+                    from = from.min(watcher.next_rev.max(1));
+                }
+            }
+            for (key, compact) in compacted {
+                let Some(watcher) = groups.unsynced.remove(&key) else {
+                    continue;
+                };
+                if let Some(compact_revision) = compact {
+                    let msg = HubMsg::Compacted {
+                        watch_id: key.1,
+                        compact_revision,
+                    };
+                    if watcher.tx.try_send(msg).is_err() {
+                        // No room for the cancel yet: keep it and retry next round.
+                        groups.unsynced.insert(key, watcher);
+                    }
+                }
+            }
+            if chosen.is_empty() {
+                return Ok(SyncOutcome {
+                    behind: groups.unsynced.len(),
+                    advanced: 0,
+                });
+            }
+            let to = head.min(from.saturating_add(MAX_REVS_PER_SYNC - 1));
+            (chosen, from, to)
+        };
+        let events = if from <= to {
+            store.events_between(from, to)?
+        } else {
+            Vec::new()
+        };
+        let mut groups = self.groups.lock();
+        let head = groups.notified_rev;
+        let mut advanced = 0;
+        for key in chosen {
+            let Some(watcher) = groups.unsynced.get_mut(&key) else {
+                continue;
+            };
+            if watcher.next_rev <= to {
+                let wanted: Vec<Event> = events
+                    .iter()
+                    .filter(|e| {
+                        e.kv.as_ref().is_some_and(|kv| kv.mod_revision <= to) && watcher.wants(e)
+                    })
+                    .cloned()
+                    .collect();
+                if !wanted.is_empty() {
+                    let msg = HubMsg::Events {
+                        watch_id: key.1,
+                        events: wanted,
+                        revision: head,
+                    };
+                    if watcher.tx.try_send(msg).is_err() {
+                        continue;
+                    }
+                }
+                watcher.next_rev = to + 1;
+                advanced += 1;
+            }
+            if watcher.next_rev > head
+                && let Some(watcher) = groups.unsynced.remove(&key)
+            {
+                groups.synced.insert(key, watcher);
+            }
+        }
+        Ok(SyncOutcome {
+            behind: groups.unsynced.len(),
+            advanced,
+        })
+    }
+}
+
+/// What a catch-up round did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Watchers still behind.
+    pub behind: usize,
+    /// Watchers that advanced this round.
+    pub advanced: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcdrs_proto::mvccpb::KeyValue;
+
+    fn put(key: &str, rev: i64) -> Event {
+        Event {
+            r#type: EventType::Put as i32,
+            kv: Some(KeyValue {
+                key: key.as_bytes().to_vec(),
+                mod_revision: rev,
+                ..Default::default()
+            }),
+            prev_kv: None,
+        }
+    }
+
+    fn range(key: &str, end: &str) -> WatchRange {
+        WatchRange {
+            key: key.into(),
+            end: end.into(),
+        }
+    }
+
+    #[test]
+    fn ranges() {
+        assert!(range("a", "").contains(b"a"));
+        assert!(!range("a", "").contains(b"ab"));
+        assert!(range("a", "b").contains(b"ab"));
+        assert!(!range("a", "b").contains(b"b"));
+        assert!(range("a", "\0").contains(b"zzz"));
+        assert!(range("b", "a").is_empty_range());
+        assert!(!range("b", "\0").is_empty_range());
+    }
+
+    #[test]
+    fn synced_watchers_get_events_and_full_channels_fall_behind() {
+        let hub = WatchHub::new(1);
+        let (tx, mut rx) = mpsc::channel(1);
+        assert!(hub.watch(1, 0, range("k", ""), Filters::default(), 2, tx));
+        hub.notify(&[put("k", 2), put("other", 2)], 2);
+        match rx.try_recv().unwrap() {
+            HubMsg::Events {
+                events, revision, ..
+            } => {
+                assert_eq!(events.len(), 1);
+                assert_eq!(revision, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        hub.notify(&[put("k", 3)], 3);
+        // The channel (capacity 1) is now full: the next event makes the watcher unsynced.
+        hub.notify(&[put("k", 4)], 4);
+        assert_eq!(hub.counts(), (0, 1));
+        assert!(!hub.stream_synced(1));
+        hub.cancel(1, 0);
+        assert_eq!(hub.counts(), (0, 0));
+    }
+}
