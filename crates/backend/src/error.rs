@@ -1,7 +1,8 @@
 //! The backend's error type.
 
-/// What can go wrong in the backend. Every variant is fatal to the caller that was writing:
-/// the server stops rather than retrying a failed commit.
+/// What can go wrong in the backend. `Storage` and `Io` are fatal to the caller that was
+/// writing: the server stops rather than retrying a failed commit. The `Snapshot*` variants
+/// reject a snapshot image offered for restore.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The storage engine failed (I/O, corruption, a transaction error).
@@ -10,6 +11,25 @@ pub enum Error {
     /// A filesystem operation around the database failed.
     #[error("backend io: {0}")]
     Io(std::io::Error),
+    /// A snapshot image to restore has no digest and the check was not skipped (etcd's
+    /// message).
+    #[error("snapshot missing hash but --skip-hash-check=false")]
+    SnapshotMissingHash,
+    /// A snapshot image's digest does not match its bytes (etcd's message, byte slices
+    /// printed as Go prints them).
+    #[error("expected sha256 {}, got {}", go_bytes(.expected), go_bytes(.got))]
+    SnapshotHashMismatch {
+        /// The digest stored at the end of the image.
+        expected: Vec<u8>,
+        /// The digest of the image's bytes.
+        got: Vec<u8>,
+    },
+}
+
+/// A byte slice as Go's `%v` prints it: `[1 2 3]`.
+fn go_bytes(bytes: &[u8]) -> String {
+    let items: Vec<String> = bytes.iter().map(u8::to_string).collect();
+    format!("[{}]", items.join(" "))
 }
 
 impl Error {

@@ -11,19 +11,32 @@
 //! ([`Durability::None`]); every `force_commit_interval` or on request a commit is made durable.
 //! That is safe because the raft WAL is the source of truth: on restart the server replays
 //! every entry after the consistent index recorded in the last durable commit.
+//!
+//! # Hashes and snapshots
+//!
+//! [`ReadTx::hash`] is etcd's backend hash (CRC-32C, [`crc32c`], over every bucket's name and
+//! pairs). [`Backend::snapshot`] copies the last commit into a temporary file for
+//! `Maintenance.Snapshot`, and [`restore_image`] turns a saved snapshot back into a database
+//! file; the image format is documented in the `snapshot` module.
 
 #![deny(missing_docs)]
 
+pub mod crc32c;
 mod error;
+mod snapshot;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use redb::{Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{
+    Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    TableHandle,
+};
 
 pub use error::{Error, Result};
+pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
 /// A named table, etcd's bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +106,7 @@ impl Backend {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(Error::Io)?;
         }
+        snapshot::remove_stale(path);
         let db = redb::Database::create(path).map_err(Error::storage)?;
         let backend = Backend {
             db: RwLock::new(db),
@@ -230,6 +244,20 @@ impl WriteTx<'_> {
         Ok(removed)
     }
 
+    /// Remove every pair from `bucket`; returns how many were removed.
+    pub fn clear(&self, bucket: Bucket) -> Result<u64> {
+        let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let mut removed = 0;
+        let mut bytes = 0i64;
+        for item in table.extract_if(|_, _| true).map_err(Error::storage)? {
+            let (k, v) = item.map_err(Error::storage)?;
+            removed += 1;
+            bytes += (k.value().len() + v.value().len()) as i64;
+        }
+        self.add(-bytes);
+        Ok(removed)
+    }
+
     fn add(&self, bytes: i64) {
         self.delta.set(self.delta.get() + bytes);
     }
@@ -309,6 +337,62 @@ impl ReadTx {
     pub fn len(&self, bucket: Bucket) -> Result<u64> {
         let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         table.len().map_err(Error::storage)
+    }
+
+    /// The last pair of `bucket` in key order.
+    pub fn last(&self, bucket: Bucket) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let last = table.last().map_err(Error::storage)?;
+        Ok(last.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())))
+    }
+
+    /// Names of every bucket in the database, sorted (bbolt's bucket order).
+    fn bucket_names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .tx
+            .list_tables()
+            .map_err(Error::storage)?
+            .map(|t| t.name().to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Number of pairs over every bucket (etcd's "total keys" of a snapshot).
+    pub fn total_len(&self) -> Result<u64> {
+        let mut total = 0;
+        for name in self.bucket_names()? {
+            let table = self
+                .tx
+                .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+                .map_err(Error::storage)?;
+            total += table.len().map_err(Error::storage)?;
+        }
+        Ok(total)
+    }
+
+    /// etcd's backend hash (`backend.Hash`): CRC-32C over, for every bucket in name order,
+    /// the bucket's name and then each pair's key and value in key order, leaving out the
+    /// pairs named in `ignore`.
+    pub fn hash(&self, ignore: &[(Bucket, &[u8])]) -> Result<u32> {
+        let mut crc = crc32c::Crc32c::new();
+        for name in self.bucket_names()? {
+            crc.update(name.as_bytes());
+            let table = self
+                .tx
+                .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+                .map_err(Error::storage)?;
+            for item in table.iter().map_err(Error::storage)? {
+                let (key, value) = item.map_err(Error::storage)?;
+                let key = key.value();
+                if ignore.iter().any(|(b, k)| b.name() == name && *k == key) {
+                    continue;
+                }
+                crc.update(key);
+                crc.update(value.value());
+            }
+        }
+        Ok(crc.sum())
     }
 }
 
@@ -393,5 +477,54 @@ mod tests {
                 .unwrap(),
             b"1"
         );
+    }
+
+    #[test]
+    fn hash_last_total_and_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Backend::open(&dir.path().join("db")).unwrap();
+        let empty = backend.read().unwrap().hash(&[]).unwrap();
+        let mut expected = crc32c::Crc32c::new();
+        let mut names: Vec<&str> = Bucket::ALL.iter().map(|b| b.name()).collect();
+        names.sort();
+        for name in names {
+            expected.update(name.as_bytes());
+        }
+        assert_eq!(empty, expected.sum());
+
+        let tx = backend.write().unwrap();
+        tx.put(Bucket::KEY, b"a", b"1").unwrap();
+        tx.put(Bucket::KEY, b"b", b"2").unwrap();
+        tx.put(Bucket::MEMBERS, b"m", b"3").unwrap();
+        tx.put(Bucket::META, b"consistent_index", b"9").unwrap();
+        tx.commit(false).unwrap();
+        let read = backend.read().unwrap();
+        let all = read.hash(&[]).unwrap();
+        let ignoring = read.hash(&[(Bucket::META, b"consistent_index")]).unwrap();
+        assert_ne!(all, ignoring);
+        assert_eq!(read.total_len().unwrap(), 4);
+        assert_eq!(
+            read.last(Bucket::KEY).unwrap(),
+            Some((b"b".to_vec(), b"2".to_vec()))
+        );
+        assert_eq!(read.last(Bucket::LEASE).unwrap(), None);
+        drop(read);
+
+        let tx = backend.write().unwrap();
+        tx.put(Bucket::META, b"consistent_index", b"10").unwrap();
+        assert_eq!(tx.clear(Bucket::MEMBERS).unwrap(), 1);
+        tx.commit(false).unwrap();
+        let read = backend.read().unwrap();
+        assert_eq!(read.len(Bucket::MEMBERS).unwrap(), 0);
+        // Only the ignored key changed besides the cleared bucket.
+        let tx = backend.write().unwrap();
+        tx.put(Bucket::MEMBERS, b"m", b"3").unwrap();
+        tx.commit(false).unwrap();
+        let again = backend.read().unwrap();
+        assert_eq!(
+            again.hash(&[(Bucket::META, b"consistent_index")]).unwrap(),
+            ignoring
+        );
+        assert_eq!(backend.size_in_use(), 1 + 1 + 1 + 1 + 1 + 1 + 16 + 2);
     }
 }

@@ -47,6 +47,8 @@ pub enum Command {
     Gateway(Vec<String>),
     /// `etcd grpc-proxy ...`: the arguments after `grpc-proxy`.
     GrpcProxy(Vec<String>),
+    /// `etcd snapshot ...` (etcd-rs's `etcdutl snapshot`): the arguments after `snapshot`.
+    Snapshot(Vec<String>),
 }
 
 /// A successful parse and what etcd would have logged on the way.
@@ -599,6 +601,7 @@ pub fn parse(args: &[String], env: &[(String, String)]) -> Result<Parsed, Config
     match args.first().map(String::as_str) {
         Some("gateway") => return Ok(report.finish(Command::Gateway(args[1..].to_vec()))),
         Some("grpc-proxy") => return Ok(report.finish(Command::GrpcProxy(args[1..].to_vec()))),
+        Some("snapshot") => return Ok(report.finish(Command::Snapshot(args[1..].to_vec()))),
         _ => {}
     }
     let mut flags = FlagSet::new();
@@ -1625,6 +1628,12 @@ mod tests {
         assert_eq!(
             parse(&args(&["grpc-proxy", "start"]), &[]).unwrap().command,
             Command::GrpcProxy(args(&["start"]))
+        );
+        assert_eq!(
+            parse(&args(&["snapshot", "status", "x.db"]), &[])
+                .unwrap()
+                .command,
+            Command::Snapshot(args(&["status", "x.db"]))
         );
         let version = version_text();
         assert!(version.starts_with("etcd Version: 3.5."));

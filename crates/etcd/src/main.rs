@@ -1,9 +1,11 @@
 //! `etcd`: the etcd-rs binary. With no subcommand it runs a member; `etcd gateway start` and
-//! `etcd grpc-proxy start` run the proxies (etcd `etcdmain`).
+//! `etcd grpc-proxy start` run the proxies (etcd `etcdmain`); `etcd snapshot restore|status`
+//! works on saved snapshots (etcd's `etcdutl snapshot`).
 
 mod config;
 mod logging;
 mod run;
+mod snapshot;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
             eprintln!("etcd-rs: this subcommand is not available yet");
             return ExitCode::from(1);
         }
+        Command::Snapshot(args) => return snapshot::main(&args),
         Command::Run(cfg) => cfg,
     };
     logging::init(&cfg.log_level);

@@ -34,6 +34,16 @@ pub struct Found {
     pub version: i64,
 }
 
+/// Push onto a vector that starts with room for one element: most keys are written once or a
+/// few times, and the index holds one of these per key, so the default first allocation (room
+/// for four) would multiply the index's memory.
+fn push_compact<T>(v: &mut Vec<T>, item: T) {
+    if v.capacity() == 0 {
+        v.reserve_exact(1);
+    }
+    v.push(item);
+}
+
 /// One key's modification history.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyIndex {
@@ -44,7 +54,7 @@ impl KeyIndex {
     /// Record a put at `rev`.
     pub fn put(&mut self, rev: Revision) {
         if self.generations.is_empty() {
-            self.generations.push(Generation::default());
+            push_compact(&mut self.generations, Generation::default());
         }
         let Some(current) = self.generations.last_mut() else {
             return;
@@ -52,7 +62,7 @@ impl KeyIndex {
         if current.revs.is_empty() {
             current.created = rev;
         }
-        current.revs.push(rev);
+        push_compact(&mut current.revs, rev);
         current.version += 1;
     }
 
@@ -60,7 +70,7 @@ impl KeyIndex {
     /// its own create revision and version (earlier revisions may have been compacted away).
     pub fn restore(&mut self, rev: Revision, created: Revision, version: i64) {
         if self.generations.is_empty() {
-            self.generations.push(Generation::default());
+            push_compact(&mut self.generations, Generation::default());
         }
         let Some(current) = self.generations.last_mut() else {
             return;
@@ -68,7 +78,7 @@ impl KeyIndex {
         if current.revs.is_empty() {
             current.created = created;
         }
-        current.revs.push(rev);
+        push_compact(&mut current.revs, rev);
         current.version = version;
     }
 
@@ -182,7 +192,11 @@ impl KeyIndex {
                 for rev in generation.revs.drain(..pos - 1) {
                     dropped.push((rev, false));
                 }
+                generation.revs.shrink_to_fit();
             }
+        }
+        if !dropped.is_empty() {
+            self.generations.shrink_to_fit();
         }
         dropped
     }

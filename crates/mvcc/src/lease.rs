@@ -1,14 +1,37 @@
-//! Leases: time-limited grants that keys can be attached to (etcd `server/lease/lessor.go`).
+//! Leases: time-limited grants that keys can be attached to (port of etcd `lease/lessor.go`).
 //!
 //! The lessor owns the in-memory view of every lease: its granted TTL, its expiry and the keys
 //! attached to it. Grants and revocations are replicated (the server applies them from raft
 //! entries through [`crate::WriteBatch`], which also persists them in the `lease` bucket);
 //! renewals and expiry checks are local to the member that serves them, as in etcd.
+//!
+//! # Primary lessor
+//!
+//! Only the leader's lessor is *primary*: it alone tracks expiries, renews leases and reports
+//! expired ones for revocation. Every other lessor (a follower, or any member before it has
+//! become leader and applied an entry of its own term) keeps each lease alive forever, so a
+//! lease never expires because a member was down or not in charge. [`Lessor::promote`] makes
+//! the lessor primary and restarts every lease's clock, extended by the election timeout (as
+//! etcd's `Promote(electionTimeout)`), which is why a lease's TTL is refreshed by a restart;
+//! [`Lessor::demote`] stops the clocks again.
+//!
+//! # Expiry
+//!
+//! A lease is expired once its expiry is not in the future. An expired lease is not removed
+//! here: [`Lessor::expired`] reports it (at most once per [`EXPIRED_LEASE_RETRY_INTERVAL`]) and
+//! the server proposes its revocation through raft, so every member deletes its keys in the same
+//! revision. Until that revocation is applied, [`Lessor::renew`] refuses to bring the lease back
+//! ([`Renewal::Expired`]): a keep-alive that arrives too late must not resurrect a lease whose
+//! revocation may already be committed. Callers wait on [`Lessor::subscribe`] for the outcome.
+//!
+//! This module is *not* the lease RPC service (that is the server's `rpc::lease`) and never
+//! spawns tasks or reads the clock: every time-dependent call takes `now`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
 /// A lease id; 0 means "no lease".
 pub type LeaseId = i64;
@@ -19,51 +42,115 @@ pub const NO_LEASE: LeaseId = 0;
 /// The largest TTL etcd accepts (`MaxLeaseTTL`, seconds).
 pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
 
-/// One lease.
+/// How long an expired lease waits before [`Lessor::expired`] reports it again when its
+/// revocation did not happen (etcd's `defaultExpiredleaseRetryInterval`).
+pub const EXPIRED_LEASE_RETRY_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How many expiring leases per second [`Lessor::promote`] lets through before it spreads the
+/// rest out (etcd's `leaseRevokeRate`).
+const LEASE_REVOKE_RATE: usize = 1000;
+
+/// What [`Lease::remaining`] reports for a lease without an expiry: etcd's
+/// `int64(time.Duration(math.MaxInt64).Seconds())`.
+const FOREVER_SECS: i64 = i64::MAX / 1_000_000_000;
+
+/// One lease, as a snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// The lease's id.
     pub id: LeaseId,
     /// The TTL it was granted with, seconds (after raising to the minimum TTL).
     pub ttl: i64,
-    /// When it expires; None while this member does not track expiry (not the leader).
+    /// When it expires; None while this lessor is not primary (the lease lives forever).
     pub expiry: Option<Instant>,
     /// Keys attached to it.
     pub keys: BTreeSet<Vec<u8>>,
 }
 
 impl Lease {
-    /// Seconds left before expiry, rounded up as etcd does; the TTL when expiry is not tracked.
+    /// Seconds left before expiry as etcd's `int64(Remaining().Seconds())` reports them:
+    /// truncated toward zero, so a fresh 10 s lease reports 9, and negative once expired for
+    /// a second or more. A lease without an expiry reports etcd's "forever" (9223372036).
     pub fn remaining(&self, now: Instant) -> i64 {
         match self.expiry {
-            None => self.ttl,
-            Some(expiry) => {
-                let left = expiry.saturating_duration_since(now);
-                let secs = left.as_secs() as i64 + i64::from(left.subsec_nanos() > 0);
-                secs.max(0)
-            }
+            None => FOREVER_SECS,
+            Some(expiry) if expiry >= now => secs(expiry - now),
+            Some(expiry) => -secs(now - expiry),
         }
     }
+
+    /// Whether the lease's expiry has passed (etcd `expired`: remaining <= 0).
+    fn is_expired(&self, now: Instant) -> bool {
+        self.expiry.is_some_and(|expiry| expiry <= now)
+    }
+
+    /// The nanoseconds left before expiry (negative once expired); None without an expiry.
+    fn remaining_nanos(&self, now: Instant) -> Option<i128> {
+        self.expiry.map(|expiry| signed_nanos(expiry, now))
+    }
+}
+
+/// Whole seconds of `d`, saturating.
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+/// `a - b` in nanoseconds.
+fn signed_nanos(a: Instant, b: Instant) -> i128 {
+    if a >= b {
+        (a - b).as_nanos() as i128
+    } else {
+        -((b - a).as_nanos() as i128)
+    }
+}
+
+/// `now + extend + ttl seconds`; None if that is beyond what an `Instant` can hold, which for
+/// etcd's largest TTL (about 285 years) still fits.
+fn expiry_at(now: Instant, extend: Duration, ttl: i64) -> Option<Instant> {
+    let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
+    now.checked_add(extend)?.checked_add(ttl)
+}
+
+/// The outcome of [`Lessor::renew`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease's clock restarted; it now lives this many seconds (its granted TTL).
+    Renewed(i64),
+    /// There is no such lease (never granted, or revoked).
+    NotFound,
+    /// The lease expired and awaits its revocation; it was not renewed. The caller waits for
+    /// a change ([`Lessor::subscribe`]) and asks again: it will be `NotFound` once revoked.
+    Expired,
+    /// This lessor is not primary and renews nothing; only the leader's lessor renews.
+    NotPrimary,
 }
 
 #[derive(Default)]
 struct Inner {
     leases: HashMap<LeaseId, Lease>,
     key_lease: HashMap<Vec<u8>, LeaseId>,
+    /// Expired leases already reported by `expired`, with the time to report them again.
+    revoke_retry: HashMap<LeaseId, Instant>,
+    /// Invariant: every lease has an expiry exactly when this is true.
+    primary: bool,
 }
 
 /// The set of leases.
 pub struct Lessor {
     inner: Mutex<Inner>,
     min_ttl: i64,
+    /// Bumped whenever a lease is removed or the lessor is promoted or demoted: the events a
+    /// caller blocked on [`Renewal::Expired`] or [`Renewal::NotPrimary`] waits for.
+    changes: watch::Sender<u64>,
 }
 
 impl Lessor {
-    /// A lessor whose grants are raised to at least `min_ttl` seconds.
+    /// A non-primary lessor whose grants are raised to at least `min_ttl` seconds.
     pub fn new(min_ttl: i64) -> Self {
         Lessor {
             inner: Mutex::new(Inner::default()),
             min_ttl,
+            changes: watch::Sender::new(0),
         }
     }
 
@@ -72,14 +159,23 @@ impl Lessor {
         self.min_ttl
     }
 
-    /// The TTL a grant of `ttl` gets.
+    /// The TTL a grant of `ttl` gets: etcd raises it to the minimum TTL.
     pub fn effective_ttl(&self, ttl: i64) -> i64 {
         ttl.max(self.min_ttl)
     }
 
+    /// Add a lease (a grant being applied, or one recovered from the backend). Its TTL is raised
+    /// to the minimum, as etcd does on both paths; its clock starts only if this lessor is
+    /// primary.
     pub(crate) fn insert(&self, id: LeaseId, ttl: i64, now: Instant) {
-        let expiry = now.checked_add(Duration::from_secs(ttl.max(0) as u64));
-        self.inner.lock().leases.insert(
+        let ttl = self.effective_ttl(ttl);
+        let mut inner = self.inner.lock();
+        let expiry = if inner.primary {
+            expiry_at(now, Duration::ZERO, ttl)
+        } else {
+            None
+        };
+        inner.leases.insert(
             id,
             Lease {
                 id,
@@ -92,12 +188,17 @@ impl Lessor {
 
     /// Remove a lease; returns its attached keys (None if there was no such lease).
     pub(crate) fn remove(&self, id: LeaseId) -> Option<BTreeSet<Vec<u8>>> {
-        let mut inner = self.inner.lock();
-        let lease = inner.leases.remove(&id)?;
-        for key in &lease.keys {
-            inner.key_lease.remove(key);
-        }
-        Some(lease.keys)
+        let keys = {
+            let mut inner = self.inner.lock();
+            let lease = inner.leases.remove(&id)?;
+            inner.revoke_retry.remove(&id);
+            for key in &lease.keys {
+                inner.key_lease.remove(key);
+            }
+            lease.keys
+        };
+        self.notify();
+        Some(keys)
     }
 
     /// Whether the lease exists.
@@ -110,11 +211,25 @@ impl Lessor {
         self.inner.lock().leases.get(&id).cloned()
     }
 
-    /// Ids of every lease.
+    /// Ids of every lease, ascending.
     pub fn ids(&self) -> Vec<LeaseId> {
         let mut ids: Vec<_> = self.inner.lock().leases.keys().copied().collect();
         ids.sort_unstable();
         ids
+    }
+
+    /// Ids of every lease, the soonest to expire first (etcd's `Leases`, which sorts by
+    /// remaining time); leases without an expiry come last, ties in id order.
+    pub fn ids_by_expiry(&self) -> Vec<LeaseId> {
+        let inner = self.inner.lock();
+        let mut leases: Vec<(Option<Instant>, LeaseId)> = inner
+            .leases
+            .values()
+            .map(|lease| (lease.expiry, lease.id))
+            .collect();
+        drop(inner);
+        leases.sort_unstable_by_key(|&(expiry, id)| (expiry.is_none(), expiry, id));
+        leases.into_iter().map(|(_, id)| id).collect()
     }
 
     /// The lease `key` is attached to, if any.
@@ -144,35 +259,148 @@ impl Lessor {
         }
     }
 
-    /// Renew a lease (KeepAlive): its expiry moves to now + TTL. Returns the TTL, or None
-    /// when the lease does not exist.
-    pub fn renew(&self, id: LeaseId, now: Instant) -> Option<i64> {
+    /// Renew a lease (KeepAlive): its expiry moves to now + TTL. An expired lease is not
+    /// renewed (see the module docs), nor is anything while this lessor is not primary.
+    pub fn renew(&self, id: LeaseId, now: Instant) -> Renewal {
         let mut inner = self.inner.lock();
-        let lease = inner.leases.get_mut(&id)?;
-        lease.expiry = now.checked_add(Duration::from_secs(lease.ttl.max(0) as u64));
-        Some(lease.ttl)
-    }
-
-    /// Restart every lease's clock at `now` (etcd refreshes leases when a member becomes the
-    /// primary lessor, e.g. after a restart).
-    pub fn refresh_all(&self, now: Instant) {
-        let mut inner = self.inner.lock();
-        for lease in inner.leases.values_mut() {
-            lease.expiry = now.checked_add(Duration::from_secs(lease.ttl.max(0) as u64));
+        if !inner.primary {
+            return Renewal::NotPrimary;
         }
+        let Some(lease) = inner.leases.get_mut(&id) else {
+            return Renewal::NotFound;
+        };
+        if lease.is_expired(now) {
+            return Renewal::Expired;
+        }
+        lease.expiry = expiry_at(now, Duration::ZERO, lease.ttl);
+        Renewal::Renewed(lease.ttl)
     }
 
-    /// Up to `limit` leases whose expiry has passed, oldest first.
+    /// Whether this lessor is primary (tracks expiries and renews).
+    pub fn is_primary(&self) -> bool {
+        self.inner.lock().primary
+    }
+
+    /// Make this lessor primary and restart every lease's clock at `now + extend` (etcd's
+    /// `Promote`, called with the election timeout when a member becomes leader, so that no
+    /// lease expires because its keep-alives could not reach a leader during the election).
+    ///
+    /// With [`LEASE_REVOKE_RATE`] leases or more, expiries that would pile up are spread out so
+    /// that at most three quarters of that rate expire in any one second, as etcd does.
+    pub fn promote(&self, now: Instant, extend: Duration) {
+        {
+            let mut inner = self.inner.lock();
+            inner.primary = true;
+            inner.revoke_retry.clear();
+            for lease in inner.leases.values_mut() {
+                lease.expiry = expiry_at(now, extend, lease.ttl);
+            }
+            if inner.leases.len() >= LEASE_REVOKE_RATE {
+                spread_expiries(&mut inner.leases, now, extend);
+            }
+        }
+        self.notify();
+    }
+
+    /// Restart every lease's clock at `now` and make this lessor primary: [`Lessor::promote`]
+    /// without an extension.
+    pub fn refresh_all(&self, now: Instant) {
+        self.promote(now, Duration::ZERO);
+    }
+
+    /// Stop being primary (etcd's `Demote`, when this member loses leadership): every lease
+    /// lives forever until the next promotion.
+    pub fn demote(&self) {
+        {
+            let mut inner = self.inner.lock();
+            inner.primary = false;
+            inner.revoke_retry.clear();
+            for lease in inner.leases.values_mut() {
+                lease.expiry = None;
+            }
+        }
+        self.notify();
+    }
+
+    /// Up to `limit` expired leases to revoke, the longest expired first (etcd's
+    /// `findExpiredLeases`). Each is reported once, then again only after
+    /// [`EXPIRED_LEASE_RETRY_INTERVAL`] if it still exists (its revocation failed). Nothing is
+    /// reported while this lessor is not primary.
     pub fn expired(&self, now: Instant, limit: usize) -> Vec<LeaseId> {
-        let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
+        if !inner.primary {
+            return Vec::new();
+        }
         let mut expired: Vec<(Instant, LeaseId)> = inner
             .leases
             .values()
-            .filter_map(|l| l.expiry.filter(|e| *e <= now).map(|e| (e, l.id)))
+            .filter(|lease| {
+                inner
+                    .revoke_retry
+                    .get(&lease.id)
+                    .is_none_or(|retry| *retry <= now)
+            })
+            .filter_map(|lease| {
+                let expiry = lease.expiry?;
+                (expiry <= now).then_some((expiry, lease.id))
+            })
             .collect();
         expired.sort_unstable();
         expired.truncate(limit);
+        let retry = now.checked_add(EXPIRED_LEASE_RETRY_INTERVAL).unwrap_or(now);
+        for (_, id) in &expired {
+            inner.revoke_retry.insert(*id, retry);
+        }
         expired.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// A receiver that changes whenever a lease is removed or the lessor is promoted or
+    /// demoted. Subscribe *before* the check that may have to wait, so no change is missed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn notify(&self) {
+        self.changes.send_modify(|generation| {
+            *generation = generation.wrapping_add(1);
+        });
+    }
+}
+
+/// etcd `Promote`'s pile-up adjustment: walking the leases in expiry order, once more than
+/// three quarters of [`LEASE_REVOKE_RATE`] expire within one second of the window's first
+/// expiry, each further lease is pushed back in proportion to how many are already due.
+fn spread_expiries(leases: &mut HashMap<LeaseId, Lease>, now: Instant, extend: Duration) {
+    const SECOND: i128 = 1_000_000_000;
+    let target_per_second = (3 * LEASE_REVOKE_RATE / 4) as i128;
+    let mut by_expiry: Vec<(i128, LeaseId)> = leases
+        .values()
+        .filter_map(|lease| Some((lease.remaining_nanos(now)?, lease.id)))
+        .collect();
+    by_expiry.sort_unstable();
+    let Some(&(first, _)) = by_expiry.first() else {
+        return;
+    };
+    let mut base_window = first;
+    let mut next_window = base_window + SECOND;
+    let mut expires: i128 = 0;
+    for (remaining, id) in by_expiry {
+        if remaining > next_window {
+            base_window = remaining;
+            next_window = base_window + SECOND;
+            expires = 1;
+            continue;
+        }
+        expires += 1;
+        if expires <= target_per_second {
+            continue;
+        }
+        let delay = SECOND * expires / target_per_second - (remaining - base_window);
+        next_window = base_window + delay;
+        let delay = Duration::from_nanos(u64::try_from(delay).unwrap_or(0));
+        if let Some(lease) = leases.get_mut(&id) {
+            lease.expiry = expiry_at(now, extend + delay, lease.ttl);
+        }
     }
 }
 
@@ -180,9 +408,15 @@ impl Lessor {
 mod tests {
     use super::*;
 
+    fn primary(min_ttl: i64) -> Lessor {
+        let lessor = Lessor::new(min_ttl);
+        lessor.promote(Instant::now(), Duration::ZERO);
+        lessor
+    }
+
     #[test]
     fn attach_detach_renew_expire() {
-        let lessor = Lessor::new(2);
+        let lessor = primary(2);
         let t0 = Instant::now();
         assert_eq!(lessor.effective_ttl(1), 2);
         lessor.insert(7, 5, t0);
@@ -193,11 +427,146 @@ mod tests {
         assert_eq!(lessor.lease_of(b"a"), NO_LEASE);
         assert_eq!(lessor.get(7).unwrap().remaining(t0), 5);
         assert!(lessor.expired(t0 + Duration::from_secs(4), 10).is_empty());
-        assert_eq!(lessor.expired(t0 + Duration::from_secs(5), 10), vec![7]);
-        lessor.renew(7, t0 + Duration::from_secs(4));
+        assert_eq!(
+            lessor.renew(7, t0 + Duration::from_secs(4)),
+            Renewal::Renewed(5)
+        );
         assert!(lessor.expired(t0 + Duration::from_secs(8), 10).is_empty());
+        assert_eq!(lessor.expired(t0 + Duration::from_secs(9), 10), vec![7]);
         let keys = lessor.remove(7).unwrap();
         assert_eq!(keys.into_iter().collect::<Vec<_>>(), vec![b"b".to_vec()]);
         assert_eq!(lessor.lease_of(b"b"), NO_LEASE);
+        assert_eq!(lessor.renew(7, t0), Renewal::NotFound);
+    }
+
+    #[test]
+    fn remaining_truncates_like_etcd() {
+        let lessor = primary(1);
+        let t0 = Instant::now();
+        lessor.insert(1, 10, t0);
+        let lease = lessor.get(1).unwrap();
+        assert_eq!(lease.remaining(t0), 10);
+        assert_eq!(lease.remaining(t0 + Duration::from_millis(1)), 9);
+        assert_eq!(lease.remaining(t0 + Duration::from_millis(9_999)), 0);
+        assert_eq!(lease.remaining(t0 + Duration::from_millis(10_500)), 0);
+        assert_eq!(lease.remaining(t0 + Duration::from_millis(11_500)), -1);
+        let forever = Lease {
+            expiry: None,
+            ..lease
+        };
+        assert_eq!(forever.remaining(t0), 9_223_372_036);
+    }
+
+    #[test]
+    fn grants_and_recovered_leases_are_raised_to_the_minimum_ttl() {
+        let lessor = primary(3);
+        let t0 = Instant::now();
+        lessor.insert(1, 1, t0);
+        lessor.insert(2, -5, t0);
+        lessor.insert(3, 4, t0);
+        assert_eq!(lessor.get(1).unwrap().ttl, 3);
+        assert_eq!(lessor.get(2).unwrap().ttl, 3);
+        assert_eq!(lessor.get(3).unwrap().ttl, 4);
+    }
+
+    #[test]
+    fn expired_lease_is_not_renewed_and_reported_once_per_retry_interval() {
+        let lessor = primary(1);
+        let t0 = Instant::now();
+        lessor.insert(1, 2, t0);
+        let late = t0 + Duration::from_secs(2);
+        assert_eq!(lessor.renew(1, late), Renewal::Expired);
+        assert_eq!(lessor.get(1).unwrap().expiry, Some(late));
+        assert_eq!(lessor.expired(late, 10), vec![1]);
+        assert!(lessor.expired(late + Duration::from_secs(1), 10).is_empty());
+        let retry = late + EXPIRED_LEASE_RETRY_INTERVAL;
+        assert_eq!(lessor.expired(retry, 10), vec![1]);
+        // A keep-alive (even one that was there first) still does not resurrect it.
+        assert_eq!(lessor.renew(1, retry), Renewal::Expired);
+    }
+
+    #[test]
+    fn expired_is_oldest_first_and_limited() {
+        let lessor = primary(1);
+        let t0 = Instant::now();
+        lessor.insert(5, 3, t0);
+        lessor.insert(6, 1, t0);
+        lessor.insert(7, 2, t0);
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(lessor.expired(later, 2), vec![6, 7]);
+        assert_eq!(lessor.expired(later, 2), vec![5]);
+    }
+
+    #[test]
+    fn not_primary_keeps_leases_forever() {
+        let lessor = Lessor::new(1);
+        let t0 = Instant::now();
+        lessor.insert(1, 2, t0);
+        assert!(!lessor.is_primary());
+        assert_eq!(lessor.get(1).unwrap().expiry, None);
+        assert_eq!(lessor.renew(1, t0), Renewal::NotPrimary);
+        assert!(lessor.expired(t0 + Duration::from_secs(100), 10).is_empty());
+
+        // Promotion starts the clocks, extended; demotion stops them.
+        let t1 = t0 + Duration::from_secs(50);
+        lessor.promote(t1, Duration::from_secs(1));
+        assert_eq!(lessor.get(1).unwrap().remaining(t1), 3);
+        assert_eq!(lessor.renew(1, t1), Renewal::Renewed(2));
+        lessor.insert(2, 4, t1);
+        assert_eq!(lessor.get(2).unwrap().remaining(t1), 4);
+        lessor.demote();
+        assert_eq!(lessor.get(1).unwrap().expiry, None);
+        assert_eq!(lessor.get(2).unwrap().expiry, None);
+        assert!(lessor.expired(t1 + Duration::from_secs(100), 10).is_empty());
+    }
+
+    #[test]
+    fn ids_by_expiry_orders_soonest_first() {
+        let lessor = primary(1);
+        let t0 = Instant::now();
+        lessor.insert(1, 30, t0);
+        lessor.insert(2, 10, t0);
+        lessor.insert(3, 20, t0);
+        lessor.insert(4, 10, t0);
+        assert_eq!(lessor.ids_by_expiry(), vec![2, 4, 3, 1]);
+        assert_eq!(lessor.ids(), vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn changes_are_signalled_on_remove_promote_demote() {
+        let lessor = Lessor::new(1);
+        let mut changes = lessor.subscribe();
+        lessor.insert(1, 2, Instant::now());
+        assert!(!changes.has_changed().unwrap());
+        lessor.remove(1);
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        lessor.promote(Instant::now(), Duration::ZERO);
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+        lessor.demote();
+        assert!(changes.has_changed().unwrap());
+    }
+
+    #[test]
+    fn promote_spreads_piled_up_expiries() {
+        let lessor = Lessor::new(1);
+        let t0 = Instant::now();
+        for id in 1..=2000 {
+            lessor.insert(id, 10, t0);
+        }
+        lessor.promote(t0, Duration::ZERO);
+        let mut per_second: HashMap<i64, usize> = HashMap::new();
+        for id in 1..=2000 {
+            let lease = lessor.get(id).unwrap();
+            let nanos = lease.remaining_nanos(t0).unwrap();
+            assert!(nanos >= 10 * 1_000_000_000, "{nanos}");
+            *per_second
+                .entry((nanos / 1_000_000_000) as i64)
+                .or_default() += 1;
+        }
+        // 750 keep their expiry; the rest are pushed back into the following seconds.
+        assert_eq!(per_second[&10], 750);
+        assert!(per_second.values().all(|n| *n <= 750), "{per_second:?}");
     }
 }

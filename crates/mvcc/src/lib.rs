@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod hash;
 pub mod key_index;
 mod kvstore;
 pub mod lease;

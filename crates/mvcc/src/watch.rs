@@ -213,12 +213,13 @@ impl WatchHub {
     }
 
     /// Deliver committed events (in revision order) to synced watchers; the store's head is now
-    /// `rev`. Never blocks: a watcher whose channel is full falls back to unsynced.
-    pub fn notify(&self, events: &[Event], rev: i64) {
+    /// `rev`. Never blocks: a watcher whose channel is full falls back to unsynced. Returns
+    /// whether some watcher fell behind.
+    pub fn notify(&self, events: &[Event], rev: i64) -> bool {
         let mut groups = self.groups.lock();
         groups.notified_rev = groups.notified_rev.max(rev);
         if events.is_empty() || groups.synced.is_empty() {
-            return;
+            return false;
         }
         // Split the batch by revision: one response per revision, as etcd sends them.
         let mut by_rev: Vec<(i64, &[Event])> = Vec::new();
@@ -256,6 +257,7 @@ impl WatchHub {
                 }
             }
         }
+        let any_behind = !fell_behind.is_empty();
         for key in fell_behind {
             if let Some(watcher) = groups.synced.remove(&key) {
                 if watcher.tx.is_closed() {
@@ -264,6 +266,7 @@ impl WatchHub {
                 groups.unsynced.insert(key, watcher);
             }
         }
+        any_behind
     }
 
     /// Whether any watcher is behind.
@@ -292,7 +295,9 @@ impl WatchHub {
                     compacted.push((*key, Some(compact_rev)));
                     continue;
                 }
-                if chosen.len() < MAX_WATCHERS_PER_SYNC {
+                // A watcher whose stream is not reading has no room: skip it this round
+                // rather than read history it cannot take.
+                if chosen.len() < MAX_WATCHERS_PER_SYNC && watcher.tx.capacity() > 0 {
                     chosen.push(*key);
                     from = from.min(watcher.next_rev.max(1));
                 }

@@ -18,6 +18,7 @@ use etcdrs_proto::etcdserverpb::{
 use etcdrs_proto::rpctypes;
 use etcdrs_raftnode::eraftpb::{ConfChange, ConfChangeType, EntryType};
 use etcdrs_raftnode::{Apply, NodeConfig, RaftNodeHandle, Start, task::TaskResult};
+use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use prost::Message as _;
 use protobuf_free::{decode_conf_change, decode_conf_state, encode_conf_state};
@@ -188,7 +189,6 @@ impl EtcdServer {
                 request_timeout,
             }),
         };
-        store.lessor().refresh_all(Instant::now());
 
         let applier = server.clone();
         tasks.spawn(async move {
@@ -433,6 +433,16 @@ impl EtcdServer {
             tracing::debug!(entries = batch.entries.len(), "applying batch");
             let (index, term, durable, results) =
                 tokio::task::block_in_place(|| self.apply_batch(batch))?;
+            // etcd promotes the lessor once the leader has applied an entry of its own term
+            // (so every earlier term is applied): every lease restarts, extended by the
+            // election timeout. A member that loses leadership stops expiring leases.
+            let status = self.inner.raft.status();
+            let lessor = self.inner.store.lessor();
+            if status.is_leader && term == status.term && !lessor.is_primary() {
+                lessor.promote(Instant::now(), self.inner.config.election_timeout);
+            } else if !status.is_leader && lessor.is_primary() {
+                lessor.demote();
+            }
             for (id, output) in results {
                 if let Some(waiter) = self.inner.waiters.lock().remove(&id) {
                     let _ = waiter.send(output);
@@ -506,8 +516,7 @@ impl EtcdServer {
         }
         let (changes, durable) = batch.commit(false)?;
         // After the commit: a watcher that falls behind reads these events back from the store.
-        self.inner.watch_hub.notify(&changes, store.current_rev());
-        if self.inner.watch_hub.has_unsynced() {
+        if self.inner.watch_hub.notify(&changes, store.current_rev()) {
             self.inner.watch_sync.notify_one();
         }
         Ok((index, term, durable, results))
@@ -730,18 +739,18 @@ impl EtcdServer {
             if !self.inner.raft.status().is_leader {
                 continue;
             }
-            let now = Instant::now();
-            for id in self.inner.store.lessor().expired(now, 64) {
-                // Push the deadline out so one expiry is proposed once.
-                self.inner.store.lessor().renew(id, now);
-                let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
-                match self.propose(Op::LeaseRevoke(revoke)).await {
-                    Ok(_) | Err(ServerError::Etcd(_)) => {}
-                    Err(e) => {
-                        tracing::warn!(lease_id = id, error = %e, "failed to revoke expired lease")
+            let expired = self.inner.store.lessor().expired(Instant::now(), 500);
+            futures::stream::iter(expired)
+                .for_each_concurrent(16, |id| async move {
+                    let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
+                    match self.propose(Op::LeaseRevoke(revoke)).await {
+                        Ok(_) | Err(ServerError::Etcd(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(lease_id = id, error = %e, "failed to revoke expired lease")
+                        }
                     }
-                }
-            }
+                })
+                .await;
         }
     }
 

@@ -13,10 +13,13 @@ use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
 use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::EtcdServer;
+use crate::h2authority::LenientAuthority;
 use crate::metrics;
 use crate::rpc::Rpc;
 use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
@@ -98,15 +101,54 @@ async fn grpc_size_error(mut response: axum::response::Response) -> axum::respon
     response
 }
 
-/// Serve clients on `listener` until `shutdown`.
+/// Serve clients on `listener` until `shutdown`: HTTP/1.1 and HTTP/2 (gRPC) on one port.
+/// Each connection runs on this function's own task set; on shutdown, connections get a
+/// graceful close and a short grace period.
 pub async fn serve(
     server: EtcdServer,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(server))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    let router = router(server);
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => {
+                let (tcp, _peer) = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Out of descriptors and similar: back off instead of spinning.
+                        tracing::warn!(error = %e, "failed to accept client connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                // Small responses (put acks, watch events) must not wait for Nagle's algorithm.
+                let _ = tcp.set_nodelay(true);
+                // etcdctl 3.4 sends a full URL as `:authority` when given http:// endpoints;
+                // etcd accepts that, hyper does not: rewrite it before hyper sees it.
+                let io = TokioIo::new(LenientAuthority::new(tcp));
+                let service = TowerToHyperService::new(router.clone());
+                let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
+                let conn = graceful.watch(conn);
+                connections.spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(2), graceful.shutdown())
         .await
+        .is_err()
+    {
+        connections.abort_all();
+    }
+    Ok(())
 }
 
 /// Decode a `grpc-message` header (percent-encoded, as the gRPC spec says).

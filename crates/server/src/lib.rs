@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 mod etcd_server;
 pub mod http;
+mod h2authority;
 mod idgen;
 pub mod membership;
 pub mod metrics;

@@ -91,6 +91,19 @@ pub fn render(server: &EtcdServer) -> String {
         "The revision of the last compaction in store.",
         server.store().compact_rev() as f64,
     );
+    let (synced, unsynced) = server.watch_hub().counts();
+    gauge(
+        &registry,
+        "etcd_debugging_mvcc_watcher_total",
+        "Total number of watchers.",
+        (synced + unsynced) as f64,
+    );
+    gauge(
+        &registry,
+        "etcd_debugging_mvcc_slow_watcher_total",
+        "Total number of unsynced slow watchers.",
+        unsynced as f64,
+    );
     labelled(
         &registry,
         "etcd_server_version",

@@ -17,8 +17,11 @@ mod errors;
 mod etcdctl;
 mod http;
 mod kv;
+mod lease;
+mod maintenance;
 mod startup;
 mod txn;
+mod watch;
 
 use etcd_client::{Client, GetOptions, KeyValue};
 use etcdrs_testkit::{EtcdBin, Member, MemberOpts};

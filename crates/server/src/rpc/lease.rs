@@ -1,10 +1,22 @@
-//! The Lease service (etcd `api/v3rpc/lease.go`). Grants and revocations go through raft;
-//! keep-alives and TTL queries are answered by this member's lessor.
+//! The Lease service (etcd `api/v3rpc/lease.go` over `etcdserver/v3_server.go`).
+//!
+//! Grants and revocations go through raft. Keep-alives, time-to-live queries and the lease
+//! list are answered by this member's lessor, which only the leader's is primary for (see
+//! `etcdrs_mvcc::lease`). etcd answers these on the leader and forwards them there from a
+//! follower; a cluster of one is always its own leader, so a request that finds the lessor not
+//! yet primary (the member has not yet applied an entry of its term) waits for its promotion,
+//! bounded by the request timeout. FIXME: forward to the leader once members have peers.
+//!
+//! Answers etcd gives that clients depend on:
+//! - KeepAlive of a lease that does not exist answers TTL 0 (the stream stays open); one that
+//!   expired but is not yet revoked is answered only once its revocation is applied, with TTL 0.
+//! - TimeToLive of a lease that does not exist answers TTL -1, granted TTL 0, not an error.
+//! - TTLs left are whole seconds truncated, as etcd's `int64(Remaining().Seconds())`.
 
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use etcdrs_mvcc::lease::MAX_LEASE_TTL;
+use etcdrs_mvcc::lease::{Lease as LeaseState, LeaseId, MAX_LEASE_TTL, Renewal};
 use etcdrs_proto::etcdserverpb::lease_server::Lease;
 use etcdrs_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
@@ -16,10 +28,67 @@ use futures::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::Rpc;
+use crate::EtcdServer;
+use crate::error::ServerError;
 use crate::etcd_server::ApplyOutput;
 use crate::request::Op;
 
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+
+/// etcd's lease quota cost (`leaseOverhead`): a grant is refused once the backend is this close
+/// to its quota.
+const LEASE_OVERHEAD: u64 = 64;
+
+fn unexpected() -> Status {
+    Status::internal("etcdserver: unexpected apply result")
+}
+
+/// etcd's `ReqTimeout()`: how long a lease request may wait for this member's lessor.
+fn request_timeout(server: &EtcdServer) -> Duration {
+    Duration::from_secs(5) + 2 * server.config().election_timeout
+}
+
+/// Waits for the next change of the lessor's state (a lease removed, a promotion or demotion),
+/// failing with etcd's timeout error at `deadline`.
+async fn wait_change(
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+    deadline: Instant,
+) -> Result<(), ServerError> {
+    match tokio::time::timeout_at(deadline.into(), changes.changed()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(ServerError::Stopped),
+        Err(_) => Err(ServerError::Etcd(&rpctypes::TIMEOUT)),
+    }
+}
+
+/// etcd's `LeaseRenew` on the leader: the lease's TTL once renewed, or 0 when it does not exist
+/// (never granted, revoked, or revoked after expiring while we waited).
+async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, ServerError> {
+    let lessor = server.store().lessor();
+    let deadline = Instant::now() + request_timeout(server);
+    loop {
+        // Subscribed before the check: a revocation between the two is not missed.
+        let mut changes = lessor.subscribe();
+        match lessor.renew(id, Instant::now()) {
+            Renewal::Renewed(ttl) => return Ok(ttl),
+            Renewal::NotFound => return Ok(0),
+            Renewal::Expired | Renewal::NotPrimary => wait_change(&mut changes, deadline).await?,
+        }
+    }
+}
+
+/// The lease as the primary lessor sees it (None if it does not exist).
+async fn lookup(server: &EtcdServer, id: LeaseId) -> Result<Option<LeaseState>, ServerError> {
+    let lessor = server.store().lessor();
+    let deadline = Instant::now() + request_timeout(server);
+    loop {
+        let mut changes = lessor.subscribe();
+        if lessor.is_primary() {
+            return Ok(lessor.get(id));
+        }
+        wait_change(&mut changes, deadline).await?;
+    }
+}
 
 #[tonic::async_trait]
 impl Lease for Rpc {
@@ -28,19 +97,20 @@ impl Lease for Rpc {
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
         let mut req = request.into_inner();
+        // etcd checks the quota first (its quota server wraps the lease server), then the TTL.
+        self.server.check_quota(LEASE_OVERHEAD).await?;
         if req.ttl > MAX_LEASE_TTL {
-            return Err(rpctypes::LEASE_TTL_TOO_LARGE.to_status());
+            return Err(ServerError::Etcd(&rpctypes::LEASE_TTL_TOO_LARGE).into());
         }
         if req.id == 0 {
             req.id = self.server.new_lease_id();
         }
-        self.server.check_quota(0).await?;
         match self.server.propose(Op::LeaseGrant(req)).await? {
             ApplyOutput::LeaseGrant(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            _ => Err(Status::internal("etcdserver: unexpected apply result")),
+            _ => Err(unexpected()),
         }
     }
 
@@ -54,7 +124,7 @@ impl Lease for Rpc {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))
             }
-            _ => Err(Status::internal("etcdserver: unexpected apply result")),
+            _ => Err(unexpected()),
         }
     }
 
@@ -65,19 +135,22 @@ impl Lease for Rpc {
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let server = self.server.clone();
-        let stream = request.into_inner().map(move |req| {
-            let req = req?;
-            // A lease this member does not know renews to TTL 0, as etcd answers.
-            let ttl = server
-                .store()
-                .lessor()
-                .renew(req.id, Instant::now())
-                .unwrap_or(0);
-            Ok(LeaseKeepAliveResponse {
-                header: Some(server.header(0)),
-                id: req.id,
-                ttl,
-            })
+        // One request at a time, in order, as etcd's receive loop; an error ends the stream.
+        let stream = request.into_inner().then(move |req| {
+            let server = server.clone();
+            async move {
+                let req = req?;
+                // The header is taken before renewing, as etcd does, so its revision is never
+                // newer than the renewal: a client cannot see a lease revoked at revision r
+                // renewed at a later one.
+                let header = Some(server.header(0));
+                let ttl = renew(&server, req.id).await?;
+                Ok(LeaseKeepAliveResponse {
+                    header,
+                    id: req.id,
+                    ttl,
+                })
+            }
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -87,8 +160,9 @@ impl Lease for Rpc {
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let req = request.into_inner();
+        let lease = lookup(&self.server, req.id).await?;
         let header = Some(self.server.header(0));
-        let Some(lease) = self.server.store().lessor().get(req.id) else {
+        let Some(lease) = lease else {
             return Ok(Response::new(LeaseTimeToLiveResponse {
                 header,
                 id: req.id,
@@ -118,7 +192,7 @@ impl Lease for Rpc {
             .server
             .store()
             .lessor()
-            .ids()
+            .ids_by_expiry()
             .into_iter()
             .map(|id| LeaseStatus { id })
             .collect();

@@ -1,0 +1,469 @@
+//! Watch: creation, history catch-up, live events, filters, prev_kv, cancel, compaction,
+//! progress, ordering and exactly-once under concurrent writers, and a watcher that stops
+//! reading while writers go on.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, CompactionOptions, EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+};
+
+use crate::{start, start_with};
+
+/// One event as (type, key, value, mod_revision).
+type Ev = (&'static str, String, String, i64);
+
+fn events_of(resp: &WatchResponse) -> Vec<Ev> {
+    resp.events()
+        .iter()
+        .map(|e| {
+            let kv = e.kv().expect("event kv");
+            let kind = match e.event_type() {
+                EventType::Put => "PUT",
+                EventType::Delete => "DELETE",
+            };
+            (
+                kind,
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                kv.mod_revision(),
+            )
+        })
+        .collect()
+}
+
+/// The next response, within a deadline.
+async fn next(stream: &mut WatchStream, within: Duration) -> WatchResponse {
+    tokio::time::timeout(within, stream.message())
+        .await
+        .expect("a watch response in time")
+        .expect("watch stream error")
+        .expect("watch stream open")
+}
+
+/// Read events until `n` have arrived (or the deadline passes).
+async fn collect(stream: &mut WatchStream, n: usize, within: Duration) -> Vec<Ev> {
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let resp = next(stream, left).await;
+        assert!(!resp.canceled(), "canceled: {resp:?}");
+        out.extend(events_of(&resp));
+    }
+    out
+}
+
+async fn created(client: &mut Client, key: &str, opts: WatchOptions) -> (WatchStream, i64) {
+    let mut stream = client.watch(key, Some(opts)).await.expect("watch");
+    let resp = next(&mut stream, Duration::from_secs(5)).await;
+    assert!(resp.created(), "{resp:?}");
+    (stream, resp.watch_id())
+}
+
+fn ev(kind: &'static str, key: &str, value: &str, rev: i64) -> Ev {
+    (kind, key.to_string(), value.to_string(), rev)
+}
+
+#[tokio::test]
+async fn history_then_live_without_gap_with_prev_kv() {
+    let (_m, mut c) = start().await;
+    c.put("a", "1", None).await.unwrap(); // rev 2
+    c.put("b", "1", None).await.unwrap(); // rev 3
+    c.put("a", "2", None).await.unwrap(); // rev 4
+    let (mut stream, _) = created(
+        &mut c,
+        "a",
+        WatchOptions::new().with_start_revision(2).with_prev_key(),
+    )
+    .await;
+    c.delete("a", None).await.unwrap(); // rev 5
+    c.put("a", "3", None).await.unwrap(); // rev 6
+    let got = collect(&mut stream, 4, Duration::from_secs(5)).await;
+    assert_eq!(
+        got,
+        [
+            ev("PUT", "a", "1", 2),
+            ev("PUT", "a", "2", 4),
+            ev("DELETE", "a", "", 5),
+            ev("PUT", "a", "3", 6),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn prefix_filters_prev_kv_and_cancel() {
+    let (_m, mut c) = start().await;
+    c.put("p/x", "0", None).await.unwrap();
+    let (mut puts_only, _) = created(
+        &mut c,
+        "p/",
+        WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoDelete]),
+    )
+    .await;
+    let (mut deletes_only, del_id) = created(
+        &mut c,
+        "p/",
+        WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut])
+            .with_prev_key(),
+    )
+    .await;
+    c.put("p/x", "1", None).await.unwrap();
+    c.put("q", "outside", None).await.unwrap();
+    c.delete("p/x", None).await.unwrap();
+    c.put("p/y", "2", None).await.unwrap();
+    let puts = collect(&mut puts_only, 2, Duration::from_secs(5)).await;
+    assert_eq!(puts, [ev("PUT", "p/x", "1", 3), ev("PUT", "p/y", "2", 6)]);
+    let resp = next(&mut deletes_only, Duration::from_secs(5)).await;
+    assert_eq!(events_of(&resp), [ev("DELETE", "p/x", "", 5)]);
+    let prev = resp.events()[0].prev_kv().expect("prev_kv");
+    assert_eq!((prev.value(), prev.mod_revision()), (&b"1"[..], 3));
+
+    deletes_only.cancel(del_id).await.unwrap();
+    let resp = next(&mut deletes_only, Duration::from_secs(5)).await;
+    assert!(resp.canceled());
+    assert_eq!(resp.watch_id(), del_id);
+    c.delete("p/y", None).await.unwrap();
+    // The canceled watcher gets nothing more; the stream stays quiet.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), deletes_only.message())
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn watch_from_compacted_revision_is_canceled() {
+    let (_m, mut c) = start().await;
+    for i in 0..5 {
+        c.put("k", i.to_string(), None).await.unwrap();
+    }
+    c.compact(5, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    let mut stream = c
+        .watch("k", Some(WatchOptions::new().with_start_revision(2)))
+        .await
+        .unwrap();
+    let first = next(&mut stream, Duration::from_secs(5)).await;
+    assert!(first.created());
+    let resp = next(&mut stream, Duration::from_secs(5)).await;
+    assert!(resp.canceled(), "{resp:?}");
+    assert_eq!(resp.compact_revision(), 5);
+    // From the compaction revision itself the history is still there.
+    let (mut ok, _) = created(&mut c, "k", WatchOptions::new().with_start_revision(5)).await;
+    let got = collect(&mut ok, 2, Duration::from_secs(5)).await;
+    assert_eq!(got, [ev("PUT", "k", "3", 5), ev("PUT", "k", "4", 6)]);
+}
+
+#[tokio::test]
+async fn progress_request_and_progress_notify() {
+    let (_m, mut c) = start_with(&["--experimental-watch-progress-notify-interval", "500ms"]).await;
+    let (mut stream, id) =
+        created(&mut c, "quiet", WatchOptions::new().with_progress_notify()).await;
+    let rev = c
+        .put("other", "v", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    // A progress notification for an idle watcher arrives within a few intervals.
+    let resp = next(&mut stream, Duration::from_secs(5)).await;
+    assert!(
+        resp.events().is_empty() && !resp.created() && !resp.canceled(),
+        "{resp:?}"
+    );
+    assert_eq!(resp.watch_id(), id);
+    assert!(resp.header().unwrap().revision() >= rev);
+
+    let (mut plain, _) = created(&mut c, "quiet", WatchOptions::new()).await;
+    let rev = c
+        .put("other", "w", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    plain.request_progress().await.unwrap();
+    let resp = next(&mut plain, Duration::from_secs(5)).await;
+    assert!(resp.events().is_empty() && !resp.created(), "{resp:?}");
+    assert_eq!(resp.watch_id(), -1);
+    assert_eq!(resp.header().unwrap().revision(), rev);
+}
+
+/// Many writers and many watchers: every watcher sees exactly the history of its range, in
+/// revision order, each event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_and_watchers_see_exact_history() {
+    const WRITERS: usize = 8;
+    const PUTS: usize = 60;
+    let (_m, mut c) = start().await;
+    let base = c
+        .put("start", "", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let mut watchers = Vec::new();
+    for i in 0..10 {
+        // Half from history (start at base), half live; prefixes and single keys.
+        let (key, opts) = if i % 2 == 0 {
+            ("w/".to_string(), WatchOptions::new().with_prefix())
+        } else {
+            (
+                format!("w/{}/", i % WRITERS),
+                WatchOptions::new().with_prefix(),
+            )
+        };
+        let opts = if i % 4 < 2 {
+            opts.with_start_revision(base)
+        } else {
+            opts
+        };
+        let (stream, _) = created(&mut c, &key, opts).await;
+        watchers.push((key, stream));
+    }
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            for i in 0..PUTS {
+                let key = format!("w/{w}/{}", i % 7);
+                let value = format!("{w}-{i}");
+                let rev = c.put(key.clone(), value.clone(), None).await.unwrap();
+                done.push((rev.header().unwrap().revision(), key, value));
+            }
+            done
+        }));
+    }
+    let mut history = BTreeMap::new();
+    for task in tasks {
+        for (rev, key, value) in task.await.unwrap() {
+            history.insert(rev, (key, value));
+        }
+    }
+    assert_eq!(history.len(), WRITERS * PUTS, "one revision per put");
+    for (prefix, mut stream) in watchers {
+        let expected: Vec<Ev> = history
+            .iter()
+            .filter(|(_, (k, _))| k.starts_with(&prefix))
+            .map(|(rev, (k, v))| ("PUT", k.clone(), v.clone(), *rev))
+            .collect();
+        let got = collect(&mut stream, expected.len(), Duration::from_secs(20)).await;
+        assert_eq!(got, expected, "watcher on {prefix}");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), stream.message())
+                .await
+                .is_err(),
+            "no extra events for {prefix}"
+        );
+    }
+}
+
+/// A watcher that stops reading does not slow writers down, and gets every event when it
+/// reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stalled_watcher_does_not_block_writers_and_catches_up() {
+    const WRITES: usize = 3000;
+    let (m, mut c) = start().await;
+    let (mut stalled, _) = created(&mut c, "s/", WatchOptions::new().with_prefix()).await;
+    let (mut live, _) = created(&mut c, "s/", WatchOptions::new().with_prefix()).await;
+    let value = "x".repeat(1024);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..6 {
+        let mut c = c.clone();
+        let value = value.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..WRITES).step_by(6) {
+                c.put(format!("s/{i:05}"), value.clone(), None)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    // The live watcher keeps reading while the stalled one does not.
+    let live_events = collect(&mut live, WRITES, Duration::from_secs(120)).await;
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(live_events.len(), WRITES);
+    // The server reports the watcher that fell behind (etcd's slow-watcher gauge).
+    let metrics = m.http_get("/metrics").await.unwrap().body;
+    let slow = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_slow_watcher_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    if std::env::var_os("ETCDRS_TEST_ETCD_BIN").is_none() {
+        assert!(slow.unwrap_or(0.0) >= 1.0, "slow watcher gauge: {slow:?}");
+    }
+    // Now read: everything arrives, in order, once.
+    let got = collect(&mut stalled, WRITES, Duration::from_secs(120)).await;
+    let revs: Vec<i64> = got.iter().map(|e| e.3).collect();
+    assert!(
+        revs.windows(2).all(|w| w[0] < w[1]),
+        "strictly increasing revisions"
+    );
+    let mut keys: Vec<&str> = got.iter().map(|e| e.1.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), WRITES);
+    eprintln!("{WRITES} writes with a stalled watcher took {elapsed:?}");
+}
+
+/// A watcher that stops reading until its history is compacted is canceled with the
+/// compaction revision rather than silently losing events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_watcher_past_compaction_is_canceled() {
+    let (_m, mut c) = start().await;
+    let (mut stalled, _) = created(&mut c, "c/", WatchOptions::new().with_prefix()).await;
+    let value = "y".repeat(4096);
+    let mut last = 0;
+    for i in 0..2000 {
+        last = c
+            .put(format!("c/{}", i % 10), value.clone(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    c.compact(last, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    // Drain: either every event arrives (the watcher never fell behind far enough), or the
+    // stream delivers a prefix of the history and then a cancel with compact_revision.
+    let mut expected_rev = 2;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let resp = next(
+            &mut stalled,
+            deadline.saturating_duration_since(Instant::now()),
+        )
+        .await;
+        if resp.canceled() {
+            assert_eq!(resp.compact_revision(), last);
+            break;
+        }
+        for e in events_of(&resp) {
+            assert_eq!(e.3, expected_rev, "no gap, no duplicate");
+            expected_rev += 1;
+        }
+        if expected_rev > last {
+            break;
+        }
+    }
+}
+
+/// A running `etcdctl watch`: its output lines as they come.
+struct CtlWatch {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl CtlWatch {
+    async fn spawn(m: &etcdrs_testkit::Member, args: &[&str], stdin: Option<&str>) -> CtlWatch {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let ctl = m.etcdctl();
+        let mut cmd = tokio::process::Command::new(ctl.bin());
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", ctl.endpoints()))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("etcdctl starts");
+        let mut input = child.stdin.take().expect("stdin");
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).await.expect("write stdin");
+            input.flush().await.expect("flush stdin");
+        }
+        // Keep stdin open: interactive mode ends when it closes.
+        std::mem::forget(input);
+        let stdout = child.stdout.take().expect("stdout");
+        CtlWatch {
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        }
+    }
+
+    async fn read(&mut self, n: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("etcdctl watch printed only {out:?}"))
+                .expect("read")
+                .expect("etcdctl watch still running");
+            out.push(line);
+        }
+        out
+    }
+}
+
+impl Drop for CtlWatch {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+#[tokio::test]
+async fn etcdctl_watch_key_prefix_rev_prev_kv_and_interactive() {
+    let (m, mut c) = start().await;
+    c.put("foo", "1", None).await.unwrap(); // rev 2
+    c.put("foo", "2", None).await.unwrap(); // rev 3
+
+    let mut from_rev = CtlWatch::spawn(&m, &["watch", "foo", "--rev=2", "--prev-kv"], None).await;
+    assert_eq!(
+        from_rev.read(7).await,
+        ["PUT", "foo", "1", "PUT", "foo", "1", "foo"]
+    );
+    assert_eq!(from_rev.read(1).await, ["2"]);
+
+    let mut prefix = CtlWatch::spawn(&m, &["watch", "--prefix", "fo"], None).await;
+    let mut interactive = CtlWatch::spawn(&m, &["watch", "-i"], Some("watch foo\n")).await;
+    // Let both watchers register before writing: a progress round trip proves it.
+    poll_registered(&m, 3).await;
+    c.put("fox", "3", None).await.unwrap();
+    c.delete("foo", None).await.unwrap();
+    assert_eq!(
+        prefix.read(6).await,
+        ["PUT", "fox", "3", "DELETE", "foo", ""]
+    );
+    assert_eq!(interactive.read(3).await, ["DELETE", "foo", ""]);
+    assert_eq!(from_rev.read(5).await, ["DELETE", "foo", "2", "foo", ""]);
+}
+
+/// Wait until the server reports at least `n` watchers (`etcd_debugging_mvcc_watcher_total`,
+/// which etcd 3.4 exports too).
+async fn poll_registered(m: &etcdrs_testkit::Member, n: usize) {
+    etcdrs_testkit::poll_until(Duration::from_secs(10), || async {
+        let body = m
+            .http_get("/metrics")
+            .await
+            .map_err(|e| e.to_string())?
+            .body;
+        let count = body
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if count as usize >= n {
+            Ok(())
+        } else {
+            Err(format!("{count} watchers"))
+        }
+    })
+    .await
+    .expect("watchers registered");
+}
