@@ -38,6 +38,9 @@ use redb::{
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
+/// Bytes of database pages redb keeps in memory.
+const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 /// A named table, etcd's bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bucket(&'static str);
@@ -107,7 +110,12 @@ impl Backend {
             std::fs::create_dir_all(parent).map_err(Error::Io)?;
         }
         snapshot::remove_stale(path);
-        let db = redb::Database::create(path).map_err(Error::storage)?;
+        // redb caches pages in memory, 1 GiB by default; the OS page cache serves what does not
+        // fit, so a small cache keeps the server's memory lean at little cost.
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(Error::storage)?;
         let backend = Backend {
             db: RwLock::new(db),
             path: path.to_path_buf(),
