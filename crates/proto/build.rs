@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "proto/etcdserverpb/rpc.proto",
     "proto/v3lockpb/v3lock.proto",
     "proto/v3electionpb/v3election.proto",
+    "proto/etcdrspeer/peer.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -171,7 +171,7 @@ pub struct WatchOpts {
     /// Total number of keys to be watched
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub watched_key_total: u64,
-    /// Number of put requests (global --duration also bounds the put phase)
+    /// Number of put requests (instead of the global --total; --duration bounds the put phase)
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub put_total: u64,
     /// Number of keys to put per second (0 is no limit)

@@ -76,6 +76,15 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
     let mut tasks: JoinSet<TaskResult> = JoinSet::new();
     let server = EtcdServer::start(config, &mut tasks, shutdown.clone())?;
 
+    // Peers must reach us before we can publish: raft needs a quorum for that.
+    for listener in peer_listeners {
+        let server = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let result = etcdrs_server::http::serve_peers(server, listener, stop).await;
+            ("peer listener", result.map_err(|e| e.to_string()))
+        });
+    }
     tokio::select! {
         published = server.publish() => published?,
         Some(done) = tasks.join_next() => {
@@ -96,8 +105,6 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             "serving client traffic insecurely; this is strongly discouraged!"
         );
     }
-    // Peer traffic arrives with the cluster work; the port stays bound as etcd's would be.
-    let _peer_listeners = peer_listeners;
 
     let outcome = tokio::select! {
         signal = shutdown_signal() => {

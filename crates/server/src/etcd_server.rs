@@ -32,6 +32,7 @@ use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::membership::{self, Member};
+use crate::peer::PeerTransport;
 use crate::request::{InternalRaftRequest, MemberAttributes, Op};
 
 /// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
@@ -99,6 +100,7 @@ struct Inner {
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
     watch_hub: WatchHub,
+    transport: Arc<PeerTransport>,
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
     watch_sync: tokio::sync::Notify,
     leader_changes: AtomicU64,
@@ -150,6 +152,27 @@ impl EtcdServer {
         };
         let start_members = load_members(&store)?;
         let alarms = load_alarms(&store)?;
+        let transport = PeerTransport::new(member_id, cluster_id, shutdown.clone());
+        let initial_peers: Vec<(u64, Vec<String>)> = if start_members.is_empty() {
+            // A new member: its peers are the initial cluster (their AddNode entries apply soon).
+            config
+                .initial_cluster
+                .iter()
+                .map(|(_, urls)| {
+                    let urls: Vec<String> = urls.iter().map(url_string).collect();
+                    (
+                        membership::member_id(&urls, &config.initial_cluster_token),
+                        urls,
+                    )
+                })
+                .collect()
+        } else {
+            start_members
+                .values()
+                .map(|m| (m.id, m.peer_urls.clone()))
+                .collect()
+        };
+        transport.set_peers(&initial_peers);
 
         let node_config = NodeConfig {
             id: member_id,
@@ -164,7 +187,7 @@ impl EtcdServer {
         let (raft, apply_rx) = etcdrs_raftnode::start(
             node_config,
             start,
-            Arc::new(etcdrs_raftnode::NoPeers),
+            transport.clone(),
             tasks,
             shutdown.clone(),
         )?;
@@ -184,6 +207,7 @@ impl EtcdServer {
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
                 watch_hub: WatchHub::new(store.current_rev()),
+                transport,
                 watch_sync: tokio::sync::Notify::new(),
                 leader_changes: AtomicU64::new(0),
                 request_timeout,
@@ -311,15 +335,19 @@ impl EtcdServer {
                 .map(url_string)
                 .collect(),
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // As etcd, retry until it works (the caller stops us at shutdown): a member of a new
+        // cluster cannot publish before a quorum of its peers is up.
+        let mut last_warning = Instant::now();
         loop {
             match self.propose(Op::Publish(attributes.clone())).await {
                 Ok(_) => break,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "publish failed; retrying");
+                Err(e) => {
+                    if last_warning.elapsed() >= Duration::from_secs(5) {
+                        tracing::warn!(error = %e, "failed to publish local member to cluster through raft");
+                        last_warning = Instant::now();
+                    }
                     tokio::time::sleep(self.inner.config.heartbeat_interval).await;
                 }
-                Err(e) => return Err(e),
             }
         }
         tracing::info!(
@@ -537,6 +565,7 @@ impl EtcdServer {
                     "added member"
                 );
                 self.inner.members.write().insert(member.id, member);
+                self.refresh_peers();
             }
             ConfChangeType::RemoveNode => {
                 batch.bucket_delete(Bucket::MEMBERS, &change.node_id.to_be_bytes())?;
@@ -546,9 +575,22 @@ impl EtcdServer {
                     b"removed",
                 )?;
                 self.inner.members.write().remove(&change.node_id);
+                self.refresh_peers();
             }
         }
         Ok(())
+    }
+
+    /// Point the transport at the current members.
+    fn refresh_peers(&self) {
+        let peers: Vec<(u64, Vec<String>)> = self
+            .inner
+            .members
+            .read()
+            .values()
+            .map(|m| (m.id, m.peer_urls.clone()))
+            .collect();
+        self.inner.transport.set_peers(&peers);
     }
 
     fn capped(&self) -> bool {
@@ -692,6 +734,24 @@ impl EtcdServer {
                 changed
             },
         })
+    }
+
+    /// Hand a raft message from a peer to the raft node.
+    pub async fn raft_step(&self, message: etcdrs_raftnode::eraftpb::Message) -> Result<()> {
+        Ok(self.inner.raft.step(message).await?)
+    }
+
+    /// A client for member `id`'s peer service.
+    pub fn peer_client(
+        &self,
+        id: u64,
+    ) -> Option<etcdrs_proto::peerpb::peer_client::PeerClient<tonic::transport::Channel>> {
+        self.inner.transport.client(id)
+    }
+
+    /// Stamp a peer request with this member's cluster and member ids.
+    pub fn stamp_peer_request<T>(&self, request: &mut tonic::Request<T>) {
+        self.inner.transport.stamp(request);
     }
 
     /// The watch hub.

@@ -109,7 +109,40 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let router = router(server);
+    serve_router(router(server), listener, shutdown).await
+}
+
+/// The router of the peer port: the peer service, plus etcd's `/version` and `/health`.
+pub fn peer_router(server: EtcdServer) -> Router {
+    let peer = crate::peer::PeerService::new(server.clone());
+    let grpc = tonic::service::Routes::new(
+        etcdrs_proto::peerpb::peer_server::PeerServer::new(peer)
+            .max_decoding_message_size(64 * 1024 * 1024),
+    )
+    .prepare()
+    .into_axum_router();
+    let http = Router::new()
+        .route("/version", get(version))
+        .route("/health", get(health))
+        .with_state(server);
+    grpc.merge(http).fallback(not_found)
+}
+
+/// Serve peers on `listener` until `shutdown`.
+pub async fn serve_peers(
+    server: EtcdServer,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    serve_router(peer_router(server), listener, shutdown).await
+}
+
+/// Serve `router` on `listener` until `shutdown`.
+async fn serve_router(
+    router: Router,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();

@@ -19,6 +19,7 @@ pub mod http;
 mod idgen;
 pub mod membership;
 pub mod metrics;
+pub mod peer;
 mod request;
 pub mod rpc;
 mod validate;

@@ -63,7 +63,7 @@ async fn wait_change(
 
 /// etcd's `LeaseRenew` on the leader: the lease's TTL once renewed, or 0 when it does not exist
 /// (never granted, revoked, or revoked after expiring while we waited).
-async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, ServerError> {
+pub(crate) async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, ServerError> {
     let lessor = server.store().lessor();
     let deadline = Instant::now() + request_timeout(server);
     loop {
@@ -75,6 +75,63 @@ async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, ServerError> {
             Renewal::Expired | Renewal::NotPrimary => wait_change(&mut changes, deadline).await?,
         }
     }
+}
+
+/// Renew a lease wherever the keep-alive arrived: on the leader directly, on a follower by
+/// forwarding to the leader (etcd's `LeaseRenew` through the leader's peer URL).
+async fn renew_on_leader(server: &EtcdServer, id: LeaseId) -> Result<i64, ServerError> {
+    let deadline = Instant::now() + request_timeout(server);
+    loop {
+        let status = server.raft_status();
+        if status.is_leader {
+            return renew(server, id).await;
+        }
+        if status.leader != 0
+            && let Some(mut client) = server.peer_client(status.leader)
+        {
+            let mut request = tonic::Request::new(etcdrs_proto::peerpb::LeaseRenewRequest { id });
+            server.stamp_peer_request(&mut request);
+            if let Ok(resp) = client.lease_renew(request).await {
+                let resp = resp.into_inner();
+                if !resp.not_leader {
+                    return Ok(resp.ttl);
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
+        }
+        tokio::time::sleep(server.config().heartbeat_interval).await;
+    }
+}
+
+/// TimeToLive answered by this member's lessor (it must be the primary one).
+pub(crate) async fn time_to_live_local(
+    server: &EtcdServer,
+    req: LeaseTimeToLiveRequest,
+) -> Result<LeaseTimeToLiveResponse, ServerError> {
+    let lease = lookup(server, req.id).await?;
+    let header = Some(server.header(0));
+    let Some(lease) = lease else {
+        return Ok(LeaseTimeToLiveResponse {
+            header,
+            id: req.id,
+            ttl: -1,
+            granted_ttl: 0,
+            keys: Vec::new(),
+        });
+    };
+    Ok(LeaseTimeToLiveResponse {
+        header,
+        id: req.id,
+        ttl: lease.remaining(Instant::now()),
+        granted_ttl: lease.ttl,
+        keys: if req.keys {
+            lease.keys.into_iter().collect()
+        } else {
+            Vec::new()
+        },
+    })
 }
 
 /// The lease as the primary lessor sees it (None if it does not exist).
@@ -144,7 +201,7 @@ impl Lease for Rpc {
                 // newer than the renewal: a client cannot see a lease revoked at revision r
                 // renewed at a later one.
                 let header = Some(server.header(0));
-                let ttl = renew(&server, req.id).await?;
+                let ttl = renew_on_leader(&server, req.id).await?;
                 Ok(LeaseKeepAliveResponse {
                     header,
                     id: req.id,
@@ -160,28 +217,29 @@ impl Lease for Rpc {
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let req = request.into_inner();
-        let lease = lookup(&self.server, req.id).await?;
-        let header = Some(self.server.header(0));
-        let Some(lease) = lease else {
-            return Ok(Response::new(LeaseTimeToLiveResponse {
-                header,
-                id: req.id,
-                ttl: -1,
-                granted_ttl: 0,
-                keys: Vec::new(),
-            }));
-        };
-        Ok(Response::new(LeaseTimeToLiveResponse {
-            header,
-            id: req.id,
-            ttl: lease.remaining(Instant::now()),
-            granted_ttl: lease.ttl,
-            keys: if req.keys {
-                lease.keys.into_iter().collect()
-            } else {
-                Vec::new()
-            },
-        }))
+        let deadline = Instant::now() + request_timeout(&self.server);
+        loop {
+            let status = self.server.raft_status();
+            if status.is_leader {
+                return Ok(Response::new(time_to_live_local(&self.server, req).await?));
+            }
+            // etcd asks the leader's lessor: only it knows the remaining time.
+            if status.leader != 0
+                && let Some(mut client) = self.server.peer_client(status.leader)
+            {
+                let mut forwarded = Request::new(req.clone());
+                self.server.stamp_peer_request(&mut forwarded);
+                if let Ok(resp) = client.lease_time_to_live(forwarded).await {
+                    let mut resp = resp.into_inner();
+                    resp.header = Some(self.server.header(0));
+                    return Ok(Response::new(resp));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ServerError::Etcd(&rpctypes::TIMEOUT).into());
+            }
+            tokio::time::sleep(self.server.config().heartbeat_interval).await;
+        }
     }
 
     async fn lease_leases(
