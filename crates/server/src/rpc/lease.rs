@@ -227,7 +227,7 @@ impl Lease for Rpc {
             if status.leader != 0
                 && let Some(mut client) = self.server.peer_client(status.leader)
             {
-                let mut forwarded = Request::new(req.clone());
+                let mut forwarded = Request::new(req);
                 self.server.stamp_peer_request(&mut forwarded);
                 if let Ok(resp) = client.lease_time_to_live(forwarded).await {
                     let mut resp = resp.into_inner();
