@@ -73,6 +73,11 @@ pub enum Start {
         /// Initial members: id and the context (member JSON) of its `AddNode` change.
         peers: Vec<(u64, Vec<u8>)>,
     },
+    /// A new member joining an existing cluster: an empty log; the leader sends what it needs.
+    Join {
+        /// WAL metadata (node id, cluster id), opaque here.
+        metadata: Vec<u8>,
+    },
     /// A restart from an existing WAL.
     Restart {
         /// Index of the last entry the state machine has applied durably.
@@ -127,6 +132,8 @@ pub struct NodeStatus {
     pub voters: Vec<u64>,
     /// Learners of the current configuration.
     pub learners: Vec<u64>,
+    /// On the leader: how far each member's log matches the leader's (raft progress).
+    pub matched: Vec<(u64, u64)>,
 }
 
 enum NodeMsg {
@@ -138,6 +145,13 @@ enum NodeMsg {
         done: oneshot::Sender<Result<u64>>,
     },
     Step(Box<Message>),
+    ProposeConfChange {
+        change: ConfChange,
+        done: oneshot::Sender<Result<()>>,
+    },
+    TransferLeader {
+        to: u64,
+    },
     Applied {
         index: u64,
         term: u64,
@@ -173,6 +187,24 @@ impl RaftNodeHandle {
             .await
             .map_err(|_| Error::Stopped)?;
         rx.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Propose a membership change. Ok means raft accepted it into its log.
+    pub async fn propose_conf_change(&self, change: ConfChange) -> Result<()> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(NodeMsg::ProposeConfChange { change, done })
+            .await
+            .map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Ask the leader to hand leadership to `to` (etcd's MoveLeader).
+    pub async fn transfer_leader(&self, to: u64) -> Result<()> {
+        self.tx
+            .send(NodeMsg::TransferLeader { to })
+            .await
+            .map_err(|_| Error::Stopped)
     }
 
     /// Hand a message from a peer to raft.
@@ -246,6 +278,7 @@ pub fn start(
             persist(&mut wal, &storage, Some(&hard_state), &entries)?;
             (wal, 0)
         }
+        Start::Join { metadata } => (Wal::create(&config.wal_dir, &metadata)?, 0),
         Start::Restart {
             applied,
             conf_state,
@@ -442,6 +475,15 @@ impl NodeCore {
                 self.pending_reads.insert(ctx, done);
                 self.node.read_index(ctx.to_be_bytes().to_vec());
             }
+            NodeMsg::ProposeConfChange { change, done } => {
+                let result = match self.node.propose_conf_change(Vec::new(), change) {
+                    Ok(()) => Ok(()),
+                    Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
+                    Err(e) => Err(Error::Raft(e)),
+                };
+                let _ = done.send(result);
+            }
+            NodeMsg::TransferLeader { to } => self.node.transfer_leader(to),
             NodeMsg::Step(message) => {
                 if let Err(e) = self.node.step(*message) {
                     tracing::debug!(error = %e, "raft step refused a message");
@@ -565,5 +607,13 @@ impl NodeCore {
         status.is_leader = raft.state == StateRole::Leader;
         status.voters = conf.voters().ids().iter().collect();
         status.learners = conf.learners().iter().copied().collect();
+        status.matched = if status.is_leader {
+            raft.prs()
+                .iter()
+                .map(|(id, pr)| (*id, pr.matched))
+                .collect()
+        } else {
+            Vec::new()
+        };
     }
 }

@@ -76,6 +76,8 @@ pub enum ApplyOutput {
     Alarm(AlarmResponse),
     /// Publish.
     Published,
+    /// A membership change took effect.
+    MembersChanged,
 }
 
 type Waiter = oneshot::Sender<Result<ApplyOutput>>;
@@ -99,6 +101,8 @@ struct Inner {
     members: RwLock<BTreeMap<u64, Member>>,
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
+    /// Set when this member's removal is applied: it must stop serving.
+    removed: AtomicBool,
     watch_hub: WatchHub,
     transport: Arc<PeerTransport>,
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
@@ -206,6 +210,7 @@ impl EtcdServer {
                 members: RwLock::new(start_members),
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
+                removed: AtomicBool::new(false),
                 watch_hub: WatchHub::new(store.current_rev()),
                 transport,
                 watch_sync: tokio::sync::Notify::new(),
@@ -445,6 +450,165 @@ impl EtcdServer {
         }
     }
 
+    /// Propose a membership change through raft and wait until it is applied.
+    async fn propose_conf_change(&self, mut change: ConfChange) -> Result<()> {
+        let id = self.inner.ids.next();
+        change.id = id;
+        let (done, result) = oneshot::channel();
+        self.inner.waiters.lock().insert(id, done);
+        if let Err(e) = self.inner.raft.propose_conf_change(change).await {
+            self.inner.waiters.lock().remove(&id);
+            return Err(match e {
+                etcdrs_raftnode::Error::ProposalDropped => ServerError::Etcd(&rpctypes::NO_LEADER),
+                e => e.into(),
+            });
+        }
+        match tokio::time::timeout(self.inner.request_timeout, result).await {
+            Ok(Ok(output)) => output.map(|_| ()),
+            Ok(Err(_)) => Err(ServerError::Stopped),
+            Err(_) => {
+                self.inner.waiters.lock().remove(&id);
+                Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+            }
+        }
+    }
+
+    /// Add a member (etcd's MemberAdd): a voter, or a learner.
+    pub async fn add_member(&self, peer_urls: Vec<String>, is_learner: bool) -> Result<Member> {
+        {
+            let members = self.inner.members.read();
+            if members
+                .values()
+                .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+            {
+                return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+            }
+            if is_learner && members.values().filter(|m| m.is_learner).count() >= 1 {
+                return Err(ServerError::Etcd(&rpctypes::TOO_MANY_LEARNERS));
+            }
+            if !is_learner {
+                // etcd's strict reconfiguration check: the started voters must still form a
+                // quorum of the grown cluster.
+                let voters = members.values().filter(|m| !m.is_learner).count();
+                let started = members
+                    .values()
+                    .filter(|m| !m.is_learner && !m.name.is_empty())
+                    .count();
+                if started < (voters + 1) / 2 + 1 {
+                    return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_ENOUGH_STARTED));
+                }
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let seed = format!("{}{now}", self.inner.config.initial_cluster_token);
+        let member = Member {
+            id: membership::member_id(&peer_urls, &seed),
+            name: String::new(),
+            peer_urls,
+            client_urls: Vec::new(),
+            is_learner,
+        };
+        let mut change = ConfChange::default();
+        change.set_change_type(if is_learner {
+            ConfChangeType::AddLearnerNode
+        } else {
+            ConfChangeType::AddNode
+        });
+        change.node_id = member.id;
+        change.context = serde_json::to_vec(&member)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
+            .into();
+        self.propose_conf_change(change).await?;
+        Ok(member)
+    }
+
+    /// Remove a member (etcd's MemberRemove).
+    pub async fn remove_member(&self, id: u64) -> Result<()> {
+        if !self.inner.members.read().contains_key(&id) {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+        }
+        let mut change = ConfChange::default();
+        change.set_change_type(ConfChangeType::RemoveNode);
+        change.node_id = id;
+        self.propose_conf_change(change).await
+    }
+
+    /// Promote a learner to a voter (etcd's MemberPromote), once it has caught up.
+    pub async fn promote_member(&self, id: u64) -> Result<()> {
+        let Some(mut member) = self.inner.members.read().get(&id).cloned() else {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+        };
+        if !member.is_learner {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_LEARNER));
+        }
+        let status = self.inner.raft.status();
+        if status.is_leader {
+            // etcd's readiness rule: the learner's log matches at least 90% of the leader's.
+            let leader_match = status.commit;
+            let learner_match = status
+                .matched
+                .iter()
+                .find(|(m, _)| *m == id)
+                .map(|(_, matched)| *matched)
+                .unwrap_or(0);
+            if (learner_match as f64) < 0.9 * leader_match as f64 {
+                return Err(ServerError::Etcd(&rpctypes::LEARNER_NOT_READY));
+            }
+        }
+        member.is_learner = false;
+        let mut change = ConfChange::default();
+        change.set_change_type(ConfChangeType::AddNode);
+        change.node_id = id;
+        change.context = serde_json::to_vec(&member)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
+            .into();
+        self.propose_conf_change(change).await
+    }
+
+    /// Change a member's peer URLs (etcd's MemberUpdate).
+    pub async fn update_member(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        {
+            let members = self.inner.members.read();
+            if !members.contains_key(&id) {
+                return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+            }
+            if members
+                .values()
+                .any(|m| m.id != id && m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+            {
+                return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+            }
+        }
+        let update = crate::request::MemberPeerUrls {
+            member_id: id,
+            peer_urls,
+        };
+        self.propose(Op::UpdatePeerUrls(update)).await.map(|_| ())
+    }
+
+    /// Ask raft to move leadership to `to` (etcd's MoveLeader).
+    pub async fn move_leader(&self, to: u64) -> Result<()> {
+        let status = self.inner.raft.status();
+        if !status.is_leader {
+            return Err(ServerError::Etcd(&rpctypes::NOT_LEADER));
+        }
+        if !status.voters.contains(&to) {
+            return Err(ServerError::Etcd(&rpctypes::BAD_LEADER_TRANSFEREE));
+        }
+        self.inner.raft.transfer_leader(to).await?;
+        let deadline = Instant::now() + self.inner.request_timeout;
+        while Instant::now() < deadline {
+            if self.inner.raft.status().leader == to {
+                return Ok(());
+            }
+            tokio::time::sleep(self.inner.config.heartbeat_interval).await;
+        }
+        Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+    }
+
     /// A fresh lease id (etcd picks one when the client asks for 0).
     pub fn new_lease_id(&self) -> i64 {
         loop {
@@ -477,6 +641,12 @@ impl EtcdServer {
                 }
             }
             tracing::debug!(index, "applied batch");
+            if self.inner.removed.load(AtomicOrdering::Acquire) {
+                tracing::warn!("the member has been permanently removed from the cluster");
+                return Err(ServerError::Fatal(
+                    "the member has been permanently removed from the cluster".into(),
+                ));
+            }
             self.inner.applied.send_replace(index);
             let leader = self.inner.raft.status().leader;
             if leader != last_leader && leader != 0 {
@@ -527,6 +697,7 @@ impl EtcdServer {
                 EntryType::EntryConfChange => {
                     if let Some(change) = decode_conf_change(&entry.data) {
                         self.apply_conf_change(&mut batch, &change)?;
+                        results.push((change.id, Ok(ApplyOutput::MembersChanged)));
                     }
                 }
                 EntryType::EntryConfChangeV2 => {}
@@ -559,15 +730,30 @@ impl EtcdServer {
                 let json = serde_json::to_vec(&member)
                     .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
                 batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
-                tracing::info!(
-                    added_peer_id = %membership::id_hex(member.id),
-                    added_peer_peer_urls = ?member.peer_urls,
-                    "added member"
-                );
+                let promoted = self
+                    .inner
+                    .members
+                    .read()
+                    .get(&member.id)
+                    .is_some_and(|m| m.is_learner && !member.is_learner);
+                if promoted {
+                    tracing::info!(promoted_member_id = %membership::id_hex(member.id), "promote member");
+                } else {
+                    tracing::info!(
+                        added_peer_id = %membership::id_hex(member.id),
+                        added_peer_peer_urls = ?member.peer_urls,
+                        added_peer_is_learner = member.is_learner,
+                        "added member"
+                    );
+                }
                 self.inner.members.write().insert(member.id, member);
                 self.refresh_peers();
             }
             ConfChangeType::RemoveNode => {
+                tracing::info!(removed_remote_peer_id = %membership::id_hex(change.node_id), "removed member");
+                if change.node_id == self.inner.member_id {
+                    self.inner.removed.store(true, AtomicOrdering::Release);
+                }
                 batch.bucket_delete(Bucket::MEMBERS, &change.node_id.to_be_bytes())?;
                 batch.bucket_put(
                     Bucket::MEMBERS_REMOVED,
@@ -675,6 +861,19 @@ impl EtcdServer {
                 }))
             }
             Op::Alarm(req) => self.apply_alarm(batch, req).map(ApplyOutput::Alarm),
+            Op::UpdatePeerUrls(update) => {
+                let mut members = self.inner.members.write();
+                if let Some(member) = members.get_mut(&update.member_id) {
+                    member.peer_urls = update.peer_urls;
+                    let json = serde_json::to_vec(&*member)
+                        .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                    batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+                    tracing::info!(updated_remote_peer_id = %membership::id_hex(member.id), "updated member");
+                }
+                drop(members);
+                self.refresh_peers();
+                Ok(ApplyOutput::MembersChanged)
+            }
             Op::Publish(attributes) => {
                 let mut members = self.inner.members.write();
                 if let Some(member) = members.get_mut(&attributes.member_id) {

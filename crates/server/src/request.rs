@@ -13,7 +13,7 @@ pub struct InternalRaftRequest {
     #[prost(uint64, tag = "1")]
     pub id: u64,
     /// The operation.
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: Option<Op>,
 }
 
@@ -44,6 +44,20 @@ pub enum Op {
     /// A member's attributes.
     #[prost(message, tag = "9")]
     Publish(MemberAttributes),
+    /// New peer URLs for a member (etcd's MemberUpdate).
+    #[prost(message, tag = "10")]
+    UpdatePeerUrls(MemberPeerUrls),
+}
+
+/// A member's new peer URLs.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MemberPeerUrls {
+    /// The member.
+    #[prost(uint64, tag = "1")]
+    pub member_id: u64,
+    /// Its peer URLs.
+    #[prost(string, repeated, tag = "2")]
+    pub peer_urls: Vec<String>,
 }
 
 /// A member publishing its name and client URLs (etcd's `publish`, as a v3 request).

@@ -1,5 +1,4 @@
-//! The Cluster service (etcd `api/v3rpc/member.go`). Membership changes arrive with the
-//! cluster work; a single member lists itself.
+//! The Cluster service (etcd `api/v3rpc/member.go`): membership listing and changes.
 
 use etcdrs_proto::etcdserverpb::cluster_server::Cluster;
 use etcdrs_proto::etcdserverpb::{
@@ -7,6 +6,7 @@ use etcdrs_proto::etcdserverpb::{
     MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
     MemberUpdateRequest, MemberUpdateResponse,
 };
+use etcdrs_proto::rpctypes;
 use tonic::{Request, Response, Status};
 
 use super::Rpc;
@@ -27,27 +27,65 @@ impl Rpc {
     }
 }
 
+/// etcd accepts peer URLs that are http(s) with a host and a port.
+fn check_urls(urls: &[String]) -> Result<Vec<String>, Status> {
+    let mut out = Vec::with_capacity(urls.len());
+    for raw in urls {
+        let ok = url::Url::parse(raw).ok().filter(|u| {
+            matches!(u.scheme(), "http" | "https")
+                && u.host_str().is_some()
+                && u.port_or_known_default().is_some()
+                && (u.path().is_empty() || u.path() == "/")
+        });
+        let Some(url) = ok else {
+            return Err(rpctypes::MEMBER_BAD_URLS.to_status());
+        };
+        out.push(crate::url_string(&url));
+    }
+    if out.is_empty() {
+        return Err(rpctypes::MEMBER_BAD_URLS.to_status());
+    }
+    Ok(out)
+}
+
 #[tonic::async_trait]
 impl Cluster for Rpc {
     async fn member_add(
         &self,
-        _request: Request<MemberAddRequest>,
+        request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
-        Err(Status::unimplemented("member add is not supported yet"))
+        let req = request.into_inner();
+        let urls = check_urls(&req.peer_ur_ls)?;
+        let member = self.server.add_member(urls, req.is_learner).await?;
+        Ok(Response::new(MemberAddResponse {
+            header: Some(self.server.cluster_header()),
+            member: Some(crate::peer::member_pb(member)),
+            members: self.member_pbs(),
+        }))
     }
 
     async fn member_remove(
         &self,
-        _request: Request<MemberRemoveRequest>,
+        request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        Err(Status::unimplemented("member remove is not supported yet"))
+        self.server.remove_member(request.into_inner().id).await?;
+        Ok(Response::new(MemberRemoveResponse {
+            header: Some(self.server.cluster_header()),
+            members: self.member_pbs(),
+        }))
     }
 
     async fn member_update(
         &self,
-        _request: Request<MemberUpdateRequest>,
+        request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Err(Status::unimplemented("member update is not supported yet"))
+        let req = request.into_inner();
+        let urls = check_urls(&req.peer_ur_ls)?;
+        self.server.update_member(req.id, urls).await?;
+        Ok(Response::new(MemberUpdateResponse {
+            header: Some(self.server.cluster_header()),
+            members: self.member_pbs(),
+        }))
     }
 
     async fn member_list(
@@ -65,8 +103,12 @@ impl Cluster for Rpc {
 
     async fn member_promote(
         &self,
-        _request: Request<MemberPromoteRequest>,
+        request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        Err(Status::unimplemented("member promote is not supported yet"))
+        self.server.promote_member(request.into_inner().id).await?;
+        Ok(Response::new(MemberPromoteResponse {
+            header: Some(self.server.cluster_header()),
+            members: self.member_pbs(),
+        }))
     }
 }

@@ -176,9 +176,14 @@ impl Maintenance for Rpc {
 
     async fn move_leader(
         &self,
-        _request: Request<MoveLeaderRequest>,
+        request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        Err(Status::unimplemented("move leader is not supported yet"))
+        self.server
+            .move_leader(request.into_inner().target_id)
+            .await?;
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.server.header(0)),
+        }))
     }
 
     async fn downgrade(
