@@ -494,7 +494,8 @@ impl EtcdServer {
                     .values()
                     .filter(|m| !m.is_learner && !m.name.is_empty())
                     .count();
-                if started < (voters + 1) / 2 + 1 {
+                let grown = voters + 1;
+                if started < grown / 2 + 1 {
                     return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_ENOUGH_STARTED));
                 }
             }
