@@ -128,12 +128,12 @@ pub struct NodeStatus {
     pub applied: u64,
     /// Whether this member is the leader.
     pub is_leader: bool,
-    /// Voters of the current configuration.
-    pub voters: Vec<u64>,
+    /// Voters of the current configuration (shared: status is cloned on every request).
+    pub voters: Arc<[u64]>,
     /// Learners of the current configuration.
-    pub learners: Vec<u64>,
+    pub learners: Arc<[u64]>,
     /// On the leader: how far each member's log matches the leader's (raft progress).
-    pub matched: Vec<(u64, u64)>,
+    pub matched: Arc<[(u64, u64)]>,
 }
 
 enum NodeMsg {
@@ -605,15 +605,21 @@ impl NodeCore {
         status.term = raft.term;
         status.commit = raft.raft_log.committed;
         status.is_leader = raft.state == StateRole::Leader;
-        status.voters = conf.voters().ids().iter().collect();
-        status.learners = conf.learners().iter().copied().collect();
+        let voters: Vec<u64> = conf.voters().ids().iter().collect();
+        if *status.voters != *voters {
+            status.voters = voters.into();
+        }
+        let learners: Vec<u64> = conf.learners().iter().copied().collect();
+        if *status.learners != *learners {
+            status.learners = learners.into();
+        }
         status.matched = if status.is_leader {
             raft.prs()
                 .iter()
                 .map(|(id, pr)| (*id, pr.matched))
                 .collect()
         } else {
-            Vec::new()
+            Arc::from([])
         };
     }
 }

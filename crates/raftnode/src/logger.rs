@@ -20,7 +20,14 @@ impl Drain for TracingDrain {
     }
 }
 
-/// A `slog::Logger` that writes to `tracing`.
+/// A `slog::Logger` that writes to `tracing`. raft-rs logs at debug level on its hot paths
+/// (every append and commit); those records are dropped here, before they are built, unless
+/// tracing has debug enabled for raft.
 pub fn logger() -> slog::Logger {
-    slog::Logger::root(TracingDrain.fuse(), slog::o!())
+    let level = if tracing::enabled!(target: "raft", tracing::Level::DEBUG) {
+        Level::Debug
+    } else {
+        Level::Info
+    };
+    slog::Logger::root(TracingDrain.filter_level(level).fuse(), slog::o!())
 }
