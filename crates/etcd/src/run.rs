@@ -74,7 +74,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
 
     let shutdown = CancellationToken::new();
     let mut tasks: JoinSet<TaskResult> = JoinSet::new();
-    let server = EtcdServer::start(config, &mut tasks, shutdown.clone())?;
+    let server = EtcdServer::start(config, &mut tasks, shutdown.clone()).await?;
 
     // Peers must reach us before we can publish: raft needs a quorum for that.
     for listener in peer_listeners {

@@ -119,7 +119,7 @@ pub struct EtcdServer {
 
 impl EtcdServer {
     /// Open storage, start raft and the background tasks (on `tasks`, stopped by `shutdown`).
-    pub fn start(
+    pub async fn start(
         config: ServerConfig,
         tasks: &mut JoinSet<TaskResult>,
         shutdown: CancellationToken,
@@ -134,6 +134,7 @@ impl EtcdServer {
 
         let wal_dir = config.wal_dir();
         let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
+        let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);
             let cluster_id = read_u64(store.meta(META_CLUSTER_ID)?);
@@ -151,13 +152,19 @@ impl EtcdServer {
                 conf_state,
             };
             (member_id, cluster_id, start)
-        } else {
+        } else if config.new_cluster {
             bootstrap(&config, &store)?
+        } else {
+            let (member_id, cluster_id, start, remote) = join_existing(&config, &store).await?;
+            remote_members = remote;
+            (member_id, cluster_id, start)
         };
         let start_members = load_members(&store)?;
         let alarms = load_alarms(&store)?;
         let transport = PeerTransport::new(member_id, cluster_id, shutdown.clone());
-        let initial_peers: Vec<(u64, Vec<String>)> = if start_members.is_empty() {
+        let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
+            remote_members
+        } else if start_members.is_empty() {
             // A new member: its peers are the initial cluster (their AddNode entries apply soon).
             config
                 .initial_cluster
@@ -495,7 +502,10 @@ impl EtcdServer {
                     .filter(|m| !m.is_learner && !m.name.is_empty())
                     .count();
                 let grown = voters + 1;
-                if started < grown / 2 + 1 {
+                // Growing a one-member cluster to two is allowed (restoring a cluster from
+                // one member's data starts that way), as in etcd.
+                let one_to_two = started == 1 && grown == 2;
+                if !one_to_two && started < grown / 2 + 1 {
                     return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_ENOUGH_STARTED));
                 }
             }
@@ -1112,6 +1122,77 @@ fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, u64, Start)
     let mut metadata = member_id.to_be_bytes().to_vec();
     metadata.extend_from_slice(&cluster_id.to_be_bytes());
     Ok((member_id, cluster_id, Start::New { metadata, peers }))
+}
+
+/// Join an existing cluster (`--initial-cluster-state=existing`): ask the other members of
+/// `--initial-cluster` who is in the cluster, find this member among them by its advertised
+/// peer URLs (it must have been added with MemberAdd first), and start with an empty log.
+async fn join_existing(
+    config: &ServerConfig,
+    store: &KvStore,
+) -> Result<(u64, u64, Start, Vec<(u64, Vec<String>)>)> {
+    let ours: Vec<String> = config
+        .initial_advertise_peer_urls
+        .iter()
+        .map(url_string)
+        .collect();
+    let mut last_error = String::from("no other member in --initial-cluster");
+    let mut found = None;
+    for (name, urls) in &config.initial_cluster {
+        if *name == config.name {
+            continue;
+        }
+        for url in urls {
+            let Ok(mut client) = crate::peer::peer_client(&url_string(url)) else {
+                continue;
+            };
+            let call = client.members(etcdrs_proto::peerpb::MembersRequest {});
+            match tokio::time::timeout(Duration::from_secs(2), call).await {
+                Ok(Ok(resp)) => {
+                    found = Some(resp.into_inner());
+                    break;
+                }
+                Ok(Err(e)) => last_error = e.message().to_string(),
+                Err(_) => last_error = format!("timed out asking {url}"),
+            }
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    let Some(remote) = found else {
+        return Err(ServerError::Fatal(format!(
+            "cannot fetch cluster info from peer urls: {last_error}"
+        )));
+    };
+    let Some(local) = remote
+        .members
+        .iter()
+        .find(|m| m.peer_ur_ls.iter().any(|u| ours.contains(u)))
+    else {
+        return Err(ServerError::Fatal(format!(
+            "error validating peerURLs: no member with peer URLs {ours:?} in the existing cluster (add it with member add first)"
+        )));
+    };
+    let member_id = local.id;
+    let cluster_id = remote.cluster_id;
+    tracing::info!(
+        local_member_id = %membership::id_hex(member_id),
+        cluster_id = %membership::id_hex(cluster_id),
+        "joining existing cluster"
+    );
+    let mut batch = store.write()?;
+    batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
+    batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
+    batch.commit(true)?;
+    let mut metadata = member_id.to_be_bytes().to_vec();
+    metadata.extend_from_slice(&cluster_id.to_be_bytes());
+    let peers = remote
+        .members
+        .iter()
+        .map(|m| (m.id, m.peer_ur_ls.clone()))
+        .collect();
+    Ok((member_id, cluster_id, Start::Join { metadata }, peers))
 }
 
 fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
