@@ -349,8 +349,22 @@ pub fn start(
         next_read: 0,
         last_mark: applied,
     };
+    // The node runs on a thread of its own: its fsyncs then block nobody else, and it needs no
+    // hand-off of a shared runtime worker per `Ready`. The task on `tasks` stands for it.
+    let (done_tx, done_rx) = oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Corrupt(format!("cannot start the raft thread's runtime: {e}")))?;
+    std::thread::Builder::new()
+        .name("raft".into())
+        .spawn(move || {
+            let result = runtime.block_on(core.run(rx, shutdown));
+            let _ = done_tx.send(result);
+        })
+        .map_err(|e| Error::Corrupt(format!("cannot start the raft thread: {e}")))?;
     tasks.spawn(async move {
-        let result = core.run(rx, shutdown).await;
+        let result = done_rx.await.unwrap_or(Err(Error::Stopped));
         if let Err(e) = &result {
             tracing::error!(error = %e, "raft node stopped");
         }
@@ -531,7 +545,7 @@ impl NodeCore {
             let entries = ready.take_entries();
             let wal = &mut self.wal;
             let storage = self.node.raft.raft_log.store.clone();
-            tokio::task::block_in_place(|| persist(wal, &storage, hard_state.as_ref(), &entries))?;
+            persist(wal, &storage, hard_state.as_ref(), &entries)?;
         }
         if !ready.persisted_messages().is_empty() {
             self.transport.send(ready.take_persisted_messages());
@@ -581,11 +595,8 @@ impl NodeCore {
         }
         // Everything up to `index` is durable in the backend: the WAL no longer needs it.
         let wal = &mut self.wal;
-        tokio::task::block_in_place(|| -> Result<()> {
-            wal.save_snapshot_mark(SnapshotMark { index, term })?;
-            wal.release_to(index)?;
-            Ok(())
-        })?;
+        wal.save_snapshot_mark(SnapshotMark { index, term })?;
+        wal.release_to(index)?;
         self.last_mark = index;
         let keep_from = index.saturating_sub(self.config.catch_up_entries);
         let store = self.node.raft.raft_log.store.clone();

@@ -226,9 +226,23 @@ impl EtcdServer {
             }),
         };
 
+        // The one writer runs on a thread of its own, like the raft node: its backend commits
+        // block nobody else. The task on `tasks` stands for it.
         let applier = server.clone();
+        let (done_tx, done_rx) = oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ServerError::Fatal(format!("cannot start the apply runtime: {e}")))?;
+        std::thread::Builder::new()
+            .name("apply".into())
+            .spawn(move || {
+                let result = runtime.block_on(applier.run_apply(apply_rx));
+                let _ = done_tx.send(result);
+            })
+            .map_err(|e| ServerError::Fatal(format!("cannot start the apply thread: {e}")))?;
         tasks.spawn(async move {
-            let result = applier.run_apply(apply_rx).await;
+            let result = done_rx.await.unwrap_or(Err(ServerError::Stopped));
             if let Err(e) = &result {
                 tracing::error!(error = %e, "apply loop stopped");
             }
@@ -634,8 +648,7 @@ impl EtcdServer {
         let mut last_leader = 0;
         while let Some(batch) = apply_rx.recv().await {
             tracing::debug!(entries = batch.entries.len(), "applying batch");
-            let (index, term, durable, results) =
-                tokio::task::block_in_place(|| self.apply_batch(batch))?;
+            let (index, term, durable, results) = self.apply_batch(batch)?;
             // etcd promotes the lessor once the leader has applied an entry of its own term
             // (so every earlier term is applied): every lease restarts, extended by the
             // election timeout. A member that loses leadership stops expiring leases.

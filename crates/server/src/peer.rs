@@ -55,16 +55,21 @@ pub struct PeerTransport {
     cluster_id: u64,
     links: RwLock<HashMap<u64, Link>>,
     shutdown: CancellationToken,
+    /// The runtime link tasks run on (membership changes arrive on the apply thread, whose
+    /// own runtime is busy applying).
+    runtime: tokio::runtime::Handle,
 }
 
 impl PeerTransport {
-    /// A transport for member `local_id` of `cluster_id`; its link tasks stop with `shutdown`.
+    /// A transport for member `local_id` of `cluster_id`; its link tasks run on the current
+    /// runtime and stop with `shutdown`.
     pub fn new(local_id: u64, cluster_id: u64, shutdown: CancellationToken) -> Arc<Self> {
         Arc::new(PeerTransport {
             local_id,
             cluster_id,
             links: RwLock::new(HashMap::new()),
             shutdown,
+            runtime: tokio::runtime::Handle::current(),
         })
     }
 
@@ -93,7 +98,7 @@ impl PeerTransport {
                 cluster_id: self.cluster_id,
             };
             // The link lives as long as its token: removal or shutdown cancels it.
-            tokio::spawn(worker.run(rx, stop.clone()));
+            self.runtime.spawn(worker.run(rx, stop.clone()));
             links.insert(
                 *id,
                 Link {
