@@ -8,12 +8,6 @@ mod run;
 mod snapshot;
 
 use std::path::PathBuf;
-
-/// mimalloc rather than the system allocator: the request path allocates per message, and
-/// glibc's allocator spent over a tenth of the server's CPU under load (perf, put with 100
-/// clients).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 
 use anyhow::anyhow;

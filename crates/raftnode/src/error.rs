@@ -15,6 +15,9 @@ pub enum Error {
     /// raft-rs refused an operation.
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),
+    /// The state machine failed to apply committed entries: fatal.
+    #[error("apply: {0}")]
+    Apply(String),
     /// An entry in the log could not be decoded.
     #[error("corrupt raft entry: {0}")]
     Corrupt(String),

@@ -96,6 +96,38 @@ pub struct Apply {
     pub conf_state: Option<ConfState>,
 }
 
+/// What the state machine reports after applying a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Index of the last entry applied.
+    pub index: u64,
+    /// Its term.
+    pub term: u64,
+    /// Whether everything up to `index` is durable in the state machine's own storage (the
+    /// WAL may then drop it).
+    pub durable: bool,
+}
+
+/// The replicated state machine. The raft thread calls it inline, in log order, right after
+/// the entries commit: no hand-off to another thread on the write path. An error is fatal.
+pub trait StateMachine: Send + 'static {
+    /// Apply committed entries.
+    fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String>;
+}
+
+/// Starts the node's loop once the state machine exists (the server needs the node's handle
+/// to build its state machine).
+pub struct NodeStarter {
+    tx: oneshot::Sender<Box<dyn StateMachine>>,
+}
+
+impl NodeStarter {
+    /// Run the node with `state_machine`.
+    pub fn start(self, state_machine: Box<dyn StateMachine>) {
+        let _ = self.tx.send(state_machine);
+    }
+}
+
 /// Sends raft messages to peers. The cluster issue supplies a network transport.
 pub trait Transport: Send + Sync + 'static {
     /// Send messages; delivery is best effort (raft retries).
@@ -151,11 +183,6 @@ enum NodeMsg {
     },
     TransferLeader {
         to: u64,
-    },
-    Applied {
-        index: u64,
-        term: u64,
-        durable: bool,
     },
 }
 
@@ -215,19 +242,6 @@ impl RaftNodeHandle {
             .map_err(|_| Error::Stopped)
     }
 
-    /// Tell the node what the state machine has applied, and whether that is durable (the
-    /// node may then drop older WAL segments).
-    pub async fn applied(&self, index: u64, term: u64, durable: bool) -> Result<()> {
-        self.tx
-            .send(NodeMsg::Applied {
-                index,
-                term,
-                durable,
-            })
-            .await
-            .map_err(|_| Error::Stopped)
-    }
-
     /// The node's state as last seen by its loop.
     pub fn status(&self) -> NodeStatus {
         self.status.read().clone()
@@ -236,20 +250,19 @@ impl RaftNodeHandle {
 
 /// Capacity of the proposal/step channel: a bound on requests queued for the raft task.
 const NODE_CHANNEL: usize = 4096;
-/// Capacity of the apply channel, in batches.
-const APPLY_CHANNEL: usize = 256;
 /// Messages handled per loop turn before the node builds a `Ready`.
 const MAX_BATCH: usize = 1024;
 
-/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop on
-/// `tasks`. Returns the handle and the apply channel.
+/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop on a
+/// thread of its own, represented on `tasks`. The loop waits for its state machine, given
+/// through the returned [`NodeStarter`].
 pub fn start(
     config: NodeConfig,
     start: Start,
     transport: Arc<dyn Transport>,
     tasks: &mut tokio::task::JoinSet<task::TaskResult>,
     shutdown: CancellationToken,
-) -> Result<(RaftNodeHandle, mpsc::Receiver<Apply>)> {
+) -> Result<(RaftNodeHandle, NodeStarter)> {
     let storage = MemStorage::new();
     let (wal, applied) = match start {
         Start::New { metadata, peers } => {
@@ -337,14 +350,14 @@ pub fn start(
         ..NodeStatus::default()
     }));
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
-    let (apply_tx, apply_rx) = mpsc::channel(APPLY_CHANNEL);
+    let (starter_tx, starter_rx) = oneshot::channel::<Box<dyn StateMachine>>();
     let core = NodeCore {
         config,
         node,
         wal,
         transport,
         status: status.clone(),
-        apply_tx,
+        state_machine: None,
         pending_reads: HashMap::new(),
         next_read: 0,
         last_mark: applied,
@@ -359,7 +372,17 @@ pub fn start(
     std::thread::Builder::new()
         .name("raft".into())
         .spawn(move || {
-            let result = runtime.block_on(core.run(rx, shutdown));
+            let result = runtime.block_on(async move {
+                let mut core = core;
+                tokio::select! {
+                    machine = starter_rx => match machine {
+                        Ok(machine) => core.state_machine = Some(machine),
+                        Err(_) => return Ok(()),
+                    },
+                    _ = shutdown.cancelled() => return Ok(()),
+                }
+                core.run(rx, shutdown).await
+            });
             let _ = done_tx.send(result);
         })
         .map_err(|e| Error::Corrupt(format!("cannot start the raft thread: {e}")))?;
@@ -370,7 +393,10 @@ pub fn start(
         }
         ("raft node", result.map_err(|e| e.to_string()))
     });
-    Ok((RaftNodeHandle { tx, status }, apply_rx))
+    Ok((
+        RaftNodeHandle { tx, status },
+        NodeStarter { tx: starter_tx },
+    ))
 }
 
 /// What a named task returns to its owner's `JoinSet`: its name and its outcome.
@@ -427,7 +453,7 @@ struct NodeCore {
     wal: Wal,
     transport: Arc<dyn Transport>,
     status: Arc<RwLock<NodeStatus>>,
-    apply_tx: mpsc::Sender<Apply>,
+    state_machine: Option<Box<dyn StateMachine>>,
     pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
     next_read: u64,
     last_mark: u64,
@@ -503,11 +529,6 @@ impl NodeCore {
                     tracing::debug!(error = %e, "raft step refused a message");
                 }
             }
-            NodeMsg::Applied {
-                index,
-                term,
-                durable,
-            } => self.on_applied(index, term, durable)?,
         }
         Ok(())
     }
@@ -579,14 +600,17 @@ impl NodeCore {
                 conf_state = Some(self.node.apply_conf_change(&change)?);
             }
         }
-        self.status.write().applied = last_index;
-        self.apply_tx
-            .send(Apply {
+        let Some(machine) = self.state_machine.as_mut() else {
+            return Err(Error::Stopped);
+        };
+        let applied = machine
+            .apply(Apply {
                 entries,
                 conf_state,
             })
-            .await
-            .map_err(|_| Error::Stopped)
+            .map_err(Error::Apply)?;
+        self.status.write().applied = last_index;
+        self.on_applied(applied.index, applied.term, applied.durable)
     }
 
     fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {

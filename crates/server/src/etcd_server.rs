@@ -17,7 +17,9 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_proto::rpctypes;
 use etcdrs_raftnode::eraftpb::{ConfChange, ConfChangeType, EntryType};
-use etcdrs_raftnode::{Apply, NodeConfig, RaftNodeHandle, Start, task::TaskResult};
+use etcdrs_raftnode::{
+    Applied, Apply, NodeConfig, RaftNodeHandle, Start, StateMachine, task::TaskResult,
+};
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use prost::Message as _;
@@ -195,7 +197,7 @@ impl EtcdServer {
             snapshot_count: config.snapshot_count,
             catch_up_entries: 5000,
         };
-        let (raft, apply_rx) = etcdrs_raftnode::start(
+        let (raft, starter) = etcdrs_raftnode::start(
             node_config,
             start,
             transport.clone(),
@@ -226,28 +228,11 @@ impl EtcdServer {
             }),
         };
 
-        // The one writer runs on a thread of its own, like the raft node: its backend commits
-        // block nobody else. The task on `tasks` stands for it.
-        let applier = server.clone();
-        let (done_tx, done_rx) = oneshot::channel();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| ServerError::Fatal(format!("cannot start the apply runtime: {e}")))?;
-        std::thread::Builder::new()
-            .name("apply".into())
-            .spawn(move || {
-                let result = runtime.block_on(applier.run_apply(apply_rx));
-                let _ = done_tx.send(result);
-            })
-            .map_err(|e| ServerError::Fatal(format!("cannot start the apply thread: {e}")))?;
-        tasks.spawn(async move {
-            let result = done_rx.await.unwrap_or(Err(ServerError::Stopped));
-            if let Err(e) = &result {
-                tracing::error!(error = %e, "apply loop stopped");
-            }
-            ("apply", result.map_err(|e| e.to_string()))
-        });
+        // The one writer is the raft thread itself: committed entries are applied inline.
+        starter.start(Box::new(Applier {
+            server: server.clone(),
+            last_leader: 0,
+        }));
         let lessor = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -644,44 +629,43 @@ impl EtcdServer {
         }
     }
 
-    async fn run_apply(&self, mut apply_rx: tokio::sync::mpsc::Receiver<Apply>) -> Result<()> {
-        let mut last_leader = 0;
-        while let Some(batch) = apply_rx.recv().await {
-            tracing::debug!(entries = batch.entries.len(), "applying batch");
-            let (index, term, durable, results) = self.apply_batch(batch)?;
-            // etcd promotes the lessor once the leader has applied an entry of its own term
-            // (so every earlier term is applied): every lease restarts, extended by the
-            // election timeout. A member that loses leadership stops expiring leases.
-            let status = self.inner.raft.status();
-            let lessor = self.inner.store.lessor();
-            if status.is_leader && term == status.term && !lessor.is_primary() {
-                lessor.promote(Instant::now(), self.inner.config.election_timeout);
-            } else if !status.is_leader && lessor.is_primary() {
-                lessor.demote();
-            }
-            for (id, output) in results {
-                if let Some(waiter) = self.inner.waiters.lock().remove(&id) {
-                    let _ = waiter.send(output);
-                }
-            }
-            tracing::debug!(index, "applied batch");
-            if self.inner.removed.load(AtomicOrdering::Acquire) {
-                tracing::warn!("the member has been permanently removed from the cluster");
-                return Err(ServerError::Fatal(
-                    "the member has been permanently removed from the cluster".into(),
-                ));
-            }
-            self.inner.applied.send_replace(index);
-            let leader = self.inner.raft.status().leader;
-            if leader != last_leader && leader != 0 {
-                self.inner
-                    .leader_changes
-                    .fetch_add(1, AtomicOrdering::Relaxed);
-                last_leader = leader;
-            }
-            self.inner.raft.applied(index, term, durable).await?;
+    /// Apply one batch of committed entries and wake everyone waiting on it.
+    fn apply_committed(&self, batch: Apply, last_leader: &mut u64) -> Result<Applied> {
+        tracing::debug!(entries = batch.entries.len(), "applying batch");
+        let (index, term, durable, results) = self.apply_batch(batch)?;
+        // etcd promotes the lessor once the leader has applied an entry of its own term
+        // (so every earlier term is applied): every lease restarts, extended by the
+        // election timeout. A member that loses leadership stops expiring leases.
+        let status = self.inner.raft.status();
+        let lessor = self.inner.store.lessor();
+        if status.is_leader && term == status.term && !lessor.is_primary() {
+            lessor.promote(Instant::now(), self.inner.config.election_timeout);
+        } else if !status.is_leader && lessor.is_primary() {
+            lessor.demote();
         }
-        Ok(())
+        for (id, output) in results {
+            if let Some(waiter) = self.inner.waiters.lock().remove(&id) {
+                let _ = waiter.send(output);
+            }
+        }
+        if self.inner.removed.load(AtomicOrdering::Acquire) {
+            tracing::warn!("the member has been permanently removed from the cluster");
+            return Err(ServerError::Fatal(
+                "the member has been permanently removed from the cluster".into(),
+            ));
+        }
+        self.inner.applied.send_replace(index);
+        if status.leader != *last_leader && status.leader != 0 {
+            self.inner
+                .leader_changes
+                .fetch_add(1, AtomicOrdering::Relaxed);
+            *last_leader = status.leader;
+        }
+        Ok(Applied {
+            index,
+            term,
+            durable,
+        })
     }
 
     #[allow(clippy::type_complexity)]
@@ -1073,6 +1057,20 @@ impl EtcdServer {
                 Err(e) => tracing::warn!(revision, error = %e, "failed auto {mode} compaction"),
             }
         }
+    }
+}
+
+/// The server's state machine, called by the raft thread.
+struct Applier {
+    server: EtcdServer,
+    last_leader: u64,
+}
+
+impl StateMachine for Applier {
+    fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
+        self.server
+            .apply_committed(batch, &mut self.last_leader)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -17,6 +17,15 @@
 //!   carries the tail of the member's log. stdout+stderr go to a log file ([`Member::log`],
 //!   [`Member::log_contains`]). [`Member::kill9`], [`Member::stop`] (SIGTERM) and
 //!   [`Member::restart`] (same data dir and ports); dropping a `Member` SIGKILLs it.
+//!   [`MemberOpts`] also places a member on another loopback address, sets its
+//!   `--initial-cluster` / token / advertised peer URL, or passes the configuration as `ETCD_*`
+//!   variables; [`Member::wait_exit`] waits for a server that must fail at start.
+//! - [`Cluster`] / [`ClusterOpts`]: `n` members bootstrapped from one static `--initial-cluster`,
+//!   member `i` named `m<i>` on `127.0.0.<i + 2>`, a unique `--initial-cluster-token`, fast raft
+//!   timers (`--heartbeat-interval 50 --election-timeout 500`), started in parallel and ready
+//!   when every `/health` is true. [`Cluster::leader`], [`Cluster::kill9`], [`Cluster::restart`],
+//!   [`Cluster::restart_all`], a [`Cluster::client`] and an [`Cluster::etcdctl`] over all
+//!   endpoints. Dropping it SIGKILLs every member.
 //! - [`Etcdctl`]: runs the stock `etcdctl` (`ETCDCTL_API=3`, `--endpoints`), override with
 //!   `ETCDRS_TEST_ETCDCTL`. [`Etcdctl::ok`] / [`Etcdctl::fail`] panic with the other stream when
 //!   the exit status is not the expected one.
@@ -48,6 +57,7 @@
 //! ```
 
 mod bin;
+mod cluster;
 mod etcdctl;
 mod grpc;
 mod http;
@@ -56,8 +66,9 @@ mod poll;
 pub mod ports;
 
 pub use bin::EtcdBin;
+pub use cluster::{Cluster, ClusterOpts};
 pub use etcdctl::{CtlOutput, Etcdctl};
 pub use grpc::{Code, assert_grpc_error, grpc_error};
 pub use http::{HttpResponse, http_get};
-pub use member::{Member, MemberOpts};
+pub use member::{FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts};
 pub use poll::poll_until;

@@ -1,7 +1,8 @@
-//! One server process forming a single-member cluster.
+//! One server process: a single-member cluster by default, or one member of a [`crate::Cluster`].
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -19,7 +20,23 @@ use crate::ports::{self, PortLease};
 /// Lines of log included in readiness errors.
 const LOG_TAIL_LINES: usize = 40;
 /// Attempts to find ports nobody outside the testkit grabs between our check and the server's bind.
-const PORT_ATTEMPTS: usize = 5;
+pub(crate) const PORT_ATTEMPTS: usize = 5;
+/// `--heartbeat-interval` of [`MemberOpts::fast_timers`], in milliseconds.
+pub const FAST_HEARTBEAT_MS: u64 = 50;
+/// `--election-timeout` of [`MemberOpts::fast_timers`], in milliseconds (10 heartbeats, as etcd's
+/// defaults; etcd requires at least 5).
+pub const FAST_ELECTION_MS: u64 = 500;
+
+/// What `--initial-cluster` a member is started with.
+#[derive(Clone, Debug)]
+enum InitialCluster {
+    /// Only the member itself: `<name>=<advertised peer URL>`.
+    Own,
+    /// The member itself first, then these `(name, peer URL)` pairs.
+    WithPeers(Vec<(String, String)>),
+    /// Exactly this string.
+    Exact(String),
+}
 
 /// How to start a [`Member`]. Built with chained setters:
 ///
@@ -33,17 +50,33 @@ const PORT_ATTEMPTS: usize = 5;
 pub struct MemberOpts {
     bin: EtcdBin,
     name: Option<String>,
+    host: Ipv4Addr,
+    initial_cluster: InitialCluster,
+    advertise_peer_urls: Option<String>,
+    token: Option<String>,
+    settings: Vec<(String, String)>,
+    via_env: bool,
+    require_health: bool,
     args: Vec<String>,
     env: Vec<(String, String)>,
     ready_timeout: Duration,
 }
 
 impl MemberOpts {
-    /// Defaults: `--name test`, no extra args or env, 20 s readiness deadline.
+    /// Defaults: `--name test` on `127.0.0.1`, a single-member `--initial-cluster`, etcd's
+    /// default token and timers, configuration as flags, no extra args or env, 20 s readiness
+    /// deadline.
     pub fn new(bin: &EtcdBin) -> Self {
         Self {
             bin: bin.clone(),
             name: Some("test".to_owned()),
+            host: Ipv4Addr::LOCALHOST,
+            initial_cluster: InitialCluster::Own,
+            advertise_peer_urls: None,
+            token: None,
+            settings: Vec::new(),
+            via_env: false,
+            require_health: false,
             args: Vec::new(),
             env: Vec::new(),
             ready_timeout: Duration::from_secs(20),
@@ -60,6 +93,76 @@ impl MemberOpts {
     /// names the member `default`, which is etcd's default.
     pub fn without_name(mut self) -> Self {
         self.name = None;
+        self
+    }
+
+    /// The loopback address the member listens on and advertises (default `127.0.0.1`).
+    pub fn host(mut self, host: Ipv4Addr) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// `--initial-cluster` lists the member itself first, then these `(name, peer URL)` pairs.
+    pub fn initial_peers<I, N, U>(mut self, peers: I) -> Self
+    where
+        I: IntoIterator<Item = (N, U)>,
+        N: Into<String>,
+        U: Into<String>,
+    {
+        let peers = peers
+            .into_iter()
+            .map(|(n, u)| (n.into(), u.into()))
+            .collect();
+        self.initial_cluster = InitialCluster::WithPeers(peers);
+        self
+    }
+
+    /// `--initial-cluster` is exactly `value` (the member itself need not appear in it).
+    pub fn initial_cluster(mut self, value: impl Into<String>) -> Self {
+        self.initial_cluster = InitialCluster::Exact(value.into());
+        self
+    }
+
+    /// `--initial-advertise-peer-urls` is `value` instead of the member's own peer URL (which
+    /// `--listen-peer-urls` keeps using).
+    pub fn initial_advertise_peer_urls(mut self, value: impl Into<String>) -> Self {
+        self.advertise_peer_urls = Some(value.into());
+        self
+    }
+
+    /// `--initial-cluster-token` (not passed by default, so the server uses `etcd-cluster`).
+    pub fn initial_cluster_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// A configuration setting passed like the standard ones: `--<flag> <value>`, or
+    /// `ETCD_<FLAG>=<value>` with [`MemberOpts::via_env`]. `flag` is the flag name without dashes
+    /// in front, e.g. `"snapshot-count"`.
+    pub fn setting(mut self, flag: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((flag.into(), value.into()));
+        self
+    }
+
+    /// Fast raft timers for tests: `--heartbeat-interval 50 --election-timeout 500`
+    /// ([`FAST_HEARTBEAT_MS`], [`FAST_ELECTION_MS`]).
+    pub fn fast_timers(self) -> Self {
+        self.setting("heartbeat-interval", FAST_HEARTBEAT_MS.to_string())
+            .setting("election-timeout", FAST_ELECTION_MS.to_string())
+    }
+
+    /// Pass the standard configuration (name, data dir, URLs, initial cluster, token and every
+    /// [`MemberOpts::setting`]) as `ETCD_*` environment variables instead of flags. Extra
+    /// [`MemberOpts::arg`]s stay on the command line.
+    pub fn via_env(mut self) -> Self {
+        self.via_env = true;
+        self
+    }
+
+    /// Readiness means HTTP `GET /health` answers `"health":"true"`, with no fallback to gRPC
+    /// `Status` (see [`Member::wait_ready`]).
+    pub fn require_health(mut self) -> Self {
+        self.require_health = true;
         self
     }
 
@@ -140,6 +243,17 @@ impl Member {
     /// Starts the server without waiting for readiness (for tests of startup failures, or to
     /// call [`Member::wait_ready`] later).
     pub fn spawn(opts: MemberOpts) -> anyhow::Result<Member> {
+        let client_port = ports::reserve_on(opts.host)?;
+        let peer_port = ports::reserve_on(opts.host)?;
+        Self::spawn_on(opts, client_port, peer_port)
+    }
+
+    /// Like [`Member::spawn`] on ports the caller reserved on `opts`' host.
+    pub fn spawn_on(
+        opts: MemberOpts,
+        client_port: PortLease,
+        peer_port: PortLease,
+    ) -> anyhow::Result<Member> {
         let dir = tempfile::Builder::new()
             .prefix("etcdrs-member-")
             .tempdir()
@@ -150,8 +264,8 @@ impl Member {
             log_path: root.join("etcd.log"),
             root,
             dir: Some(dir),
-            client_port: ports::reserve()?,
-            peer_port: ports::reserve()?,
+            client_port,
+            peer_port,
             opts,
             child: None,
             starts: 0,
@@ -161,19 +275,25 @@ impl Member {
         Ok(member)
     }
 
-    /// `http://127.0.0.1:<client port>`.
+    /// `http://<host>:<client port>` (host `127.0.0.1` unless set with [`MemberOpts::host`]).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port.port())
+        format!("http://{}:{}", self.opts.host, self.client_port.port())
     }
 
-    /// `127.0.0.1:<client port>`.
+    /// `<host>:<client port>`.
     pub fn client_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port.port())
+        format!("{}:{}", self.opts.host, self.client_port.port())
     }
 
-    /// `http://127.0.0.1:<peer port>`.
+    /// `http://<host>:<peer port>`: the `--listen-peer-urls` (and, unless overridden, the
+    /// advertised peer URL).
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port.port())
+        format!("http://{}:{}", self.opts.host, self.peer_port.port())
+    }
+
+    /// The loopback address the member listens on.
+    pub fn host(&self) -> Ipv4Addr {
+        self.opts.host
     }
 
     /// The client port.
@@ -267,9 +387,10 @@ impl Member {
     }
 
     /// Polls until the member serves: HTTP `GET /health` answers `"health":"true"`, or (for
-    /// servers that are up but report unhealthy over HTTP, e.g. with an active NOSPACE alarm)
-    /// gRPC `Maintenance.Status` reports a leader. Fails at once if the process exits, and after
-    /// the readiness deadline; both errors include the log tail.
+    /// servers that are up but report unhealthy over HTTP, e.g. with an active NOSPACE alarm, and
+    /// unless [`MemberOpts::require_health`]) gRPC `Maintenance.Status` reports a leader. Fails at
+    /// once if the process exits, and after the readiness deadline; both errors include the log
+    /// tail.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let timeout = self.opts.ready_timeout;
         let deadline = Instant::now() + timeout;
@@ -314,6 +435,9 @@ impl Member {
                 e
             }
         };
+        if self.opts.require_health {
+            return Err(http_err);
+        }
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(1));
@@ -327,6 +451,28 @@ impl Member {
             Ok(Ok(_)) => Err(http_err.context("gRPC Status: no leader")),
             Ok(Err(e)) => Err(http_err.context(format!("gRPC Status: {e:#}"))),
             Err(_) => Err(http_err.context("gRPC Status timed out")),
+        }
+    }
+
+    /// Polls until the server process exits by itself and returns its status; an error if it is
+    /// still running after `timeout` (it is left running) or was never started.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(child) = self.child.as_mut() else {
+                bail!("server is not running");
+            };
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "server still running after {timeout:?}\n--- log tail ---\n{}",
+                    self.log_tail(LOG_TAIL_LINES)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -378,29 +524,60 @@ impl Member {
         self.wait_ready().await
     }
 
-    fn launch(&mut self) -> anyhow::Result<()> {
+    /// The standard configuration as `(flag, value)` pairs.
+    fn config(&self) -> Vec<(String, String)> {
         let name = self.opts.cluster_name().to_owned();
         let client_url = self.endpoint();
         let peer_url = self.peer_url();
-        let mut args: Vec<String> = Vec::new();
+        let advertised = self
+            .opts
+            .advertise_peer_urls
+            .clone()
+            .unwrap_or_else(|| peer_url.clone());
+        let initial_cluster = match &self.opts.initial_cluster {
+            InitialCluster::Own => format!("{name}={advertised}"),
+            InitialCluster::WithPeers(peers) => std::iter::once(format!("{name}={advertised}"))
+                .chain(peers.iter().map(|(n, u)| format!("{n}={u}")))
+                .collect::<Vec<_>>()
+                .join(","),
+            InitialCluster::Exact(s) => s.clone(),
+        };
+        let mut config: Vec<(String, String)> = Vec::new();
         if let Some(n) = &self.opts.name {
-            args.extend(["--name".to_owned(), n.clone()]);
+            config.push(("name".to_owned(), n.clone()));
         }
-        args.extend([
-            "--data-dir".to_owned(),
-            self.data_dir.display().to_string(),
-            "--listen-client-urls".to_owned(),
-            client_url.clone(),
-            "--advertise-client-urls".to_owned(),
-            client_url,
-            "--listen-peer-urls".to_owned(),
-            peer_url.clone(),
-            "--initial-advertise-peer-urls".to_owned(),
-            peer_url.clone(),
-            "--initial-cluster".to_owned(),
-            format!("{name}={peer_url}"),
-        ]);
+        for (flag, value) in [
+            ("data-dir", self.data_dir.display().to_string()),
+            ("listen-client-urls", client_url.clone()),
+            ("advertise-client-urls", client_url),
+            ("listen-peer-urls", peer_url),
+            ("initial-advertise-peer-urls", advertised),
+            ("initial-cluster", initial_cluster),
+        ] {
+            config.push((flag.to_owned(), value));
+        }
+        if let Some(token) = &self.opts.token {
+            config.push(("initial-cluster-token".to_owned(), token.clone()));
+        }
+        config.extend(self.opts.settings.iter().cloned());
+        config
+    }
+
+    pub(crate) fn launch(&mut self) -> anyhow::Result<()> {
+        let mut args: Vec<String> = Vec::new();
+        let mut env: Vec<(String, String)> = Vec::new();
+        for (flag, value) in self.config() {
+            if self.opts.via_env {
+                env.push((
+                    format!("ETCD_{}", flag.replace('-', "_").to_uppercase()),
+                    value,
+                ));
+            } else {
+                args.extend([format!("--{flag}"), value]);
+            }
+        }
         args.extend(self.opts.args.iter().cloned());
+        env.extend(self.opts.env.iter().cloned());
 
         let mut log = OpenOptions::new()
             .create(true)
@@ -408,19 +585,29 @@ impl Member {
             .open(&self.log_path)
             .with_context(|| format!("opening {}", self.log_path.display()))?;
         self.starts += 1;
+        let env_text: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
         writeln!(
             log,
-            "=== etcdrs-testkit: start #{} {} {} ===",
+            "=== etcdrs-testkit: start #{} {}{} {} ===",
             self.starts,
+            env_text.concat(),
             self.opts.bin.path().display(),
             args.join(" ")
         )?;
         log.flush()?;
         self.log_offset = log.metadata()?.len();
         let stderr: File = log.try_clone()?;
-        let child = Command::new(self.opts.bin.path())
+        let mut cmd = Command::new(self.opts.bin.path());
+        // An inherited ETCD_* variable would change the configuration, and etcd exits when one
+        // shadows a flag given on the command line.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("ETCD_") {
+                cmd.env_remove(key);
+            }
+        }
+        let child = cmd
             .args(&args)
-            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
+            .envs(env)
             .current_dir(&self.root)
             .stdin(Stdio::null())
             .stdout(log)

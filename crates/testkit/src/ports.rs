@@ -7,7 +7,10 @@
 //!    lock is held by the returned [`PortLease`] for the lifetime of the member, so concurrent test
 //!    *processes* (nextest runs one per test) never hand out the same port; the OS drops the lock
 //!    if the process dies, so there is nothing stale to clean up; and
-//! 2. `127.0.0.1:<port>` can be bound right now (something outside the testkit may own it).
+//! 2. `<host>:<port>` can be bound right now (something outside the testkit may own it). The host
+//!    is `127.0.0.1` for [`reserve`] and any loopback address for [`reserve_on`] (cluster members
+//!    live on `127.0.0.2`, `127.0.0.3`, …). The lock is per port number whatever the host, so a
+//!    port is never handed out twice even on different addresses.
 //!
 //! A server may still lose a port to an outside program between the check and its own bind;
 //! [`crate::Member::start`] retries with fresh ports when the log says "address already in use".
@@ -44,8 +47,13 @@ fn lock_dir() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Reserves one free port in `LOW..HIGH`.
+/// Reserves one free port in `LOW..HIGH`, bindable on `127.0.0.1`.
 pub fn reserve() -> anyhow::Result<PortLease> {
+    reserve_on(Ipv4Addr::LOCALHOST)
+}
+
+/// Reserves one free port in `LOW..HIGH`, bindable on `host` (e.g. `127.0.0.3`).
+pub fn reserve_on(host: Ipv4Addr) -> anyhow::Result<PortLease> {
     let dir = lock_dir()?;
     let seed = RandomState::new();
     let span = u64::from(HIGH - LOW);
@@ -62,12 +70,12 @@ pub fn reserve() -> anyhow::Result<PortLease> {
         if file.try_lock().is_err() {
             continue;
         }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err() {
+        if TcpListener::bind((host, port)).is_err() {
             continue;
         }
         return Ok(PortLease { port, _lock: file });
     }
-    bail!("no free port found in {LOW}..{HIGH}")
+    bail!("no free port found in {LOW}..{HIGH} on {host}")
 }
 
 #[cfg(test)]
@@ -85,5 +93,14 @@ mod tests {
         for p in ports {
             TcpListener::bind((Ipv4Addr::LOCALHOST, p)).unwrap();
         }
+    }
+
+    #[test]
+    fn leases_on_other_loopback_addresses() {
+        let host = Ipv4Addr::new(127, 0, 0, 7);
+        let a = reserve_on(host).unwrap();
+        let b = reserve().unwrap();
+        assert_ne!(a.port(), b.port());
+        TcpListener::bind((host, a.port())).unwrap();
     }
 }
