@@ -207,6 +207,55 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// Replace the contents of every bucket with those of the database image at `image` (a
+    /// redb file, as [`Backend::snapshot`] writes), in one durable transaction, keeping the
+    /// current values of the `meta` keys in `keep_meta`.
+    pub fn replace_with_image(&self, image: &Path, keep_meta: &[&[u8]]) -> Result<()> {
+        let source = redb::ReadOnlyDatabase::open(image).map_err(Error::storage)?;
+        let source_tx = source.begin_read().map_err(Error::storage)?;
+        let tx = self.write()?;
+        let kept: Vec<(Vec<u8>, Option<Vec<u8>>)> = keep_meta
+            .iter()
+            .map(|key| Ok((key.to_vec(), tx.get(Bucket::META, key)?)))
+            .collect::<Result<_>>()?;
+        for bucket in Bucket::ALL {
+            {
+                let mut table = tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
+                table.retain(|_, _| false).map_err(Error::storage)?;
+            }
+            let source_table = match source_tx.open_table(bucket.table()) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(Error::storage(e)),
+            };
+            for item in source_table.iter().map_err(Error::storage)? {
+                let (key, value) = item.map_err(Error::storage)?;
+                tx.put(bucket, key.value(), value.value())?;
+            }
+        }
+        for (key, value) in kept {
+            match value {
+                Some(value) => tx.put(Bucket::META, &key, &value)?,
+                None => tx.delete(Bucket::META, &key)?,
+            }
+        }
+        // The byte count restarts from what the image holds.
+        tx.delta.set(0);
+        tx.commit(true)?;
+        let read = self.read()?;
+        let mut total = 0u64;
+        for bucket in Bucket::ALL {
+            read.for_each_in(bucket, &[], None, |k, v| {
+                total += (k.len() + v.len()) as u64;
+                true
+            })?;
+        }
+        self.logical_bytes.store(total, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// The write transaction. Dropping it without [`WriteTx::commit`] aborts it.
 pub struct WriteTx<'a> {
     tx: redb::WriteTransaction,

@@ -138,6 +138,88 @@ fn read_i64(bytes: Option<Vec<u8>>) -> i64 {
         .unwrap_or(0)
 }
 
+/// Rebuild the in-memory state from `backend`, filling `lessor`. Returns the state and the
+/// revision of a compaction that was scheduled but may not have finished.
+fn load(backend: &Backend, lessor: &Lessor) -> Result<(State, i64)> {
+    let read = backend.read()?;
+    let consistent_index = read_i64(read.get(Bucket::META, META_CONSISTENT_INDEX)?) as u64;
+    let compact_rev = read_i64(read.get(Bucket::META, META_FINISHED_COMPACT)?);
+    let scheduled = read_i64(read.get(Bucket::META, META_SCHEDULED_COMPACT)?);
+
+    let mut index: BTreeMap<Vec<u8>, KeyIndex> = BTreeMap::new();
+    let mut leases_of_keys: BTreeMap<Vec<u8>, LeaseId> = BTreeMap::new();
+    let mut current_rev = 0;
+    let mut failure = None;
+    read.for_each_in(Bucket::KEY, &[], None, |key, value| {
+        let Some((rev, tombstone)) = Revision::from_key(key) else {
+            failure = Some(Error::Corrupt("bad revision key".into()));
+            return false;
+        };
+        let kv = match decode_kv(value) {
+            Ok(kv) => kv,
+            Err(e) => {
+                failure = Some(e);
+                return false;
+            }
+        };
+        current_rev = current_rev.max(rev.main);
+        let key_index = index.entry(kv.key.clone()).or_default();
+        if tombstone {
+            key_index.tombstone(rev);
+            leases_of_keys.remove(&kv.key);
+        } else {
+            key_index.restore(rev, Revision::new(kv.create_revision, 0), kv.version);
+            if kv.lease != NO_LEASE {
+                leases_of_keys.insert(kv.key, kv.lease);
+            } else {
+                leases_of_keys.remove(&kv.key);
+            }
+        }
+        true
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    // A new store is at revision 1, so the first write is revision 2, as in etcd.
+    current_rev = current_rev.max(compact_rev).max(1);
+
+    let now = Instant::now();
+    let mut lease_failure = None;
+    read.for_each_in(Bucket::LEASE, &[], None, |key, value| {
+        match (<[u8; 8]>::try_from(key), <[u8; 8]>::try_from(value)) {
+            (Ok(id), Ok(ttl)) => {
+                lessor.insert(i64::from_be_bytes(id), i64::from_be_bytes(ttl), now);
+                true
+            }
+            _ => {
+                lease_failure = Some(Error::Corrupt("bad lease record".into()));
+                false
+            }
+        }
+    })?;
+    if let Some(e) = lease_failure {
+        return Err(e);
+    }
+    for (key, lease) in &leases_of_keys {
+        lessor.attach(*lease, key);
+    }
+    tracing::debug!(
+        current_rev,
+        compact_rev,
+        consistent_index,
+        "restored mvcc store"
+    );
+    Ok((
+        State {
+            index,
+            current_rev,
+            compact_rev,
+            consistent_index,
+        },
+        scheduled,
+    ))
+}
+
 /// The MVCC store: one writer, many readers.
 pub struct KvStore {
     backend: Backend,
@@ -148,95 +230,38 @@ pub struct KvStore {
 impl KvStore {
     /// Open the store over `backend`, rebuilding the index and the leases from it.
     pub fn open(backend: Backend, min_lease_ttl: i64) -> Result<KvStore> {
-        let read = backend.read()?;
-        let consistent_index = read_i64(read.get(Bucket::META, META_CONSISTENT_INDEX)?) as u64;
-        let mut compact_rev = read_i64(read.get(Bucket::META, META_FINISHED_COMPACT)?);
-        let scheduled = read_i64(read.get(Bucket::META, META_SCHEDULED_COMPACT)?);
-
-        let mut index: BTreeMap<Vec<u8>, KeyIndex> = BTreeMap::new();
-        let mut leases_of_keys: BTreeMap<Vec<u8>, LeaseId> = BTreeMap::new();
-        let mut current_rev = 0;
-        let mut failure = None;
-        read.for_each_in(Bucket::KEY, &[], None, |key, value| {
-            let Some((rev, tombstone)) = Revision::from_key(key) else {
-                failure = Some(Error::Corrupt("bad revision key".into()));
-                return false;
-            };
-            let kv = match decode_kv(value) {
-                Ok(kv) => kv,
-                Err(e) => {
-                    failure = Some(e);
-                    return false;
-                }
-            };
-            current_rev = current_rev.max(rev.main);
-            let key_index = index.entry(kv.key.clone()).or_default();
-            if tombstone {
-                key_index.tombstone(rev);
-                leases_of_keys.remove(&kv.key);
-            } else {
-                key_index.restore(rev, Revision::new(kv.create_revision, 0), kv.version);
-                if kv.lease != NO_LEASE {
-                    leases_of_keys.insert(kv.key, kv.lease);
-                } else {
-                    leases_of_keys.remove(&kv.key);
-                }
-            }
-            true
-        })?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        // A new store is at revision 1, so the first write is revision 2, as in etcd.
-        current_rev = current_rev.max(compact_rev).max(1);
-
         let lessor = Lessor::new(min_lease_ttl);
-        let now = Instant::now();
-        let mut lease_failure = None;
-        read.for_each_in(Bucket::LEASE, &[], None, |key, value| {
-            match (<[u8; 8]>::try_from(key), <[u8; 8]>::try_from(value)) {
-                (Ok(id), Ok(ttl)) => {
-                    lessor.insert(i64::from_be_bytes(id), i64::from_be_bytes(ttl), now);
-                    true
-                }
-                _ => {
-                    lease_failure = Some(Error::Corrupt("bad lease record".into()));
-                    false
-                }
-            }
-        })?;
-        if let Some(e) = lease_failure {
-            return Err(e);
-        }
-        for (key, lease) in &leases_of_keys {
-            lessor.attach(*lease, key);
-        }
-        drop(read);
-
+        let (state, scheduled) = load(&backend, &lessor)?;
         let store = KvStore {
             backend,
-            state: RwLock::new(State {
-                index,
-                current_rev,
-                compact_rev,
-                consistent_index,
-            }),
+            state: RwLock::new(state),
             lessor,
         };
-        if scheduled > compact_rev {
-            // A compaction was applied but not finished before a crash: finish it.
-            let mut batch = store.write()?;
+        store.finish_compaction(scheduled)?;
+        Ok(store)
+    }
+
+    /// A compaction applied but not finished before a crash is finished now.
+    fn finish_compaction(&self, scheduled: i64) -> Result<()> {
+        if scheduled > self.compact_rev() {
+            let mut batch = self.write()?;
             batch.compact(scheduled)?;
             batch.commit_meta_only(true)?;
-            compact_rev = scheduled;
         }
-        tracing::debug!(
-            current_rev,
-            compact_rev,
-            consistent_index,
-            "restored mvcc store"
-        );
-        Ok(store)
+        Ok(())
+    }
+
+    /// Replace the whole store with the database image at `image` (a raft snapshot from the
+    /// leader), keeping this member's own `meta` records named in `keep_meta`; the index and
+    /// leases are rebuilt. Readers wait meanwhile.
+    pub fn install_snapshot(&self, image: &std::path::Path, keep_meta: &[&[u8]]) -> Result<()> {
+        let mut state = self.state.write();
+        self.backend.replace_with_image(image, keep_meta)?;
+        self.lessor.clear();
+        let (loaded, scheduled) = load(&self.backend, &self.lessor)?;
+        *state = loaded;
+        drop(state);
+        self.finish_compaction(scheduled)
     }
 
     /// The backend underneath (for sizes, snapshots and defragmentation).

@@ -360,6 +360,17 @@ impl Lessor {
         self.changes.subscribe()
     }
 
+    /// Forget every lease (a snapshot replaces the store); the primary flag is kept.
+    pub(crate) fn clear(&self) {
+        {
+            let mut inner = self.inner.lock();
+            inner.leases.clear();
+            inner.key_lease.clear();
+            inner.revoke_retry.clear();
+        }
+        self.notify();
+    }
+
     fn notify(&self) {
         self.changes.send_modify(|generation| {
             *generation = generation.wrapping_add(1);

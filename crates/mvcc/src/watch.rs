@@ -269,6 +269,15 @@ impl WatchHub {
         any_behind
     }
 
+    /// The store was replaced (a raft snapshot): its head is now `rev`. Every watcher is
+    /// caught up again from the new store's history, or canceled if that history is gone.
+    pub fn store_replaced(&self, rev: i64) {
+        let mut groups = self.groups.lock();
+        groups.notified_rev = rev;
+        let synced: Vec<_> = groups.synced.drain().collect();
+        groups.unsynced.extend(synced);
+    }
+
     /// Whether any watcher is behind.
     pub fn has_unsynced(&self) -> bool {
         !self.groups.lock().unsynced.is_empty()

@@ -113,6 +113,15 @@ pub struct Applied {
 pub trait StateMachine: Send + 'static {
     /// Apply committed entries.
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String>;
+
+    /// Replace the state with the leader's snapshot taken at or after entry `index`; the
+    /// membership at that point is `conf_state`.
+    fn restore(
+        &mut self,
+        index: u64,
+        term: u64,
+        conf_state: &ConfState,
+    ) -> std::result::Result<(), String>;
 }
 
 /// Starts the node's loop once the state machine exists (the server needs the node's handle
@@ -184,6 +193,10 @@ enum NodeMsg {
     TransferLeader {
         to: u64,
     },
+    ReportSnapshot {
+        to: u64,
+        ok: bool,
+    },
 }
 
 /// The cloneable handle to the raft node's task.
@@ -230,6 +243,14 @@ impl RaftNodeHandle {
     pub async fn transfer_leader(&self, to: u64) -> Result<()> {
         self.tx
             .send(NodeMsg::TransferLeader { to })
+            .await
+            .map_err(|_| Error::Stopped)
+    }
+
+    /// Report whether a snapshot was delivered to member `to`.
+    pub async fn report_snapshot(&self, to: u64, ok: bool) -> Result<()> {
+        self.tx
+            .send(NodeMsg::ReportSnapshot { to, ok })
             .await
             .map_err(|_| Error::Stopped)
     }
@@ -343,6 +364,21 @@ pub fn start(
         ..Default::default()
     };
     raft_config.validate()?;
+    let applied_at = storage
+        .initial_state()
+        .ok()
+        .map(|state| (applied, state.hard_state.term))
+        .unwrap_or((applied, 0));
+    let applied_term = storage.term(applied).unwrap_or(applied_at.1);
+    let initial_conf = storage
+        .initial_state()
+        .map(|s| s.conf_state)
+        .unwrap_or_default();
+    let storage = NodeStorage {
+        mem: storage,
+        applied: Arc::new(parking_lot::Mutex::new((applied, applied_term))),
+        conf_state: Arc::new(parking_lot::Mutex::new(initial_conf)),
+    };
     let node = RawNode::new(&raft_config, storage, &logger::logger())?;
     let status = Arc::new(RwLock::new(NodeStatus {
         id: config.id,
@@ -405,6 +441,61 @@ pub mod task {
     pub type TaskResult = (&'static str, Result<(), String>);
 }
 
+/// raft-rs' in-memory log, whose snapshots stand for the state machine's last applied entry:
+/// a snapshot sent to a follower is the state machine's image taken after that entry, so the
+/// image is never older than the snapshot's index (the follower skips what it already holds).
+#[derive(Clone)]
+struct NodeStorage {
+    mem: MemStorage,
+    /// (index, term) of the last entry the state machine applied.
+    applied: Arc<parking_lot::Mutex<(u64, u64)>>,
+    /// The membership raft is using (raft-rs leaves keeping it to the application).
+    conf_state: Arc<parking_lot::Mutex<ConfState>>,
+}
+
+impl raft::Storage for NodeStorage {
+    fn initial_state(&self) -> raft::Result<raft::RaftState> {
+        self.mem.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: raft::GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<raft::eraftpb::Snapshot> {
+        let (index, term) = *self.applied.lock();
+        if index == 0 || index < request_index {
+            return Err(raft::Error::Store(
+                raft::StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        let mut snapshot = raft::eraftpb::Snapshot::default();
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.conf_state.lock().clone());
+        Ok(snapshot)
+    }
+}
+
 fn decode_entry(record: &EntryRecord) -> Result<Entry> {
     let mut entry = Entry::default();
     entry
@@ -449,7 +540,7 @@ fn persist(
 
 struct NodeCore {
     config: NodeConfig,
-    node: RawNode<MemStorage>,
+    node: RawNode<NodeStorage>,
     wal: Wal,
     transport: Arc<dyn Transport>,
     status: Arc<RwLock<NodeStatus>>,
@@ -524,6 +615,7 @@ impl NodeCore {
                 let _ = done.send(result);
             }
             NodeMsg::TransferLeader { to } => self.node.transfer_leader(to),
+            NodeMsg::ReportSnapshot { to, ok } => self.report_snapshot(to, ok),
             NodeMsg::Step(message) => {
                 if let Err(e) = self.node.step(*message) {
                     tracing::debug!(error = %e, "raft step refused a message");
@@ -551,6 +643,9 @@ impl NodeCore {
         if !ready.messages().is_empty() {
             self.transport.send(ready.take_messages());
         }
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(ready.snapshot().clone())?;
+        }
         let committed = ready.take_committed_entries();
         self.send_committed(committed).await?;
         for read_state in ready.take_read_states() {
@@ -565,7 +660,7 @@ impl NodeCore {
         if hard_state.is_some() || !ready.entries().is_empty() {
             let entries = ready.take_entries();
             let wal = &mut self.wal;
-            let storage = self.node.raft.raft_log.store.clone();
+            let storage = self.node.raft.raft_log.store.mem.clone();
             persist(wal, &storage, hard_state.as_ref(), &entries)?;
         }
         if !ready.persisted_messages().is_empty() {
@@ -573,7 +668,14 @@ impl NodeCore {
         }
         let mut light = self.node.advance(ready);
         if let Some(commit) = light.commit_index() {
-            self.node.raft.raft_log.store.wl().mut_hard_state().commit = commit;
+            self.node
+                .raft
+                .raft_log
+                .store
+                .mem
+                .wl()
+                .mut_hard_state()
+                .commit = commit;
         }
         if !light.messages().is_empty() {
             self.transport.send(light.take_messages());
@@ -597,7 +699,9 @@ impl NodeCore {
                 change
                     .merge_from_bytes(&entry.data)
                     .map_err(|e| Error::Corrupt(e.to_string()))?;
-                conf_state = Some(self.node.apply_conf_change(&change)?);
+                let changed = self.node.apply_conf_change(&change)?;
+                *self.node.raft.raft_log.store.conf_state.lock() = changed.clone();
+                conf_state = Some(changed);
             }
         }
         let Some(machine) = self.state_machine.as_mut() else {
@@ -610,7 +714,40 @@ impl NodeCore {
             })
             .map_err(Error::Apply)?;
         self.status.write().applied = last_index;
+        *self.node.raft.raft_log.store.applied.lock() = (applied.index, applied.term);
         self.on_applied(applied.index, applied.term, applied.durable)
+    }
+
+    /// A snapshot from the leader: the state machine installs its image first, then the WAL
+    /// records the snapshot and raft's log restarts after it.
+    fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<()> {
+        let meta = snapshot.get_metadata();
+        let (index, term) = (meta.index, meta.term);
+        let Some(machine) = self.state_machine.as_mut() else {
+            return Err(Error::Stopped);
+        };
+        machine
+            .restore(index, term, meta.get_conf_state())
+            .map_err(Error::Apply)?;
+        self.wal.save_snapshot_mark(SnapshotMark { index, term })?;
+        let store = &self.node.raft.raft_log.store;
+        *store.conf_state.lock() = meta.get_conf_state().clone();
+        store.mem.wl().apply_snapshot(snapshot)?;
+        *store.applied.lock() = (index, term);
+        self.last_mark = index;
+        self.status.write().applied = index;
+        tracing::info!(index, term, "applied snapshot from the leader");
+        Ok(())
+    }
+
+    /// Tell raft whether a snapshot reached member `to`.
+    fn report_snapshot(&mut self, to: u64, ok: bool) {
+        let status = if ok {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        self.node.report_snapshot(to, status);
     }
 
     fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {
@@ -623,7 +760,7 @@ impl NodeCore {
         wal.release_to(index)?;
         self.last_mark = index;
         let keep_from = index.saturating_sub(self.config.catch_up_entries);
-        let store = self.node.raft.raft_log.store.clone();
+        let store = self.node.raft.raft_log.store.mem.clone();
         let first = store.first_index().unwrap_or(1);
         if keep_from > first {
             store.wl().compact(keep_from)?;

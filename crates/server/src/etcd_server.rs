@@ -107,6 +107,8 @@ struct Inner {
     removed: AtomicBool,
     watch_hub: WatchHub,
     transport: Arc<PeerTransport>,
+    /// A snapshot image received from the leader, waiting for raft to install it: (index, file).
+    pending_snapshot: Mutex<Option<(u64, std::path::PathBuf)>>,
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
     watch_sync: tokio::sync::Notify,
     leader_changes: AtomicU64,
@@ -221,13 +223,15 @@ impl EtcdServer {
                 published: AtomicBool::new(false),
                 removed: AtomicBool::new(false),
                 watch_hub: WatchHub::new(store.current_rev()),
-                transport,
+                transport: transport.clone(),
+                pending_snapshot: Mutex::new(None),
                 watch_sync: tokio::sync::Notify::new(),
                 leader_changes: AtomicU64::new(0),
                 request_timeout,
             }),
         };
 
+        transport.set_snapshot_source(store.clone(), server.inner.raft.clone());
         // The one writer is the raft thread itself: committed entries are applied inline.
         starter.start(Box::new(Applier {
             server: server.clone(),
@@ -627,6 +631,63 @@ impl EtcdServer {
                 return id;
             }
         }
+    }
+
+    /// Where a snapshot image for raft index `index` is received.
+    pub fn snapshot_receive_path(&self, index: u64) -> std::path::PathBuf {
+        self.inner
+            .config
+            .backend_path()
+            .with_file_name(format!("{index:016x}.snap.recv"))
+    }
+
+    /// The image for raft index `index` has arrived: raft may install it.
+    pub fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
+        let previous = self.inner.pending_snapshot.lock().replace((index, path));
+        if let Some((_, old)) = previous {
+            let _ = std::fs::remove_file(old);
+        }
+    }
+
+    /// Replace the store with the leader's snapshot image for `index` (called by raft).
+    fn install_snapshot(
+        &self,
+        index: u64,
+        conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+    ) -> Result<()> {
+        let Some((received, path)) = self.inner.pending_snapshot.lock().take() else {
+            return Err(ServerError::Fatal(format!(
+                "no snapshot image received for index {index}"
+            )));
+        };
+        if received != index {
+            let _ = std::fs::remove_file(&path);
+            return Err(ServerError::Fatal(format!(
+                "snapshot image is for index {received}, raft installs {index}"
+            )));
+        }
+        let store = &self.inner.store;
+        store.install_snapshot(&path, &[META_MEMBER_ID, META_CLUSTER_ID])?;
+        let _ = std::fs::remove_file(&path);
+        let mut batch = store.write()?;
+        batch.bucket_put(
+            Bucket::META,
+            META_CONF_STATE,
+            &encode_conf_state(conf_state),
+        )?;
+        batch.commit(true)?;
+        *self.inner.members.write() = load_members(store)?;
+        *self.inner.alarms.write() = load_alarms(store)?;
+        self.refresh_peers();
+        self.inner.watch_hub.store_replaced(store.current_rev());
+        self.inner.watch_sync.notify_one();
+        self.inner.applied.send_replace(store.consistent_index());
+        tracing::info!(
+            index,
+            revision = store.current_rev(),
+            "restored backend from the leader's snapshot"
+        );
+        Ok(())
     }
 
     /// Apply one batch of committed entries and wake everyone waiting on it.
@@ -1070,6 +1131,17 @@ impl StateMachine for Applier {
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
         self.server
             .apply_committed(batch, &mut self.last_leader)
+            .map_err(|e| e.to_string())
+    }
+
+    fn restore(
+        &mut self,
+        index: u64,
+        _term: u64,
+        conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+    ) -> std::result::Result<(), String> {
+        self.server
+            .install_snapshot(index, conf_state)
             .map_err(|e| e.to_string())
     }
 }

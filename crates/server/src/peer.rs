@@ -20,7 +20,7 @@ use etcdrs_proto::peerpb::{
     SnapshotChunk,
 };
 use etcdrs_raftnode::Transport;
-use etcdrs_raftnode::eraftpb::Message;
+use etcdrs_raftnode::eraftpb::{Message, MessageType};
 use parking_lot::RwLock;
 use protobuf::Message as _;
 use tokio::sync::mpsc;
@@ -58,7 +58,21 @@ pub struct PeerTransport {
     /// The runtime link tasks run on (membership changes arrive on the apply thread, whose
     /// own runtime is busy applying).
     runtime: tokio::runtime::Handle,
+    /// What snapshot messages carry: the store's image; raft hears whether it arrived.
+    snapshots: Arc<std::sync::OnceLock<SnapshotSource>>,
 }
+
+/// Where a link gets a snapshot image and whom it tells about delivery.
+#[derive(Clone)]
+struct SnapshotSource {
+    store: Arc<etcdrs_mvcc::KvStore>,
+    raft: etcdrs_raftnode::RaftNodeHandle,
+}
+
+/// Bytes per snapshot chunk on the wire.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+/// How long sending one snapshot may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl PeerTransport {
     /// A transport for member `local_id` of `cluster_id`; its link tasks run on the current
@@ -70,7 +84,17 @@ impl PeerTransport {
             links: RwLock::new(HashMap::new()),
             shutdown,
             runtime: tokio::runtime::Handle::current(),
+            snapshots: Arc::new(std::sync::OnceLock::new()),
         })
+    }
+
+    /// Give links what they need to send snapshots (once the store and raft exist).
+    pub fn set_snapshot_source(
+        &self,
+        store: Arc<etcdrs_mvcc::KvStore>,
+        raft: etcdrs_raftnode::RaftNodeHandle,
+    ) {
+        let _ = self.snapshots.set(SnapshotSource { store, raft });
     }
 
     /// Make the links match `members` (id and peer URLs); the local member is skipped.
@@ -96,6 +120,7 @@ impl PeerTransport {
                 urls: urls.clone(),
                 local_id: self.local_id,
                 cluster_id: self.cluster_id,
+                snapshots: self.snapshots.clone(),
             };
             // The link lives as long as its token: removal or shutdown cancels it.
             self.runtime.spawn(worker.run(rx, stop.clone()));
@@ -159,6 +184,7 @@ struct LinkWorker {
     urls: Vec<String>,
     local_id: u64,
     cluster_id: u64,
+    snapshots: Arc<std::sync::OnceLock<SnapshotSource>>,
 }
 
 impl LinkWorker {
@@ -177,10 +203,19 @@ impl LinkWorker {
                     None => return,
                 },
             };
+            if first.get_msg_type() == MessageType::MsgSnapshot {
+                self.send_snapshot(&mut client, first).await;
+                continue;
+            }
             let mut batch = Vec::with_capacity(16);
             batch.push(first.write_to_bytes().unwrap_or_default());
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
+                    // A snapshot goes alone, on its own call; raft sends it again if needed.
+                    Ok(message) if message.get_msg_type() == MessageType::MsgSnapshot => {
+                        self.send_snapshot(&mut client, message).await;
+                        break;
+                    }
                     Ok(message) => batch.push(message.write_to_bytes().unwrap_or_default()),
                     Err(_) => break,
                 }
@@ -217,6 +252,82 @@ impl LinkWorker {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+    }
+}
+
+impl LinkWorker {
+    /// Send a snapshot message with the store's image (etcd's snapshot sender), and tell raft
+    /// whether it arrived.
+    async fn send_snapshot(&self, client: &mut PeerClient<Channel>, message: Message) {
+        let Some(source) = self.snapshots.get().cloned() else {
+            return;
+        };
+        let index = message.get_snapshot().get_metadata().index;
+        tracing::info!(remote_peer_id = %id_hex(self.to), index, "sending database snapshot");
+        let store = source.store.clone();
+        let image = tokio::task::spawn_blocking(move || store.backend().snapshot()).await;
+        let ok = match image {
+            Ok(Ok(image)) => self.stream_snapshot(client, message, image).await,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "failed to take a database snapshot");
+                false
+            }
+            Err(_) => false,
+        };
+        if ok {
+            tracing::info!(remote_peer_id = %id_hex(self.to), index, "sent database snapshot");
+        }
+        let _ = source.raft.report_snapshot(self.to, ok).await;
+    }
+
+    async fn stream_snapshot(
+        &self,
+        client: &mut PeerClient<Channel>,
+        message: Message,
+        image: etcdrs_backend::Snapshot,
+    ) -> bool {
+        let (tx, rx) = mpsc::channel::<SnapshotChunk>(4);
+        let first = SnapshotChunk {
+            message: message.write_to_bytes().unwrap_or_default(),
+            data: Vec::new(),
+        };
+        let reader = tokio::task::spawn_blocking(move || -> bool {
+            use std::io::Read;
+            if tx.blocking_send(first).is_err() {
+                return false;
+            }
+            let Ok(mut file) = image.open() else {
+                return false;
+            };
+            let mut buf = vec![0u8; SNAPSHOT_CHUNK];
+            loop {
+                match file.read(&mut buf) {
+                    Ok(0) => return true,
+                    Ok(n) => {
+                        let chunk = SnapshotChunk {
+                            message: Vec::new(),
+                            data: buf[..n].to_vec(),
+                        };
+                        if tx.blocking_send(chunk).is_err() {
+                            return false;
+                        }
+                    }
+                    Err(_) => return false,
+                }
+            }
+        });
+        let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        stamp(&mut request, self.cluster_id, self.local_id);
+        let sent = tokio::time::timeout(SNAPSHOT_TIMEOUT, client.snapshot(request)).await;
+        let read_ok = reader.await.unwrap_or(false);
+        match sent {
+            Ok(Ok(_)) => read_ok,
+            Ok(Err(status)) => {
+                tracing::warn!(remote_peer_id = %id_hex(self.to), error = %status.message(), "failed to send database snapshot");
+                false
+            }
+            Err(_) => false,
         }
     }
 }
@@ -281,8 +392,35 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<PeerAck>, Status> {
+        use tokio::io::AsyncWriteExt;
         self.check_cluster(&request)?;
-        Err(Status::unimplemented("snapshots are not supported yet"))
+        let mut stream = request.into_inner();
+        let Some(first) = stream.message().await? else {
+            return Err(Status::invalid_argument("empty snapshot stream"));
+        };
+        let mut message = Message::default();
+        if message.merge_from_bytes(&first.message).is_err()
+            || message.get_msg_type() != MessageType::MsgSnapshot
+        {
+            return Err(Status::invalid_argument("malformed snapshot message"));
+        }
+        let index = message.get_snapshot().get_metadata().index;
+        let path = self.server.snapshot_receive_path(index);
+        let io_error = |e: std::io::Error| Status::internal(format!("receiving snapshot: {e}"));
+        let mut file = tokio::fs::File::create(&path).await.map_err(io_error)?;
+        file.write_all(&first.data).await.map_err(io_error)?;
+        while let Some(chunk) = stream.message().await? {
+            file.write_all(&chunk.data).await.map_err(io_error)?;
+        }
+        file.sync_all().await.map_err(io_error)?;
+        drop(file);
+        tracing::info!(index, "received database snapshot");
+        self.server.snapshot_received(index, path);
+        self.server
+            .raft_step(message)
+            .await
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        Ok(Response::new(PeerAck {}))
     }
 
     async fn members(
