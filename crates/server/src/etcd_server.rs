@@ -1184,6 +1184,26 @@ fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, u64, Start)
             config.name
         )));
     };
+    // etcd refuses a member whose advertised peer URLs are not the ones the initial cluster
+    // lists for it: the other members would dial somewhere else.
+    let mut advertised: Vec<String> = config
+        .initial_advertise_peer_urls
+        .iter()
+        .map(url_string)
+        .collect();
+    advertised.sort();
+    let mut listed = local.peer_urls.clone();
+    listed.sort();
+    if advertised != listed {
+        return Err(ServerError::Fatal(format!(
+            "--initial-cluster has {}={} but missing from --initial-advertise-peer-urls={} (resolved urls: \"{}\" != \"{}\")",
+            config.name,
+            local.peer_urls.join(","),
+            advertised.join(","),
+            advertised.join(","),
+            listed.join(","),
+        )));
+    }
     let member_id = local.id;
     let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
     let cluster_id = membership::cluster_id(&ids);
