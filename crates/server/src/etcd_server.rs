@@ -288,6 +288,21 @@ impl EtcdServer {
         self.inner.members.read().values().cloned().collect()
     }
 
+    /// etcd serves only Status and serializable ranges on a learner; anything else gets
+    /// "etcdserver: rpc not supported for learner".
+    pub fn check_not_learner(&self) -> Result<()> {
+        let is_learner = self
+            .inner
+            .members
+            .read()
+            .get(&self.inner.member_id)
+            .is_some_and(|m| m.is_learner);
+        if is_learner {
+            return Err(ServerError::Etcd(&rpctypes::GRPC_NOT_SUPPORTED_FOR_LEARNER));
+        }
+        Ok(())
+    }
+
     /// Raised alarms.
     pub fn alarms(&self) -> Vec<AlarmMember> {
         self.inner.alarms.read().clone()

@@ -54,6 +54,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        self.server.check_not_learner()?;
         let req = request.into_inner();
         let urls = check_urls(&req.peer_ur_ls)?;
         let member = self.server.add_member(urls, req.is_learner).await?;
@@ -68,6 +69,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        self.server.check_not_learner()?;
         self.server.remove_member(request.into_inner().id).await?;
         Ok(Response::new(MemberRemoveResponse {
             header: Some(self.server.cluster_header()),
@@ -79,6 +81,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        self.server.check_not_learner()?;
         let req = request.into_inner();
         let urls = check_urls(&req.peer_ur_ls)?;
         self.server.update_member(req.id, urls).await?;
@@ -92,6 +95,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
+        self.server.check_not_learner()?;
         if request.get_ref().linearizable {
             self.server.linearizable_barrier().await?;
         }
@@ -105,6 +109,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        self.server.check_not_learner()?;
         self.server.promote_member(request.into_inner().id).await?;
         Ok(Response::new(MemberPromoteResponse {
             header: Some(self.server.cluster_header()),

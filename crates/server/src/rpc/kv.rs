@@ -40,6 +40,7 @@ impl Kv for Rpc {
         let req = request.into_inner();
         validate::range(&req).map_err(|e| e.to_status())?;
         if !req.serializable {
+            self.server.check_not_learner()?;
             self.server.linearizable_barrier().await?;
         }
         let mut resp = apply::range(self.server.store(), &req)?;
@@ -49,6 +50,7 @@ impl Kv for Rpc {
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let req = request.into_inner();
+        self.server.check_not_learner()?;
         validate::put(&req).map_err(|e| e.to_status())?;
         self.server
             .check_quota((req.key.len() + req.value.len()) as u64)
@@ -67,6 +69,7 @@ impl Kv for Rpc {
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
         let req = request.into_inner();
+        self.server.check_not_learner()?;
         validate::delete_range(&req).map_err(|e| e.to_status())?;
         match self.server.propose(Op::DeleteRange(req)).await? {
             ApplyOutput::DeleteRange(mut resp) => {
@@ -79,6 +82,7 @@ impl Kv for Rpc {
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let req = request.into_inner();
+        self.server.check_not_learner()?;
         validate::txn(&req, self.server.config().max_txn_ops).map_err(|e| e.to_status())?;
         if apply::txn_is_read_only(&req) {
             self.server.linearizable_barrier().await?;
@@ -104,6 +108,7 @@ impl Kv for Rpc {
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
         let req = request.into_inner();
+        self.server.check_not_learner()?;
         match self.server.propose(Op::Compaction(req)).await? {
             ApplyOutput::Compaction(mut resp) => {
                 self.server.fill_header(&mut resp.header);

@@ -153,6 +153,7 @@ impl Lease for Rpc {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
+        self.server.check_not_learner()?;
         let mut req = request.into_inner();
         // etcd checks the quota first (its quota server wraps the lease server), then the TTL.
         self.server.check_quota(LEASE_OVERHEAD).await?;
@@ -175,6 +176,7 @@ impl Lease for Rpc {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        self.server.check_not_learner()?;
         let req = request.into_inner();
         match self.server.propose(Op::LeaseRevoke(req)).await? {
             ApplyOutput::LeaseRevoke(mut resp) => {
@@ -191,6 +193,7 @@ impl Lease for Rpc {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        self.server.check_not_learner()?;
         let server = self.server.clone();
         // One request at a time, in order, as etcd's receive loop; an error ends the stream.
         let stream = request.into_inner().then(move |req| {
@@ -216,6 +219,7 @@ impl Lease for Rpc {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        self.server.check_not_learner()?;
         let req = request.into_inner();
         let deadline = Instant::now() + request_timeout(&self.server);
         loop {
@@ -246,6 +250,7 @@ impl Lease for Rpc {
         &self,
         _request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.server.check_not_learner()?;
         let leases = self
             .server
             .store()

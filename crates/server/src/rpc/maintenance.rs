@@ -55,6 +55,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
+        self.server.check_not_learner()?;
         let req = request.into_inner();
         if req.action == AlarmAction::Get as i32 {
             return Ok(Response::new(AlarmResponse {
@@ -104,6 +105,7 @@ impl Maintenance for Rpc {
         &self,
         _request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.server.check_not_learner()?;
         let backend = self.server.store().backend();
         let before = backend.size();
         tracing::info!(path = %backend.path().display(), "defragmenting");
@@ -122,6 +124,7 @@ impl Maintenance for Rpc {
     }
 
     async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.server.check_not_learner()?;
         let server = self.server.clone();
         let (hash, revision) = blocking(move || Ok(server.store().hash()?)).await?;
         Ok(Response::new(HashResponse {
@@ -134,6 +137,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        self.server.check_not_learner()?;
         let rev = request.into_inner().revision;
         let server = self.server.clone();
         let hashed = blocking(move || Ok(server.store().hash_kv(rev)?)).await?;
@@ -151,6 +155,7 @@ impl Maintenance for Rpc {
         &self,
         _request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.server.check_not_learner()?;
         let server = self.server.clone();
         let snapshot =
             blocking(move || server.store().backend().snapshot().map_err(backend_error)).await?;
@@ -178,6 +183,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.server.check_not_learner()?;
         self.server
             .move_leader(request.into_inner().target_id)
             .await?;

@@ -338,6 +338,7 @@ impl Watch for Rpc {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.server.check_not_learner()?;
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
         let interval = self
             .server
