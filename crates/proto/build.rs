@@ -1,7 +1,10 @@
-//! Generates the prost messages and tonic clients/servers for etcd's API.
+//! Generates the prost messages and tonic clients/servers for etcd's API, and the serde
+//! (grpc-gateway JSON) impls of etcdserverpb, mvccpb and authpb.
 //!
 //! protoc is taken from `PROTOC` or `PATH` (Debian's `protobuf-compiler`);
 //! this script deliberately does not set `PROTOC` itself.
+
+use std::path::PathBuf;
 
 const PROTOS: &[&str] = &[
     "proto/mvccpb/kv.proto",
@@ -12,6 +15,9 @@ const PROTOS: &[&str] = &[
     "proto/etcdrspeer/peer.proto",
 ];
 
+/// The packages that etcd's JSON gateway exposes, and so get serde impls.
+const JSON_PACKAGES: &[&str] = &["etcdserverpb", "mvccpb", "authpb"];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // prost-build does not emit these itself.
     println!("cargo:rerun-if-changed=build.rs");
@@ -19,9 +25,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
 
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptors_path = out_dir.join("descriptors.bin");
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        .file_descriptor_set_path(&descriptors_path)
         .compile_protos(PROTOS, &["proto"])?;
+
+    // grpc-gateway marshals with jsonpb `OrigName: true`: the proto's field names,
+    // 64-bit integers as strings, bytes as base64 and zero values omitted. pbjson does the same
+    // once told to keep the proto names.
+    let descriptors = std::fs::read(&descriptors_path)?;
+    let prefixes: Vec<String> = JSON_PACKAGES.iter().map(|p| format!(".{p}")).collect();
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .preserve_proto_field_names()
+        // grpc-gateway's decoder skips fields it does not know.
+        .ignore_unknown_fields()
+        .build(&prefixes)?;
+
+    // `tonic::include_proto!` in lib.rs includes only `<package>.rs`; the serde impls must live
+    // in the same module as the messages, so each of those files includes its companion.
+    for package in JSON_PACKAGES {
+        let messages = out_dir.join(format!("{package}.rs"));
+        let mut text = std::fs::read_to_string(&messages)?;
+        text.push_str(&format!(
+            "\ninclude!(concat!(env!(\"OUT_DIR\"), \"/{package}.serde.rs\"));\n"
+        ));
+        std::fs::write(&messages, text)?;
+    }
     Ok(())
 }

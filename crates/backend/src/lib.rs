@@ -38,6 +38,26 @@ use redb::{
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
+/// etcd's `etcd_disk_backend_commit_duration_seconds`.
+static BACKEND_COMMIT_SECONDS: std::sync::LazyLock<prometheus::Histogram> =
+    std::sync::LazyLock::new(|| {
+        let mut buckets = Vec::with_capacity(14);
+        let mut next = 0.001;
+        for _ in 0..14 {
+            buckets.push(next);
+            next *= 2.0;
+        }
+        let opts = prometheus::HistogramOpts::new(
+            "etcd_disk_backend_commit_duration_seconds",
+            "The latency distributions of commit called by backend.",
+        )
+        .buckets(buckets);
+        let histogram =
+            prometheus::Histogram::with_opts(opts).expect("static metric definition is valid");
+        let _ = prometheus::default_registry().register(Box::new(histogram.clone()));
+        histogram
+    });
+
 /// Bytes of database pages redb keeps in memory.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -340,7 +360,9 @@ impl WriteTx<'_> {
             Durability::None
         };
         self.tx.set_durability(level).map_err(Error::storage)?;
+        let timer = BACKEND_COMMIT_SECONDS.start_timer();
         self.tx.commit().map_err(Error::storage)?;
+        timer.observe_duration();
         if durable {
             *lock(&self.backend.last_durable) = now;
         }

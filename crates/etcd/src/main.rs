@@ -17,8 +17,22 @@ use crate::config::{ClusterState, Command, EtcdConfig};
 
 /// The server's configuration from the parsed command line.
 fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
-    let members = cfg.initial_cluster_members().map_err(|e| anyhow!(e))?;
-    cfg.check_local_member(&members).map_err(|e| anyhow!(e))?;
+    // As etcd, --initial-cluster matters only when bootstrapping: a member with data restarts
+    // with the membership its data directory records.
+    let wal_dir = if cfg.wal_dir.is_empty() {
+        PathBuf::from(&cfg.data_dir).join("member").join("wal")
+    } else {
+        PathBuf::from(&cfg.wal_dir)
+    };
+    let restarting = wal_dir.is_dir();
+    let members = match cfg.initial_cluster_members() {
+        Ok(members) => members,
+        Err(_) if restarting => Vec::new(),
+        Err(e) => return Err(anyhow!(e)),
+    };
+    if !restarting {
+        cfg.check_local_member(&members).map_err(|e| anyhow!(e))?;
+    }
     let mut initial_cluster: Vec<(String, Vec<url::Url>)> = Vec::new();
     for (name, url) in members {
         match initial_cluster.iter_mut().find(|(n, _)| *n == name) {
@@ -52,6 +66,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         election_timeout: std::time::Duration::from_millis(cfg.election_timeout),
         snapshot_count: cfg.snapshot_count,
         pre_vote: cfg.pre_vote,
+        listen_metrics_urls: cfg.listen_metrics_urls.clone(),
         watch_progress_notify_interval: cfg.experimental_watch_progress_notify_interval,
     })
 }
@@ -90,6 +105,7 @@ fn main() -> ExitCode {
     for line in &parsed.warnings {
         tracing::warn!("{line}");
     }
+    etcdrs_server::metrics::set_extensive(cfg.metrics == "extensive");
     let server_config = match server_config(&cfg) {
         Ok(c) => c,
         Err(e) => {

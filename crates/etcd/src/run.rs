@@ -72,6 +72,15 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
         client_listeners.push((addr, listener));
     }
 
+    let mut metrics_listeners = Vec::new();
+    for url in &config.listen_metrics_urls {
+        let addr = bind_addr(url)?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+        metrics_listeners.push((addr, listener));
+    }
+
     let shutdown = CancellationToken::new();
     let mut tasks: JoinSet<TaskResult> = JoinSet::new();
     let server = EtcdServer::start(config, &mut tasks, shutdown.clone()).await?;
@@ -91,6 +100,15 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             shutdown.cancel();
             report(done)?;
         }
+    }
+    for (addr, listener) in metrics_listeners {
+        let server = server.clone();
+        let stop = shutdown.clone();
+        tracing::info!(address = %addr, "serving metrics");
+        tasks.spawn(async move {
+            let result = etcdrs_server::http::serve_metrics(server, listener, stop).await;
+            ("metrics listener", result.map_err(|e| e.to_string()))
+        });
     }
     for (addr, listener) in client_listeners {
         let server = server.clone();

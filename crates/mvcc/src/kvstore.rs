@@ -274,6 +274,11 @@ impl KvStore {
         &self.lessor
     }
 
+    /// Keys the index holds (live ones and those with history only), etcd's `keys_total`.
+    pub fn key_count(&self) -> usize {
+        self.state.read().index.len()
+    }
+
     /// The current revision.
     pub fn current_rev(&self) -> i64 {
         self.state.read().current_rev

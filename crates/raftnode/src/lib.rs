@@ -22,6 +22,7 @@
 
 mod error;
 mod logger;
+pub mod metrics;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -527,7 +528,9 @@ fn persist(
         vote: hs.vote,
         commit: hs.commit,
     });
+    let timer = metrics::WAL_FSYNC_SECONDS.start_timer();
     wal.save(wal_hard_state, &records)?;
+    timer.observe_duration();
     let mut core = storage.wl();
     if !entries.is_empty() {
         core.append(entries)?;
@@ -736,6 +739,7 @@ impl NodeCore {
         *store.applied.lock() = (index, term);
         self.last_mark = index;
         self.status.write().applied = index;
+        metrics::SNAPSHOTS_INSTALLED.inc();
         tracing::info!(index, term, "applied snapshot from the leader");
         Ok(())
     }

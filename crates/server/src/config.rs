@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub snapshot_count: u64,
     /// Pre-vote (`--pre-vote`).
     pub pre_vote: bool,
+    /// Extra URLs serving only `/metrics` and `/health` (`--listen-metrics-urls`).
+    pub listen_metrics_urls: Vec<Url>,
     /// How often idle watchers that asked for progress notifications get one
     /// (`--experimental-watch-progress-notify-interval`).
     pub watch_progress_notify_interval: Duration,
@@ -89,6 +91,7 @@ impl ServerConfig {
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 100_000,
             pre_vote: true,
+            listen_metrics_urls: Vec::new(),
             watch_progress_notify_interval: Duration::from_secs(600),
         }
     }

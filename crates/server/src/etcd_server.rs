@@ -105,6 +105,10 @@ struct Inner {
     published: AtomicBool,
     /// Set when this member's removal is applied: it must stop serving.
     removed: AtomicBool,
+    /// Ids of members removed from the cluster: their peer messages are refused, which tells
+    /// a removed member that missed its own removal to stop (etcd answers them 410 Gone).
+    removed_members: RwLock<std::collections::HashSet<u64>>,
+    removed_notify: tokio::sync::Notify,
     watch_hub: WatchHub,
     transport: Arc<PeerTransport>,
     /// A snapshot image received from the leader, waiting for raft to install it: (index, file).
@@ -222,6 +226,8 @@ impl EtcdServer {
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
                 removed: AtomicBool::new(false),
+                removed_members: RwLock::new(load_removed(&store)?),
+                removed_notify: tokio::sync::Notify::new(),
                 watch_hub: WatchHub::new(store.current_rev()),
                 transport: transport.clone(),
                 pending_snapshot: Mutex::new(None),
@@ -231,7 +237,20 @@ impl EtcdServer {
             }),
         };
 
-        transport.set_snapshot_source(store.clone(), server.inner.raft.clone());
+        let removed = CancellationToken::new();
+        transport.set_snapshot_source(store.clone(), server.inner.raft.clone(), removed.clone());
+        let told = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = removed.cancelled() => {
+                    told.removed_by_peer();
+                    stop.cancelled().await;
+                }
+            }
+            ("removal notice", Ok(()))
+        });
         // The one writer is the raft thread itself: committed entries are applied inline.
         starter.start(Box::new(Applier {
             server: server.clone(),
@@ -242,6 +261,17 @@ impl EtcdServer {
         tasks.spawn(async move {
             lessor.run_lease_expiry(stop).await;
             ("lease expiry", Ok(()))
+        });
+        let watcher = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => ("removal watch", Ok(())),
+                _ = watcher.wait_removed() => (
+                    "removal watch",
+                    Err("the member has been permanently removed from the cluster".to_string()),
+                ),
+            }
         });
         let syncer = server.clone();
         let stop = shutdown.clone();
@@ -286,6 +316,26 @@ impl EtcdServer {
     /// Members, by id.
     pub fn members(&self) -> Vec<Member> {
         self.inner.members.read().values().cloned().collect()
+    }
+
+    /// Whether member `id` was removed from the cluster.
+    pub fn is_removed_member(&self, id: u64) -> bool {
+        self.inner.removed_members.read().contains(&id)
+    }
+
+    /// This member learned from a peer that it was removed: it stops, as etcd does.
+    pub fn removed_by_peer(&self) {
+        if !self.inner.removed.swap(true, AtomicOrdering::AcqRel) {
+            tracing::warn!("the member has been permanently removed from the cluster");
+        }
+        self.inner.removed_notify.notify_one();
+    }
+
+    /// Resolves when this member has been removed from the cluster.
+    pub async fn wait_removed(&self) {
+        while !self.inner.removed.load(AtomicOrdering::Acquire) {
+            self.inner.removed_notify.notified().await;
+        }
     }
 
     /// etcd serves only Status and serializable ranges on a learner; anything else gets
@@ -455,11 +505,27 @@ impl EtcdServer {
         }
         let (done, result) = oneshot::channel();
         self.inner.waiters.lock().insert(id, done);
-        let forget = || {
-            self.inner.waiters.lock().remove(&id);
-        };
+        crate::metrics::PROPOSALS_PENDING.inc();
+        let outcome = self.wait_proposal(id, data, result).await;
+        crate::metrics::PROPOSALS_PENDING.dec();
+        let failed = matches!(
+            &outcome,
+            Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT || **e == rpctypes::NO_LEADER
+        );
+        if failed {
+            crate::metrics::PROPOSALS_FAILED.inc();
+        }
+        outcome
+    }
+
+    async fn wait_proposal(
+        &self,
+        id: u64,
+        data: Vec<u8>,
+        result: oneshot::Receiver<Result<ApplyOutput>>,
+    ) -> Result<ApplyOutput> {
         if let Err(e) = self.inner.raft.propose(data).await {
-            forget();
+            self.inner.waiters.lock().remove(&id);
             return Err(match e {
                 etcdrs_raftnode::Error::ProposalDropped => ServerError::Etcd(&rpctypes::NO_LEADER),
                 e => e.into(),
@@ -469,7 +535,7 @@ impl EtcdServer {
             Ok(Ok(output)) => output,
             Ok(Err(_)) => Err(ServerError::Stopped),
             Err(_) => {
-                forget();
+                self.inner.waiters.lock().remove(&id);
                 Err(ServerError::Etcd(&rpctypes::TIMEOUT))
             }
         }
@@ -837,8 +903,10 @@ impl EtcdServer {
                 tracing::info!(removed_remote_peer_id = %membership::id_hex(change.node_id), "removed member");
                 if change.node_id == self.inner.member_id {
                     self.inner.removed.store(true, AtomicOrdering::Release);
+                    self.inner.removed_notify.notify_one();
                 }
                 batch.bucket_delete(Bucket::MEMBERS, &change.node_id.to_be_bytes())?;
+                self.inner.removed_members.write().insert(change.node_id);
                 batch.bucket_put(
                     Bucket::MEMBERS_REMOVED,
                     &change.node_id.to_be_bytes(),
@@ -1324,6 +1392,19 @@ fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
     })
     .map_err(etcdrs_mvcc::Error::from)?;
     Ok(members)
+}
+
+fn load_removed(store: &KvStore) -> Result<std::collections::HashSet<u64>> {
+    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
+    let mut removed = std::collections::HashSet::new();
+    read.for_each_in(Bucket::MEMBERS_REMOVED, &[], None, |key, _| {
+        if let Ok(id) = <[u8; 8]>::try_from(key) {
+            removed.insert(u64::from_be_bytes(id));
+        }
+        true
+    })
+    .map_err(etcdrs_mvcc::Error::from)?;
+    Ok(removed)
 }
 
 fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {

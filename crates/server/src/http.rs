@@ -13,6 +13,8 @@ use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
 use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
+use etcdrs_proto::v3electionpb::election_server::ElectionServer;
+use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -30,6 +32,7 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 /// The router serving gRPC and HTTP for `server`.
 pub fn router(server: EtcdServer) -> Router {
     let rpc = Rpc::new(server.clone());
+    let gateway = crate::gateway::router(rpc.clone());
     let max = server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     drop(health_reporter);
@@ -38,6 +41,8 @@ pub fn router(server: EtcdServer) -> Router {
             .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(LockServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(ElectionServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(MaintenanceServer::new(rpc).max_decoding_message_size(max))
             .add_service(health_service)
             .prepare()
@@ -48,8 +53,10 @@ pub fn router(server: EtcdServer) -> Router {
         .route("/metrics", get(metrics_text))
         .with_state(server);
     grpc.merge(http)
+        .merge(gateway)
         .fallback(not_found)
         .layer(axum::middleware::map_response(grpc_size_error))
+        .layer(axum::middleware::from_fn(crate::metrics::grpc_metrics))
 }
 
 /// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest.
@@ -126,6 +133,24 @@ pub fn peer_router(server: EtcdServer) -> Router {
         .route("/health", get(health))
         .with_state(server);
     grpc.merge(http).fallback(not_found)
+}
+
+/// The router of `--listen-metrics-urls`: `/metrics` and `/health` only, as etcd serves there.
+pub fn metrics_router(server: EtcdServer) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .with_state(server)
+}
+
+/// Serve `/metrics` and `/health` on `listener` until `shutdown`.
+pub async fn serve_metrics(
+    server: EtcdServer,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    serve_router(metrics_router(server), listener, shutdown).await
 }
 
 /// Serve peers on `listener` until `shutdown`.

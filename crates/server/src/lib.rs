@@ -14,6 +14,7 @@ mod compactor;
 pub mod config;
 pub mod error;
 mod etcd_server;
+pub mod gateway;
 mod h2authority;
 pub mod http;
 mod idgen;

@@ -36,6 +36,9 @@ pub const CLUSTER_ID_HEADER: &str = "x-etcd-cluster-id";
 /// Metadata key carrying the sender's member id (hex).
 pub const FROM_HEADER: &str = "x-server-from";
 
+/// What a member tells a removed member that still sends it messages.
+const MEMBER_REMOVED: &str = "the member has been permanently removed from the cluster";
+
 /// Outgoing messages queued per peer before new ones are dropped.
 const LINK_QUEUE: usize = 4096;
 /// Messages sent in one call.
@@ -67,6 +70,8 @@ pub struct PeerTransport {
 struct SnapshotSource {
     store: Arc<etcdrs_mvcc::KvStore>,
     raft: etcdrs_raftnode::RaftNodeHandle,
+    /// Cancelled when a peer says this member was removed.
+    removed: CancellationToken,
 }
 
 /// Bytes per snapshot chunk on the wire.
@@ -93,8 +98,13 @@ impl PeerTransport {
         &self,
         store: Arc<etcdrs_mvcc::KvStore>,
         raft: etcdrs_raftnode::RaftNodeHandle,
+        removed: CancellationToken,
     ) {
-        let _ = self.snapshots.set(SnapshotSource { store, raft });
+        let _ = self.snapshots.set(SnapshotSource {
+            store,
+            raft,
+            removed,
+        });
     }
 
     /// Make the links match `members` (id and peer URLs); the local member is skipped.
@@ -220,15 +230,39 @@ impl LinkWorker {
                     Err(_) => break,
                 }
             }
+            let bytes: usize = batch.iter().map(Vec::len).sum();
             let mut request = Request::new(RaftBatch { messages: batch });
             stamp(&mut request, self.cluster_id, self.local_id);
+            let to = id_hex(self.to);
+            let started = std::time::Instant::now();
             let result = tokio::time::timeout(SEND_TIMEOUT, client.raft(request)).await;
+            if matches!(result, Ok(Ok(_))) {
+                crate::metrics::PEER_SENT_BYTES
+                    .with_label_values(&[to.as_str()])
+                    .inc_by(bytes as u64);
+                crate::metrics::PEER_RTT
+                    .with_label_values(&[to.as_str()])
+                    .observe(started.elapsed().as_secs_f64());
+            } else {
+                crate::metrics::PEER_SENT_FAILURES
+                    .with_label_values(&[to.as_str()])
+                    .inc();
+            }
             match result {
                 Ok(Ok(_)) => {
                     if !active {
                         active = true;
                         tracing::info!(remote_peer_id = %id_hex(self.to), "peer became active");
                     }
+                }
+                Ok(Err(status))
+                    if status.code() == tonic::Code::PermissionDenied
+                        && status.message() == MEMBER_REMOVED =>
+                {
+                    if let Some(source) = self.snapshots.get() {
+                        source.removed.cancel();
+                    }
+                    return;
                 }
                 Ok(Err(status)) if status.code() == tonic::Code::FailedPrecondition => {
                     tracing::error!(
@@ -375,6 +409,19 @@ impl PeerService {
 impl Peer for PeerService {
     async fn raft(&self, request: Request<RaftBatch>) -> Result<Response<PeerAck>, Status> {
         self.check_cluster(&request)?;
+        let from = request
+            .metadata()
+            .get(FROM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown")
+            .to_string();
+        if u64::from_str_radix(&from, 16).is_ok_and(|id| self.server.is_removed_member(id)) {
+            return Err(Status::permission_denied(MEMBER_REMOVED));
+        }
+        let bytes: usize = request.get_ref().messages.iter().map(Vec::len).sum();
+        crate::metrics::PEER_RECEIVED_BYTES
+            .with_label_values(&[from.as_str()])
+            .inc_by(bytes as u64);
         for bytes in request.into_inner().messages {
             let mut message = Message::default();
             if message.merge_from_bytes(&bytes).is_err() {

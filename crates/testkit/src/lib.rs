@@ -26,6 +26,12 @@
 //!   when every `/health` is true. [`Cluster::leader`], [`Cluster::kill9`], [`Cluster::restart`],
 //!   [`Cluster::restart_all`], a [`Cluster::client`] and an [`Cluster::etcdctl`] over all
 //!   endpoints. Dropping it SIGKILLs every member.
+//! - [`Relay`]: a TCP forwarder on a loopback port with faults: [`Relay::block`] drops and
+//!   refuses every connection, [`Relay::block_from`] only those a given process dials,
+//!   [`Relay::heal`] lifts both. [`RelayedCluster`]: a cluster whose members advertise a relay as
+//!   their peer URL (each listens on its own peer port behind it), with
+//!   [`RelayedCluster::isolate`] (a real two-way partition of one member) and
+//!   [`RelayedCluster::heal`].
 //! - [`Etcdctl`]: runs the stock `etcdctl` (`ETCDCTL_API=3`, `--endpoints`), override with
 //!   `ETCDRS_TEST_ETCDCTL`. [`Etcdctl::ok`] / [`Etcdctl::fail`] panic with the other stream when
 //!   the exit status is not the expected one.
@@ -64,6 +70,8 @@ mod http;
 mod member;
 mod poll;
 pub mod ports;
+mod relay;
+mod relayed;
 
 pub use bin::EtcdBin;
 pub use cluster::{Cluster, ClusterOpts};
@@ -72,3 +80,5 @@ pub use grpc::{Code, assert_grpc_error, grpc_error};
 pub use http::{HttpResponse, http_get};
 pub use member::{FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts};
 pub use poll::poll_until;
+pub use relay::Relay;
+pub use relayed::RelayedCluster;

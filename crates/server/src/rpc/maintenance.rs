@@ -94,7 +94,7 @@ impl Maintenance for Rpc {
             raft_applied_index: raft.applied,
             errors,
             db_size_in_use: backend.size_in_use() as i64,
-            is_learner: false,
+            is_learner: self.server.check_not_learner().is_err(),
             storage_version: String::new(),
             db_size_quota: self.server.config().quota_bytes() as i64,
             downgrade_info: None,

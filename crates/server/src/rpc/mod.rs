@@ -2,8 +2,10 @@
 //! request, hand it to [`EtcdServer`](crate::EtcdServer) and fill the response header.
 
 pub mod cluster;
+pub mod election;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
 pub mod status;
 pub mod watch;
