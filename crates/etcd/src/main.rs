@@ -33,6 +33,20 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
     if !restarting {
         cfg.check_local_member(&members).map_err(|e| anyhow!(e))?;
     }
+    let loopback = |url: &url::Url| match url.host() {
+        Some(url::Host::Domain(d)) => d == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    let peers: std::collections::BTreeSet<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+    if peers.len() > 1 && cfg.advertise_client_urls.iter().any(loopback) {
+        // Other members publish and hand out these URLs: a loopback one reaches nobody else.
+        tracing::warn!(
+            advertise_client_urls = ?cfg.advertise_client_urls.iter().map(etcdrs_server::url_string).collect::<Vec<_>>(),
+            "advertising a localhost client URL to a multi-member cluster; clients on other hosts cannot reach it"
+        );
+    }
     let mut initial_cluster: Vec<(String, Vec<url::Url>)> = Vec::new();
     for (name, url) in members {
         match initial_cluster.iter_mut().find(|(n, _)| *n == name) {
