@@ -32,7 +32,10 @@ use std::time::Duration;
 use etcdrs_wal::{EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
 use parking_lot::RwLock;
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeType, ConfState, Entry, EntryType, HardState, Message};
+use raft::eraftpb::{
+    ConfChange, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType,
+    HardState, Message,
+};
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole, Storage};
 use tokio::sync::{mpsc, oneshot};
@@ -176,6 +179,8 @@ pub struct NodeStatus {
     pub learners: Arc<[u64]>,
     /// On the leader: how far each member's log matches the leader's (raft progress).
     pub matched: Arc<[(u64, u64)]>,
+    /// Whether the configuration is joint (a membership change is in progress).
+    pub joint: bool,
 }
 
 enum NodeMsg {
@@ -610,7 +615,18 @@ impl NodeCore {
                 self.node.read_index(ctx.to_be_bytes().to_vec());
             }
             NodeMsg::ProposeConfChange { change, done } => {
-                let result = match self.node.propose_conf_change(Vec::new(), change) {
+                // Membership changes go through joint consensus: raft enters the joint
+                // configuration and leaves it by itself once that is applied.
+                let mut single = raft::eraftpb::ConfChangeSingle::default();
+                single.set_change_type(change.get_change_type());
+                single.node_id = change.node_id;
+                let mut joint = ConfChangeV2::default();
+                joint.set_changes(vec![single].into());
+                joint.set_transition(ConfChangeTransition::Implicit);
+                let mut context = change.id.to_be_bytes().to_vec();
+                context.extend_from_slice(&change.context);
+                joint.context = context.into();
+                let result = match self.node.propose_conf_change(Vec::new(), joint) {
                     Ok(()) => Ok(()),
                     Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
                     Err(e) => Err(Error::Raft(e)),
@@ -697,12 +713,24 @@ impl NodeCore {
         let last_index = last.index;
         let mut conf_state = None;
         for entry in &entries {
-            if entry.get_entry_type() == EntryType::EntryConfChange {
-                let mut change = ConfChange::default();
-                change
-                    .merge_from_bytes(&entry.data)
-                    .map_err(|e| Error::Corrupt(e.to_string()))?;
-                let changed = self.node.apply_conf_change(&change)?;
+            let changed = match entry.get_entry_type() {
+                EntryType::EntryConfChange => {
+                    let mut change = ConfChange::default();
+                    change
+                        .merge_from_bytes(&entry.data)
+                        .map_err(|e| Error::Corrupt(e.to_string()))?;
+                    Some(self.node.apply_conf_change(&change)?)
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let mut change = ConfChangeV2::default();
+                    change
+                        .merge_from_bytes(&entry.data)
+                        .map_err(|e| Error::Corrupt(e.to_string()))?;
+                    Some(self.node.apply_conf_change(&change)?)
+                }
+                EntryType::EntryNormal => None,
+            };
+            if let Some(changed) = changed {
                 *self.node.raft.raft_log.store.conf_state.lock() = changed.clone();
                 conf_state = Some(changed);
             }
@@ -781,6 +809,7 @@ impl NodeCore {
         status.term = raft.term;
         status.commit = raft.raft_log.committed;
         status.is_leader = raft.state == StateRole::Leader;
+        status.joint = !conf.to_conf_state().voters_outgoing.is_empty();
         let voters: Vec<u64> = conf.voters().ids().iter().collect();
         if *status.voters != *voters {
             status.voters = voters.into();

@@ -23,7 +23,9 @@ use etcdrs_raftnode::{
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use prost::Message as _;
-use protobuf_free::{decode_conf_change, decode_conf_state, encode_conf_state};
+use protobuf_free::{
+    decode_conf_change, decode_conf_change_v2, decode_conf_state, encode_conf_state,
+};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +46,14 @@ mod protobuf_free {
 
     pub(super) fn decode_conf_change(bytes: &[u8]) -> Option<ConfChange> {
         let mut change = ConfChange::default();
+        change.merge_from_bytes(bytes).ok()?;
+        Some(change)
+    }
+
+    pub(super) fn decode_conf_change_v2(
+        bytes: &[u8],
+    ) -> Option<etcdrs_raftnode::eraftpb::ConfChangeV2> {
+        let mut change = etcdrs_raftnode::eraftpb::ConfChangeV2::default();
         change.merge_from_bytes(bytes).ok()?;
         Some(change)
     }
@@ -543,6 +553,9 @@ impl EtcdServer {
 
     /// Propose a membership change through raft and wait until it is applied.
     async fn propose_conf_change(&self, mut change: ConfChange) -> Result<()> {
+        // One membership change at a time: raft refuses a change while the previous one's
+        // joint configuration has not been left.
+        self.wait_not_joint().await?;
         let id = self.inner.ids.next();
         change.id = id;
         let (done, result) = oneshot::channel();
@@ -562,6 +575,18 @@ impl EtcdServer {
                 Err(ServerError::Etcd(&rpctypes::TIMEOUT))
             }
         }
+    }
+
+    /// Wait until the configuration is not joint (bounded by the request timeout).
+    async fn wait_not_joint(&self) -> Result<()> {
+        let deadline = Instant::now() + self.inner.request_timeout;
+        while self.inner.raft.status().joint {
+            if Instant::now() >= deadline {
+                return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
+            }
+            tokio::time::sleep(self.inner.config.heartbeat_interval / 4).await;
+        }
+        Ok(())
     }
 
     /// Add a member (etcd's MemberAdd): a voter, or a learner.
@@ -850,7 +875,28 @@ impl EtcdServer {
                         results.push((change.id, Ok(ApplyOutput::MembersChanged)));
                     }
                 }
-                EntryType::EntryConfChangeV2 => {}
+                EntryType::EntryConfChangeV2 => {
+                    // Joint consensus: the context carries the proposer's request id and the
+                    // member; the entry raft adds to leave the joint configuration has neither.
+                    let Some(joint) = decode_conf_change_v2(&entry.data) else {
+                        continue;
+                    };
+                    if joint.changes.is_empty() || joint.context.len() < 8 {
+                        continue;
+                    }
+                    let mut id_bytes = [0u8; 8];
+                    id_bytes.copy_from_slice(&joint.context[..8]);
+                    let request_id = u64::from_be_bytes(id_bytes);
+                    for single in joint.changes.iter() {
+                        let mut change = ConfChange::default();
+                        change.set_change_type(single.get_change_type());
+                        change.node_id = single.node_id;
+                        change.context = joint.context.slice(8..);
+                        change.id = request_id;
+                        self.apply_conf_change(&mut batch, &change)?;
+                    }
+                    results.push((request_id, Ok(ApplyOutput::MembersChanged)));
+                }
             }
         }
         if index > skip_below {

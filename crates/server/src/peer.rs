@@ -47,7 +47,10 @@ const MAX_BATCH: usize = 512;
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Link {
+    /// The member's peer URLs, as the membership lists them.
     urls: Vec<String>,
+    /// Where the link dials: `urls`, then URLs the member had before an update.
+    dial: Vec<String>,
     tx: mpsc::Sender<Message>,
     stop: CancellationToken,
 }
@@ -107,15 +110,20 @@ impl PeerTransport {
         });
     }
 
-    /// Make the links match `members` (id and peer URLs); the local member is skipped.
+    /// Make the links match `members` (id and peer URLs); the local member is skipped. A
+    /// member whose URLs changed (MemberUpdate) is dialled at its new URLs first and at its old
+    /// ones after them: until it restarts on the new address, only the old one reaches it,
+    /// and it must still hear that the change committed.
     pub fn set_peers(&self, members: &[(u64, Vec<String>)]) {
         let mut links = self.links.write();
+        let mut previous_urls: HashMap<u64, Vec<String>> = HashMap::new();
         links.retain(|id, link| {
             let keep = members
                 .iter()
                 .any(|(m, urls)| m == id && *urls == link.urls);
             if !keep {
                 link.stop.cancel();
+                previous_urls.insert(*id, link.dial.clone());
             }
             keep
         });
@@ -123,11 +131,17 @@ impl PeerTransport {
             if *id == self.local_id || links.contains_key(id) || urls.is_empty() {
                 continue;
             }
+            let mut dial = urls.clone();
+            for old in previous_urls.remove(id).unwrap_or_default() {
+                if !dial.contains(&old) {
+                    dial.push(old);
+                }
+            }
             let (tx, rx) = mpsc::channel(LINK_QUEUE);
             let stop = self.shutdown.child_token();
             let worker = LinkWorker {
                 to: *id,
-                urls: urls.clone(),
+                urls: dial.clone(),
                 local_id: self.local_id,
                 cluster_id: self.cluster_id,
                 snapshots: self.snapshots.clone(),
@@ -138,6 +152,7 @@ impl PeerTransport {
                 *id,
                 Link {
                     urls: urls.clone(),
+                    dial,
                     tx,
                     stop,
                 },
