@@ -609,6 +609,9 @@ impl NodeCore {
                     let _ = done.send(Err(Error::ProposalDropped));
                     return Ok(());
                 }
+                // raft drops a read index it cannot serve yet (a new leader that has not
+                // committed in its term); the caller retries, and its abandoned waits go.
+                self.pending_reads.retain(|_, waiting| !waiting.is_closed());
                 self.next_read += 1;
                 let ctx = self.next_read;
                 self.pending_reads.insert(ctx, done);

@@ -94,6 +94,8 @@ pub enum ApplyOutput {
 
 type Waiter = oneshot::Sender<Result<ApplyOutput>>;
 
+/// How long one read index request may go unanswered before it is asked again.
+const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd refuses new proposals when the applied index trails the committed index by this much.
 const MAX_GAP_APPLY_COMMIT: u64 = 5000;
 /// Cost etcd's quota charges per key on top of its key and value.
@@ -453,10 +455,26 @@ impl EtcdServer {
 
     /// Wait until every write committed before this call is applied (ReadIndex).
     pub async fn linearizable_barrier(&self) -> Result<()> {
-        let index = tokio::time::timeout(self.inner.request_timeout, self.inner.raft.read_index())
-            .await
-            .map_err(|_| ServerError::Etcd(&rpctypes::TIMEOUT))??;
-        self.wait_applied(index).await
+        // raft silently drops a read index that a new leader cannot serve yet; etcd retries
+        // every 500 ms (`readIndexRetryTime`), and so do we, within the request timeout.
+        let deadline = Instant::now() + self.inner.request_timeout;
+        loop {
+            let attempt =
+                tokio::time::timeout(READ_INDEX_RETRY, self.inner.raft.read_index()).await;
+            match attempt {
+                Ok(Ok(index)) => return self.wait_applied(index).await,
+                Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) | Err(_) => {
+                    if Instant::now() >= deadline {
+                        return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
+                    }
+                    if attempt.is_ok() {
+                        // No leader yet: wait a heartbeat before asking again.
+                        tokio::time::sleep(self.inner.config.heartbeat_interval).await;
+                    }
+                }
+                Ok(Err(e)) => return Err(e.into()),
+            }
+        }
     }
 
     async fn wait_applied(&self, index: u64) -> Result<()> {
