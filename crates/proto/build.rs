@@ -1,5 +1,5 @@
 //! Generates the prost messages and tonic clients/servers for etcd's API, and the serde
-//! (grpc-gateway JSON) impls of etcdserverpb, mvccpb and authpb.
+//! (grpc-gateway JSON) impls of etcdserverpb, mvccpb, authpb, v3lockpb and v3electionpb.
 //!
 //! protoc is taken from `PROTOC` or `PATH` (Debian's `protobuf-compiler`);
 //! this script deliberately does not set `PROTOC` itself.
@@ -15,8 +15,15 @@ const PROTOS: &[&str] = &[
     "proto/etcdrspeer/peer.proto",
 ];
 
-/// The packages that etcd's JSON gateway exposes, and so get serde impls.
-const JSON_PACKAGES: &[&str] = &["etcdserverpb", "mvccpb", "authpb"];
+/// The packages that etcd's JSON gateway exposes, and so get serde impls. etcd's gateway
+/// also serves the lock and election services (`v3lock/v3lockpb/gw`, `v3election/v3electionpb/gw`).
+const JSON_PACKAGES: &[&str] = &[
+    "etcdserverpb",
+    "mvccpb",
+    "authpb",
+    "v3lockpb",
+    "v3electionpb",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // prost-build does not emit these itself.

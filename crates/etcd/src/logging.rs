@@ -1,8 +1,14 @@
 //! Logs in etcd's shape: one JSON object per line on stderr, as etcd's default zap logger
 //! writes them (`{"level":"info","ts":"…","caller":"…","msg":"ready to serve client requests",…}`),
 //! so that operators' scripts that read etcd's logs read ours.
+//!
+//! When stderr is a terminal, a person is reading: lines are then plain text,
+//! `2026-11-29T21:00:00.000Z INFO ready to serve client requests key=value`. Anything that
+//! captures stderr (a pipe, a file, a test harness, systemd) gets JSON as with etcd.
+//! `ETCDRS_LOG_FORMAT=json|console` overrides the choice.
 
 use std::fmt;
+use std::io::IsTerminal;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
@@ -25,14 +31,27 @@ pub fn init(log_level: &str) {
     let directives = std::env::var("ETCDRS_LOG")
         .unwrap_or_else(|_| format!("{level},h2=warn,hyper=warn,tower=warn"));
     let filter = tracing_subscriber::EnvFilter::new(directives);
+    let format = match std::env::var("ETCDRS_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        Ok("console") => LogFormat::Console,
+        _ if std::io::stderr().is_terminal() => LogFormat::Console,
+        _ => LogFormat::Json,
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .event_format(ZapJson)
+        .event_format(format)
         .try_init();
 }
 
-struct ZapJson;
+/// How each log line is written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum LogFormat {
+    /// etcd's zap JSON: for programs.
+    Json,
+    /// Plain text with `key=value` fields: for people at a terminal.
+    Console,
+}
 
 struct Fields(Map<String, Value>);
 
@@ -60,7 +79,7 @@ fn name(field: &Field) -> String {
     field.name().replace('_', "-")
 }
 
-impl<S, N> FormatEvent<S, N> for ZapJson
+impl<S, N> FormatEvent<S, N> for LogFormat
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -74,28 +93,63 @@ where
         let meta = event.metadata();
         let mut fields = Fields(Map::new());
         event.record(&mut fields);
-        let msg = fields
-            .0
-            .remove("message")
-            .unwrap_or(Value::String(String::new()));
-        let mut line = Map::new();
+        let msg = match fields.0.remove("message") {
+            Some(Value::String(msg)) => msg,
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
         let level = match *meta.level() {
             Level::ERROR => "error",
             Level::WARN => "warn",
             Level::INFO => "info",
             Level::DEBUG | Level::TRACE => "debug",
         };
-        line.insert("level".into(), Value::String(level.into()));
-        line.insert("ts".into(), Value::String(timestamp()));
-        let caller = match (meta.file(), meta.line()) {
-            (Some(file), Some(line)) => format!("{}:{line}", short_path(file)),
-            _ => meta.target().to_string(),
+        let line = match self {
+            LogFormat::Json => {
+                let caller = match (meta.file(), meta.line()) {
+                    (Some(file), Some(line)) => format!("{}:{line}", short_path(file)),
+                    _ => meta.target().to_string(),
+                };
+                json_line(&timestamp(), level, &caller, &msg, fields.0)
+            }
+            LogFormat::Console => console_line(&timestamp(), level, &msg, &fields.0),
         };
-        line.insert("caller".into(), Value::String(caller));
-        line.insert("msg".into(), msg);
-        line.extend(fields.0);
-        writeln!(writer, "{}", Value::Object(line))
+        writeln!(writer, "{line}")
     }
+}
+
+/// One zap JSON line: level, ts, caller and msg first, then the fields.
+fn json_line(ts: &str, level: &str, caller: &str, msg: &str, fields: Map<String, Value>) -> String {
+    let mut line = Map::new();
+    line.insert("level".into(), Value::String(level.into()));
+    line.insert("ts".into(), Value::String(ts.into()));
+    line.insert("caller".into(), Value::String(caller.into()));
+    line.insert("msg".into(), Value::String(msg.into()));
+    line.extend(fields);
+    Value::Object(line).to_string()
+}
+
+/// One console line: `<ts> <LEVEL> <msg> key=value ...`. A string value is quoted (with
+/// escapes) only when it would otherwise be ambiguous: empty, or holding spaces, quotes, `=`
+/// or control characters.
+fn console_line(ts: &str, level: &str, msg: &str, fields: &Map<String, Value>) -> String {
+    let mut line = format!("{ts} {} {msg}", level.to_ascii_uppercase());
+    for (key, value) in fields {
+        let text = match value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let ambiguous = text.is_empty()
+            || text
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == '"' || c == '=');
+        if ambiguous {
+            line.push_str(&format!(" {key}={text:?}"));
+        } else {
+            line.push_str(&format!(" {key}={text}"));
+        }
+    }
+    line
 }
 
 fn short_path(file: &str) -> &str {
@@ -147,5 +201,62 @@ mod tests {
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20_786), (2026, 11, 29));
         assert_eq!(short_path("crates/server/src/http.rs"), "src/http.rs");
+    }
+
+    fn fields(json: Value) -> Map<String, Value> {
+        match json {
+            Value::Object(map) => map,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    #[test]
+    fn json_lines_are_zaps() {
+        let line = json_line(
+            "2026-11-29T21:00:00.000Z",
+            "info",
+            "src/run.rs:120",
+            "ready to serve client requests",
+            fields(serde_json::json!({ "local-member-id": "8e9e05c52164694d", "n": 3 })),
+        );
+        assert_eq!(
+            line,
+            r#"{"level":"info","ts":"2026-11-29T21:00:00.000Z","caller":"src/run.rs:120","msg":"ready to serve client requests","local-member-id":"8e9e05c52164694d","n":3}"#
+        );
+    }
+
+    #[test]
+    fn console_lines_are_readable() {
+        let line = console_line(
+            "2026-11-29T21:00:00.000Z",
+            "info",
+            "starting an etcd server",
+            &fields(serde_json::json!({
+                "name": "default",
+                "data-dir": "/var/lib/etcd",
+                "quota-backend-bytes": 0,
+                "force-new-cluster": false,
+                "urls": "[\"http://127.0.0.1:2379\"]",
+                "error": "connection refused (os error 111)",
+                "empty": "",
+                "eq": "a=b",
+            })),
+        );
+        assert_eq!(
+            line,
+            concat!(
+                "2026-11-29T21:00:00.000Z INFO starting an etcd server name=default ",
+                "data-dir=/var/lib/etcd quota-backend-bytes=0 force-new-cluster=false ",
+                r#"urls="[\"http://127.0.0.1:2379\"]" error="connection refused (os error 111)" "#,
+                r#"empty="" eq="a=b""#
+            )
+        );
+        let line = console_line(
+            "2026-11-29T21:00:00.000Z",
+            "warn",
+            "two\nlines",
+            &Map::new(),
+        );
+        assert_eq!(line, "2026-11-29T21:00:00.000Z WARN two\nlines");
     }
 }

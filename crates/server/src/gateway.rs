@@ -12,7 +12,10 @@
 //! keep-alive, watch, snapshot) read a sequence of JSON requests from the request body and
 //! answer one `{"result":..}` object per line.
 //!
-//! Not here: auth, v3lock and v3election routes.
+//! The v3lock and v3election services are served too, at the paths of their own gateways
+//! (`/v3/lock/lock`, `/v3/election/campaign`, ...); election observe streams like watch.
+//!
+//! Not here: auth routes.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,6 +34,8 @@ use etcdrs_proto::etcdserverpb::watch_server::Watch;
 use etcdrs_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, WatchRequest, WatchResponse,
 };
+use etcdrs_proto::v3electionpb::election_server::Election;
+use etcdrs_proto::v3lockpb::lock_server::Lock;
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -145,6 +150,32 @@ fn routes() -> Vec<(&'static str, MethodRouter<Gateway>)> {
             "/maintenance/transfer-leadership",
             unary(|rpc, r| async move { Maintenance::move_leader(&rpc, r).await }),
         ),
+        // v3lock.proto and v3election.proto.
+        (
+            "/lock/lock",
+            unary(|rpc, r| async move { Lock::lock(&rpc, r).await }),
+        ),
+        (
+            "/lock/unlock",
+            unary(|rpc, r| async move { Lock::unlock(&rpc, r).await }),
+        ),
+        (
+            "/election/campaign",
+            unary(|rpc, r| async move { Election::campaign(&rpc, r).await }),
+        ),
+        (
+            "/election/proclaim",
+            unary(|rpc, r| async move { Election::proclaim(&rpc, r).await }),
+        ),
+        (
+            "/election/leader",
+            unary(|rpc, r| async move { Election::leader(&rpc, r).await }),
+        ),
+        ("/election/observe", post(election_observe)),
+        (
+            "/election/resign",
+            unary(|rpc, r| async move { Election::resign(&rpc, r).await }),
+        ),
     ]
 }
 
@@ -233,6 +264,21 @@ async fn snapshot(State(gw): State<Gateway>, headers: HeaderMap, body: Body) -> 
         Some(Err(e)) => return error_response(&Status::invalid_argument(e)),
     };
     match Maintenance::snapshot(&gw.rpc, grpc_request(&headers, request)).await {
+        Ok(response) => stream_response(response.into_inner()).await,
+        Err(status) => error_response(&status),
+    }
+}
+
+/// `POST /v3/election/observe`: one request, then a `{"result":..}` line per leader change
+/// until the client disconnects.
+async fn election_observe(State(gw): State<Gateway>, headers: HeaderMap, body: Body) -> Response {
+    let mut reader = JsonReader::new(body, gw.max_request);
+    let request = match reader.next().await {
+        None => Default::default(),
+        Some(Ok(request)) => request,
+        Some(Err(e)) => return error_response(&Status::invalid_argument(e)),
+    };
+    match Election::observe(&gw.rpc, grpc_request(&headers, request)).await {
         Ok(response) => stream_response(response.into_inner()).await,
         Err(status) => error_response(&status),
     }

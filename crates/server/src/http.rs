@@ -1,13 +1,13 @@
-//! The client port: gRPC and etcd's plain HTTP endpoints (`/health`, `/version`, `/metrics`)
-//! served on one listener, as etcd's cmux does (etcd `embed/serve.go`).
+//! The client port: gRPC and etcd's plain HTTP endpoints (`/health`, `/livez`, `/readyz`,
+//! `/version`, `/metrics`) served on one listener, as etcd's cmux does (etcd `embed/serve.go`).
 
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::extract::{RawQuery, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
 use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
 use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
@@ -47,8 +47,8 @@ pub fn router(server: EtcdServer) -> Router {
             .add_service(health_service)
             .prepare()
             .into_axum_router();
-    let http = Router::new()
-        .route("/health", get(health))
+    let http = probe_routes(Router::new())
+        .route("/health", any(health))
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .with_state(server);
@@ -130,16 +130,17 @@ pub fn peer_router(server: EtcdServer) -> Router {
     .into_axum_router();
     let http = Router::new()
         .route("/version", get(version))
-        .route("/health", get(health))
+        .route("/health", any(health))
         .with_state(server);
     grpc.merge(http).fallback(not_found)
 }
 
-/// The router of `--listen-metrics-urls`: `/metrics` and `/health` only, as etcd serves there.
+/// The router of `--listen-metrics-urls`: `/metrics` and the health endpoints (`/health`,
+/// `/livez`, `/readyz`), as etcd serves there.
 pub fn metrics_router(server: EtcdServer) -> Router {
-    Router::new()
+    probe_routes(Router::new())
         .route("/metrics", get(metrics_text))
-        .route("/health", get(health))
+        .route("/health", any(health))
         .fallback(not_found)
         .with_state(server)
 }
@@ -230,36 +231,254 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-async fn health(State(server): State<EtcdServer>) -> impl IntoResponse {
-    let (healthy, reason) = check_health(&server).await;
+/// `GET /health` (etcd 3.5 `etcdhttp.HandleHealth`): JSON `{"health":..,"reason":..}`, 200 when
+/// healthy and 503 otherwise. `?exclude=<ALARM>` (repeatable) ignores that alarm;
+/// `?serializable=true` skips the leader check and reads locally instead of through ReadIndex,
+/// so it probes this member rather than the cluster.
+async fn health(
+    State(server): State<EtcdServer>,
+    method: Method,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if method != Method::GET {
+        return method_not_allowed();
+    }
+    let query = HealthQuery::parse(query.as_deref());
+    let (healthy, reason) = check_health(&server, &query).await;
     let body =
-        serde_json::json!({ "health": if healthy { "true" } else { "false" }, "reason": reason });
-    let code = if healthy {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        code,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
+        serde_json::json!({ "health": if healthy { "true" } else { "false" }, "reason": reason })
+            .to_string();
+    if healthy {
+        // Go sniffs the content type of the JSON body as plain text.
+        return (StatusCode::OK, [(header::CONTENT_TYPE, TEXT_PLAIN)], body).into_response();
+    }
+    http_error(StatusCode::SERVICE_UNAVAILABLE, &body)
 }
 
-async fn check_health(server: &EtcdServer) -> (bool, String) {
-    if let Some(alarm) = server.alarms().first() {
-        return (
-            false,
-            format!("ALARM {}", crate::rpc::maintenance::alarm_name(alarm.alarm)),
-        );
+/// The health of `server` as `/health` reports it: alarms, then the leader, then a read.
+async fn check_health(server: &EtcdServer, query: &HealthQuery) -> (bool, String) {
+    let alarm = server
+        .alarms()
+        .into_iter()
+        .map(|alarm| crate::rpc::maintenance::alarm_name(alarm.alarm))
+        .find(|name| !query.exclude.iter().any(|excluded| excluded == name));
+    if let Some(name) = alarm {
+        let reason = match name {
+            "NOSPACE" | "CORRUPT" => format!("ALARM {name}"),
+            _ => "ALARM UNKNOWN".to_owned(),
+        };
+        return (false, reason);
     }
-    if server.raft_status().leader == 0 {
+    if !query.serializable && server.raft_status().leader == 0 {
         return (false, "RAFT NO LEADER".into());
     }
-    match tokio::time::timeout(Duration::from_secs(1), server.linearizable_barrier()).await {
-        Ok(Ok(())) => (true, String::new()),
-        _ => (false, "QGET ERROR".into()),
+    match read_check(server, query.serializable).await {
+        Ok(()) => (true, String::new()),
+        Err(e) => (false, format!("RANGE ERROR:{e}")),
     }
+}
+
+/// The query parameters of the health endpoints, as etcd reads them.
+#[derive(Debug, Default, PartialEq)]
+struct HealthQuery {
+    /// `exclude=<name>` (repeatable; empty values ignored): alarms for `/health`, checks for
+    /// `/livez` and `/readyz`.
+    exclude: Vec<String>,
+    /// `serializable=true`, exactly (Go compares the first value with "true").
+    serializable: bool,
+    /// `verbose` is present, with any value: list every check on success too.
+    verbose: bool,
+}
+
+impl HealthQuery {
+    fn parse(query: Option<&str>) -> Self {
+        let mut parsed = HealthQuery::default();
+        let mut serializable = None;
+        for (name, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+            match &*name {
+                "exclude" if !value.is_empty() => parsed.exclude.push(value.into_owned()),
+                "serializable" => {
+                    serializable.get_or_insert(value == "true");
+                }
+                "verbose" => parsed.verbose = true,
+                _ => {}
+            }
+        }
+        parsed.serializable = serializable.unwrap_or(false);
+        parsed
+    }
+}
+
+/// One of the named checks of `/livez` and `/readyz` (etcd 3.5.12+/3.6 `CheckRegistry`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Check {
+    /// The CORRUPT alarm is not raised.
+    DataCorruption,
+    /// A local read works.
+    SerializableRead,
+    /// A read through ReadIndex works: the cluster has a leader and a quorum.
+    LinearizableRead,
+}
+
+impl Check {
+    fn name(self) -> &'static str {
+        match self {
+            Check::DataCorruption => "data_corruption",
+            Check::SerializableRead => "serializable_read",
+            Check::LinearizableRead => "linearizable_read",
+        }
+    }
+
+    async fn run(self, server: &EtcdServer) -> Result<(), String> {
+        match self {
+            Check::DataCorruption => {
+                let corrupt = server
+                    .alarms()
+                    .iter()
+                    .any(|alarm| crate::rpc::maintenance::alarm_name(alarm.alarm) == "CORRUPT");
+                if corrupt {
+                    return Err("alarm activated: CORRUPT".to_owned());
+                }
+                Ok(())
+            }
+            Check::SerializableRead => read_check(server, true).await,
+            Check::LinearizableRead => read_check(server, false).await,
+        }
+    }
+}
+
+/// `/livez`: the process serves local reads. Alarms and a lost quorum do not fail it, so a
+/// liveness probe does not restart a member that only waits for its cluster.
+const LIVEZ_CHECKS: &[Check] = &[Check::SerializableRead];
+
+/// `/readyz`: the member can serve requests: no CORRUPT alarm, and both local and
+/// linearizable reads work.
+const READYZ_CHECKS: &[Check] = &[
+    Check::DataCorruption,
+    Check::SerializableRead,
+    Check::LinearizableRead,
+];
+
+/// etcd's health read: a one-key range (on the empty key), linearizable or not. Failures read
+/// as the gRPC API's error text (`etcdserver: no leader`), as etcd reports its range error.
+async fn read_check(server: &EtcdServer, serializable: bool) -> Result<(), String> {
+    let text = |e: crate::ServerError| tonic::Status::from(e).message().to_owned();
+    if !serializable {
+        server.linearizable_barrier().await.map_err(text)?;
+    }
+    let params = etcdrs_mvcc::RangeParams {
+        rev: 0,
+        limit: 1,
+        count_only: false,
+    };
+    server
+        .store()
+        .range(etcdrs_mvcc::KeyRange::new(b"", b""), params)
+        .map(|_| ())
+        .map_err(|e| text(e.into()))
+}
+
+/// The routes of `/livez` and `/readyz`: the root runs every check not excluded, and each
+/// check also has its own path (`/readyz/linearizable_read`).
+fn probe_routes(mut router: Router<EtcdServer>) -> Router<EtcdServer> {
+    for (root, checks) in [("/livez", LIVEZ_CHECKS), ("/readyz", READYZ_CHECKS)] {
+        router = router.route(
+            root,
+            any(
+                move |State(server): State<EtcdServer>,
+                      method: Method,
+                      RawQuery(query): RawQuery| async move {
+                    let query = HealthQuery::parse(query.as_deref());
+                    let checks: Vec<Check> = checks
+                        .iter()
+                        .copied()
+                        .filter(|check| !query.exclude.iter().any(|e| e == check.name()))
+                        .collect();
+                    probe(&server, method, &query, &checks).await
+                },
+            ),
+        );
+        for &check in checks {
+            router = router.route(
+                &format!("{root}/{}", check.name()),
+                any(
+                    move |State(server): State<EtcdServer>,
+                          method: Method,
+                          RawQuery(query): RawQuery| async move {
+                        let query = HealthQuery::parse(query.as_deref());
+                        probe(&server, method, &query, &[check]).await
+                    },
+                ),
+            );
+        }
+    }
+    router
+}
+
+/// Run `checks` and answer as etcd's `newHealthHandler`: `ok` (after the check list with
+/// `?verbose`), or 503 with the check list, failures marked `[-]`.
+async fn probe(
+    server: &EtcdServer,
+    method: Method,
+    query: &HealthQuery,
+    checks: &[Check],
+) -> Response {
+    if method != Method::GET {
+        return method_not_allowed();
+    }
+    let mut report = String::new();
+    let mut failed = false;
+    for &check in checks {
+        match check.run(server).await {
+            Ok(()) => report.push_str(&format!("[+]{} ok\n", check.name())),
+            Err(e) => {
+                failed = true;
+                report.push_str(&format!("[-]{} failed: {e}\n", check.name()));
+            }
+        }
+    }
+    if failed {
+        return http_error(StatusCode::SERVICE_UNAVAILABLE, &report);
+    }
+    let body = if query.verbose {
+        format!("{report}ok\n")
+    } else {
+        "ok\n".to_owned()
+    };
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, TEXT_PLAIN),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Go's content type for plain text.
+const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+
+/// Go's `http.Error`: the text and a newline, as plain text that must not be sniffed.
+fn http_error(status: StatusCode, text: &str) -> Response {
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, TEXT_PLAIN),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        format!("{text}\n"),
+    )
+        .into_response()
+}
+
+/// The health endpoints answer GET only, as etcd's.
+fn method_not_allowed() -> Response {
+    let mut response = http_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+    response
+        .headers_mut()
+        .insert(header::ALLOW, axum::http::HeaderValue::from_static("GET"));
+    response
 }
 
 async fn version() -> impl IntoResponse {
@@ -278,4 +497,28 @@ async fn metrics_text(State(server): State<EtcdServer>) -> impl IntoResponse {
         )],
         metrics::render(&server),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_query_as_go_reads_it() {
+        assert_eq!(HealthQuery::parse(None), HealthQuery::default());
+        let q = HealthQuery::parse(Some(
+            "exclude=NOSPACE&exclude=&exclude=CORRUPT&serializable=true&serializable=false&verbose",
+        ));
+        assert_eq!(
+            q,
+            HealthQuery {
+                exclude: vec!["NOSPACE".into(), "CORRUPT".into()],
+                serializable: true,
+                verbose: true,
+            }
+        );
+        // Only the exact value "true" counts, and only the first value.
+        assert!(!HealthQuery::parse(Some("serializable=1")).serializable);
+        assert!(!HealthQuery::parse(Some("serializable=false&serializable=true")).serializable);
+    }
 }

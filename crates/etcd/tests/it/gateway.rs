@@ -567,3 +567,148 @@ async fn cluster_and_maintenance() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["members"].as_array().unwrap().len(), 1);
 }
+
+/// base64 of `text`, as the gateway encodes bytes.
+fn b64(text: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn lock_and_election() {
+    let (m, _c) = start().await;
+    let a = m.client_addr();
+
+    let r = post(&a, "/v3/lease/grant", r#"{"TTL":60}"#).await;
+    let id = r.json()["ID"].as_str().expect("ID").to_owned();
+    let hex = format!("{:x}", id.parse::<i64>().unwrap());
+
+    // The lock is the key `<name>/<lease in hex>`; locking again with the same lease finds it.
+    let lock_key = b64(&format!("mylock/{hex}"));
+    for path in ["/v3/lock/lock", "/v3beta/lock/lock"] {
+        let r = post(
+            &a,
+            path,
+            &format!(r#"{{"name":"bXlsb2Nr","lease":"{id}"}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.body,
+            format!(r#"{{"header":{},"key":"{lock_key}"}}"#, r.header(Some(2)))
+        );
+    }
+    // The services' errors are not etcd's typed errors: grpc-gateway's Unknown (500).
+    let r = post(&a, "/v3/lock/lock", r#"{"name":"bXlsb2Nr","lease":"123"}"#).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(
+        r.body,
+        error_body("etcdserver: requested lease not found", 2)
+    );
+    let r = post(&a, "/v3/lock/unlock", "{}").await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.body, error_body("etcdserver: key is not provided", 2));
+    let r = post(&a, "/v3/lock/unlock", &format!(r#"{{"key":"{lock_key}"}}"#)).await;
+    assert_eq!(r.body, format!(r#"{{"header":{}}}"#, r.header(Some(3))));
+
+    // Campaign: the leader is `<name>/<lease in hex>`, created at revision 4.
+    let elect_key = b64(&format!("elect/{hex}"));
+    let r = post(
+        &a,
+        "/v3/election/campaign",
+        &format!(r#"{{"name":"ZWxlY3Q=","lease":"{id}","value":"djE="}}"#),
+    )
+    .await;
+    let leader = format!(r#"{{"name":"ZWxlY3Q=","key":"{elect_key}","rev":"4","lease":"{id}"}}"#);
+    assert_eq!(
+        r.body,
+        format!(r#"{{"header":{},"leader":{leader}}}"#, r.header(Some(4)))
+    );
+    let kv = |value: &str, rev: i64, version: i64| {
+        format!(
+            r#"{{"key":"{elect_key}","create_revision":"4","mod_revision":"{rev}","version":"{version}","value":"{value}","lease":"{id}"}}"#
+        )
+    };
+    let r = post(&a, "/v3/election/leader", r#"{"name":"ZWxlY3Q="}"#).await;
+    assert_eq!(
+        r.body,
+        format!(
+            r#"{{"header":{},"kv":{}}}"#,
+            r.header(Some(4)),
+            kv("djE=", 4, 1)
+        )
+    );
+
+    // Observe streams the current leader, then each proclamation.
+    let mut observe = Lines::open(&a, "/v3beta/election/observe", r#"{"name":"ZWxlY3Q="}"#)
+        .await
+        .unwrap();
+    assert_eq!(observe.status, 200);
+    let line = observe.next().await.unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        line,
+        format!(
+            r#"{{"result":{{"header":{},"kv":{}}}}}"#,
+            header_of(&v["result"]["header"], Some(4)),
+            kv("djE=", 4, 1)
+        )
+    );
+    let r = post(
+        &a,
+        "/v3/election/proclaim",
+        &format!(r#"{{"leader":{leader},"value":"djI="}}"#),
+    )
+    .await;
+    assert_eq!(r.body, format!(r#"{{"header":{}}}"#, r.header(Some(5))));
+    let line = observe.next().await.unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        line,
+        format!(
+            r#"{{"result":{{"header":{},"kv":{}}}}}"#,
+            header_of(&v["result"]["header"], Some(5)),
+            kv("djI=", 5, 2)
+        )
+    );
+
+    // Resign; then there is no leader, and the old one may not proclaim.
+    let r = post(
+        &a,
+        "/v3/election/resign",
+        &format!(r#"{{"leader":{leader}}}"#),
+    )
+    .await;
+    assert_eq!(r.body, format!(r#"{{"header":{}}}"#, r.header(Some(6))));
+    let r = post(&a, "/v3/election/leader", r#"{"name":"ZWxlY3Q="}"#).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.body, error_body("election: no leader", 2));
+    let r = post(
+        &a,
+        "/v3/election/proclaim",
+        &format!(r#"{{"leader":{leader},"value":"djM="}}"#),
+    )
+    .await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.body, error_body("election: not leader", 2));
+    let r = post(&a, "/v3/election/resign", "{}").await;
+    assert_eq!(r.status, 500);
+    assert_eq!(
+        r.body,
+        error_body(r#"\"leader\" field must be provided"#, 2)
+    );
+}

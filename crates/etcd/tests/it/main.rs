@@ -17,6 +17,7 @@ mod crash;
 mod errors;
 mod etcdctl;
 mod gateway;
+mod health;
 mod http;
 mod kv;
 mod lease;
