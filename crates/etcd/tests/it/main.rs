@@ -23,6 +23,7 @@ mod kv;
 mod lease;
 mod lock;
 mod maintenance;
+mod metrics;
 mod reconfig;
 mod startup;
 mod txn;
