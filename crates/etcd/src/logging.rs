@@ -19,7 +19,7 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
 /// Install the global subscriber at etcd's `--log-level`.
-pub fn init(log_level: &str) {
+pub fn init(log_level: &str, log_outputs: &[String]) {
     let level = match log_level {
         "debug" => "debug",
         "warn" => "warn",
@@ -31,17 +31,92 @@ pub fn init(log_level: &str) {
     let directives = std::env::var("ETCDRS_LOG")
         .unwrap_or_else(|_| format!("{level},h2=warn,hyper=warn,tower=warn"));
     let filter = tracing_subscriber::EnvFilter::new(directives);
+    let output = Output::from_flag(log_outputs);
     let format = match std::env::var("ETCDRS_LOG_FORMAT").as_deref() {
         Ok("json") => LogFormat::Json,
         Ok("console") => LogFormat::Console,
-        _ if std::io::stderr().is_terminal() => LogFormat::Console,
+        _ if output.is_terminal() => LogFormat::Console,
         _ => LogFormat::Json,
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(output)
         .event_format(format)
         .try_init();
+}
+
+/// Where logs go (etcd's `--log-outputs`: `default` and `stderr` are stderr, `stdout`, or a
+/// file path, appended to).
+#[derive(Clone)]
+enum Output {
+    Stderr,
+    Stdout,
+    File(std::sync::Arc<std::fs::File>),
+}
+
+impl Output {
+    fn from_flag(outputs: &[String]) -> Output {
+        match outputs.first().map(String::as_str) {
+            None | Some("default") | Some("stderr") => Output::Stderr,
+            Some("stdout") => Output::Stdout,
+            Some(path) => match std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                Ok(file) => Output::File(std::sync::Arc::new(file)),
+                Err(e) => {
+                    eprintln!("cannot open log output {path}: {e}; logging to stderr");
+                    Output::Stderr
+                }
+            },
+        }
+    }
+
+    fn is_terminal(&self) -> bool {
+        match self {
+            Output::Stderr => std::io::stderr().is_terminal(),
+            Output::Stdout => std::io::stdout().is_terminal(),
+            Output::File(_) => false,
+        }
+    }
+}
+
+/// One log line's destination.
+enum OutputWriter {
+    Stderr(std::io::Stderr),
+    Stdout(std::io::Stdout),
+    File(std::sync::Arc<std::fs::File>),
+}
+
+impl std::io::Write for OutputWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            OutputWriter::Stderr(w) => w.write(buf),
+            OutputWriter::Stdout(w) => w.write(buf),
+            OutputWriter::File(f) => (&**f).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            OutputWriter::Stderr(w) => w.flush(),
+            OutputWriter::Stdout(w) => w.flush(),
+            OutputWriter::File(f) => (&**f).flush(),
+        }
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Output {
+    type Writer = OutputWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        match self {
+            Output::Stderr => OutputWriter::Stderr(std::io::stderr()),
+            Output::Stdout => OutputWriter::Stdout(std::io::stdout()),
+            Output::File(file) => OutputWriter::File(file.clone()),
+        }
+    }
 }
 
 /// How each log line is written.

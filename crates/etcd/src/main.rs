@@ -112,7 +112,7 @@ fn main() -> ExitCode {
         Command::Snapshot(args) => return snapshot::main(&args),
         Command::Run(cfg) => cfg,
     };
-    logging::init(&cfg.log_level);
+    logging::init(&cfg.log_level, &cfg.log_outputs);
     for line in &parsed.infos {
         tracing::info!("{line}");
     }

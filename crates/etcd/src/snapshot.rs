@@ -115,7 +115,7 @@ pub fn main(args: &[String]) -> ExitCode {
     };
     let result = match parsed.command {
         SnapshotCommand::Restore(restore_args) => {
-            crate::logging::init("info");
+            crate::logging::init("info", &[]);
             restore(&restore_args)
         }
         SnapshotCommand::Status(status_args) => status(&status_args),
