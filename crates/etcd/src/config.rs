@@ -530,31 +530,6 @@ impl EtcdConfig {
     }
 }
 
-/// A URL the way etcd prints it (Go's `url.URL.String()`): no trailing `/`, the port kept.
-pub fn url_string(url: &Url) -> String {
-    let mut out = format!("{}://", url.scheme());
-    if !url.username().is_empty() {
-        out.push_str(url.username());
-        if let Some(password) = url.password() {
-            out.push(':');
-            out.push_str(password);
-        }
-        out.push('@');
-    }
-    out.push_str(url.host_str().unwrap_or(""));
-    if let Some(port) = url.port_or_known_default() {
-        out.push_str(&format!(":{port}"));
-    }
-    if url.path() != "/" {
-        out.push_str(url.path());
-    }
-    if let Some(query) = url.query() {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
-}
-
 /// `etcd --version`.
 pub fn version_text() -> String {
     use etcdrs_server::version::{ETCDRS_VERSION, SERVER_VERSION};
@@ -1363,7 +1338,7 @@ mod tests {
     }
 
     fn strings(urls: &[Url]) -> Vec<String> {
-        urls.iter().map(url_string).collect()
+        urls.iter().map(etcdrs_server::url_string).collect()
     }
 
     #[test]
@@ -1936,7 +1911,7 @@ mod tests {
             .initial_cluster_members()
             .unwrap()
             .iter()
-            .map(|(name, url)| (name.clone(), url_string(url)))
+            .map(|(name, url)| (name.clone(), etcdrs_server::url_string(url)))
             .collect();
         assert_eq!(
             members,

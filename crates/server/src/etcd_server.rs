@@ -1306,10 +1306,30 @@ fn read_u64(bytes: Option<Vec<u8>>) -> u64 {
         .unwrap_or(0)
 }
 
-/// A URL as etcd prints it (no trailing slash for a bare host).
+/// A URL as etcd prints it and hashes it into member ids: scheme, host and port (the `url`
+/// crate would drop a default port and add a trailing `/`), then any path and query.
 pub fn url_string(url: &url::Url) -> String {
-    let s = url.as_str();
-    s.strip_suffix('/').unwrap_or(s).to_string()
+    let mut out = format!("{}://", url.scheme());
+    if !url.username().is_empty() {
+        out.push_str(url.username());
+        if let Some(password) = url.password() {
+            out.push(':');
+            out.push_str(password);
+        }
+        out.push('@');
+    }
+    out.push_str(url.host_str().unwrap_or(""));
+    if let Some(port) = url.port_or_known_default() {
+        out.push_str(&format!(":{port}"));
+    }
+    if url.path() != "/" {
+        out.push_str(url.path());
+    }
+    if let Some(query) = url.query() {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
 }
 
 fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, u64, Start)> {

@@ -219,18 +219,7 @@ impl Cluster {
     /// Polls every running member in parallel until all are healthy
     /// ([`Member::wait_ready`]); fails as soon as one fails.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let waits = self
-            .members
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, m)| m.pid().is_some())
-            .map(|(i, m)| async move {
-                m.wait_ready()
-                    .await
-                    .with_context(|| format!("member {i} ({})", m.name()))
-            });
-        futures::future::try_join_all(waits).await?;
-        Ok(())
+        wait_all_ready(&mut self.members).await
     }
 
     /// Number of members.
@@ -372,4 +361,20 @@ async fn member_status(m: &Member) -> anyhow::Result<(u64, u64)> {
         Ok(r) => r,
         Err(_) => bail!("Status timed out"),
     }
+}
+
+/// Polls every running member of `members` in parallel until all are healthy
+/// ([`Member::wait_ready`]); fails as soon as one fails, naming it.
+pub(crate) async fn wait_all_ready(members: &mut [Member]) -> anyhow::Result<()> {
+    let waits = members
+        .iter_mut()
+        .enumerate()
+        .filter(|(_, m)| m.pid().is_some())
+        .map(|(i, m)| async move {
+            m.wait_ready()
+                .await
+                .with_context(|| format!("member {i} ({})", m.name()))
+        });
+    futures::future::try_join_all(waits).await?;
+    Ok(())
 }

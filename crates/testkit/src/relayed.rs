@@ -114,18 +114,7 @@ impl RelayedCluster {
 
     /// Polls every running member in parallel until all are healthy.
     pub async fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let waits = self
-            .members
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, m)| m.pid().is_some())
-            .map(|(i, m)| async move {
-                m.wait_ready()
-                    .await
-                    .with_context(|| format!("member {i} ({})", m.name()))
-            });
-        futures::future::try_join_all(waits).await?;
-        Ok(())
+        crate::cluster::wait_all_ready(&mut self.members).await
     }
 
     /// Number of members.
