@@ -3,6 +3,8 @@
 //! works on saved snapshots (etcd's `etcdutl snapshot`).
 
 mod config;
+mod gateway;
+mod grpcproxy;
 mod logging;
 mod run;
 mod snapshot;
@@ -105,10 +107,8 @@ fn main() -> ExitCode {
             println!("{}", config::help_text());
             return ExitCode::SUCCESS;
         }
-        Command::Gateway(_) | Command::GrpcProxy(_) => {
-            eprintln!("etcd-rs: this subcommand is not available yet");
-            return ExitCode::from(1);
-        }
+        Command::Gateway(args) => return gateway::main(&args),
+        Command::GrpcProxy(args) => return grpcproxy::main(&args),
         Command::Snapshot(args) => return snapshot::main(&args),
         Command::Run(cfg) => cfg,
     };
