@@ -63,6 +63,7 @@
 //! ```
 
 mod bin;
+pub mod certs;
 mod cluster;
 mod etcdctl;
 mod grpc;
