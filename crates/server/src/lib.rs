@@ -15,7 +15,7 @@ pub mod config;
 pub mod error;
 mod etcd_server;
 pub mod gateway;
-mod h2authority;
+pub mod h2authority;
 pub mod http;
 mod idgen;
 pub mod membership;
