@@ -18,6 +18,11 @@ use anyhow::Result;
 use clap::Parser;
 
 use crate::cli::{Cli, Command, Consistency, Output};
+
+/// jemalloc, as the server uses: the load generator's own allocations should cost as little
+/// as possible, so that what it measures is the server.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use crate::report::Summary;
 
 #[tokio::main]

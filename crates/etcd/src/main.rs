@@ -17,6 +17,11 @@ use etcdrs_server::{AutoCompaction, ServerConfig};
 
 use crate::config::{ClusterState, Command, EtcdConfig};
 
+/// jemalloc: the request path allocates and frees many small buffers across threads, which
+/// glibc's malloc serves with lock contention and periodic consolidation.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The server's configuration from the parsed command line.
 fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
     // As etcd, --initial-cluster matters only when bootstrapping: a member with data restarts

@@ -186,7 +186,7 @@ pub struct NodeStatus {
 enum NodeMsg {
     Propose {
         data: Vec<u8>,
-        done: oneshot::Sender<Result<()>>,
+        on_refused: RefusedHook,
     },
     ReadIndex {
         done: oneshot::Sender<Result<u64>>,
@@ -205,6 +205,10 @@ enum NodeMsg {
     },
 }
 
+/// Called on the raft thread if raft refuses a proposal (no leader, a leader transfer in
+/// progress); dropped unused once raft has taken it into its log.
+pub type RefusedHook = Box<dyn FnOnce(Error) + Send>;
+
 /// The cloneable handle to the raft node's task.
 #[derive(Clone)]
 pub struct RaftNodeHandle {
@@ -213,15 +217,23 @@ pub struct RaftNodeHandle {
 }
 
 impl RaftNodeHandle {
-    /// Propose opaque data. Ok means raft accepted it into its log, not that it committed:
-    /// the state machine reports the outcome when it applies the entry.
-    pub async fn propose(&self, data: Vec<u8>) -> Result<()> {
-        let (done, rx) = oneshot::channel();
+    /// Propose opaque data. Ok means the proposal reached the raft node, not that it was
+    /// accepted or committed: if raft refuses it, `on_refused` is called with the reason (on
+    /// the raft thread; it must not block); otherwise the state machine reports the outcome
+    /// when it applies the entry. Nothing waits for raft's answer, so a proposal costs one
+    /// channel send and no wake-up on the way in.
+    pub async fn propose(
+        &self,
+        data: Vec<u8>,
+        on_refused: impl FnOnce(Error) + Send + 'static,
+    ) -> Result<()> {
         self.tx
-            .send(NodeMsg::Propose { data, done })
+            .send(NodeMsg::Propose {
+                data,
+                on_refused: Box::new(on_refused),
+            })
             .await
-            .map_err(|_| Error::Stopped)?;
-        rx.await.map_err(|_| Error::Stopped)?
+            .map_err(|_| Error::Stopped)
     }
 
     /// Ask for a read index (etcd's linearizable read): once the state machine has applied up
@@ -596,14 +608,11 @@ impl NodeCore {
 
     fn handle(&mut self, msg: NodeMsg) -> Result<()> {
         match msg {
-            NodeMsg::Propose { data, done } => {
-                let result = match self.node.propose(Vec::new(), data) {
-                    Ok(()) => Ok(()),
-                    Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
-                    Err(e) => Err(Error::Raft(e)),
-                };
-                let _ = done.send(result);
-            }
+            NodeMsg::Propose { data, on_refused } => match self.node.propose(Vec::new(), data) {
+                Ok(()) => {}
+                Err(raft::Error::ProposalDropped) => on_refused(Error::ProposalDropped),
+                Err(e) => on_refused(Error::Raft(e)),
+            },
             NodeMsg::ReadIndex { done } => {
                 if self.node.raft.leader_id == raft::INVALID_ID {
                     let _ = done.send(Err(Error::ProposalDropped));

@@ -552,12 +552,20 @@ impl EtcdServer {
         data: Vec<u8>,
         result: oneshot::Receiver<Result<ApplyOutput>>,
     ) -> Result<ApplyOutput> {
-        if let Err(e) = self.inner.raft.propose(data).await {
+        let inner = self.inner.clone();
+        let on_refused = move |e: etcdrs_raftnode::Error| {
+            if let Some(waiter) = inner.waiters.lock().remove(&id) {
+                let _ = waiter.send(Err(match e {
+                    etcdrs_raftnode::Error::ProposalDropped => {
+                        ServerError::Etcd(&rpctypes::NO_LEADER)
+                    }
+                    e => e.into(),
+                }));
+            }
+        };
+        if let Err(e) = self.inner.raft.propose(data, on_refused).await {
             self.inner.waiters.lock().remove(&id);
-            return Err(match e {
-                etcdrs_raftnode::Error::ProposalDropped => ServerError::Etcd(&rpctypes::NO_LEADER),
-                e => e.into(),
-            });
+            return Err(e.into());
         }
         match tokio::time::timeout(self.inner.request_timeout, result).await {
             Ok(Ok(output)) => output,

@@ -10,7 +10,10 @@
 //! block is HPACK-decoded with a decoder that tracks the client's encoder (RFC 7541), a
 //! URL-shaped `:authority` becomes `host:port`, and the block is re-encoded with literal
 //! representations that never touch the dynamic table, so the server's decoder table stays
-//! empty and consistent whatever the client's encoder does. Connections that do not start with
+//! empty and consistent whatever the client's encoder does. Only the first header block of a
+//! connection is always decoded: if it carries no URL-shaped `:authority` (any client but
+//! etcd 3.4's etcdctl), it is forwarded as encoded and the connection passes through from
+//! then on, so ordinary clients pay nothing per request. Connections that do not start with
 //! the HTTP/2 preface (HTTP/1.x) pass through untouched. Writes are never filtered.
 
 use std::collections::VecDeque;
@@ -130,8 +133,11 @@ impl From<FilterError> for io::Error {
 /// (`scheme://host:port[/...]`) to `host:port` before hyper sees it. Everything else passes
 /// through byte-for-byte; HTTP/1.x connections (no HTTP/2 preface) pass through untouched.
 ///
-/// Every HTTP/2 header block is re-encoded (same fields, same order) with literal
-/// representations that do not index, so hyper's HPACK decoder never grows a dynamic table.
+/// The connection's first header block decides. If it has no URL-shaped `:authority`, it is
+/// forwarded as encoded and the rest of the connection passes through unfiltered (a client
+/// sends one authority per connection). Otherwise every header block is re-encoded (same
+/// fields, same order) with literal representations that do not index, so hyper's HPACK
+/// decoder never grows a dynamic table.
 /// PRIORITY fields and padding of HEADERS frames are dropped. A header block over 1 MiB, or
 /// one that does not decode, fails the read with an [`io::Error`] and so closes the connection.
 pub struct LenientAuthority<IO> {
@@ -181,9 +187,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LenientAuthority<IO> {
                 } else if n == PREFACE.len() {
                     self.out.extend_from_slice(&self.inbuf[..n]);
                     self.inbuf.advance(n);
-                    let mut filter = Box::new(FrameFilter::new());
-                    filter.process(&mut self.inbuf, &mut self.out)?;
-                    self.phase = Phase::Frames(filter);
+                    self.phase = Phase::Frames(Box::new(FrameFilter::new()));
+                    return self.process();
                 }
                 Ok(())
             }
@@ -192,7 +197,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LenientAuthority<IO> {
                 self.inbuf.clear();
                 Ok(())
             }
-            Phase::Frames(filter) => filter.process(&mut self.inbuf, &mut self.out),
+            Phase::Frames(filter) => {
+                if filter.process(&mut self.inbuf, &mut self.out)? == Verdict::Clean {
+                    // The client's first request named a plain authority: so will the rest
+                    // (one channel, one target), and the server's decoder is in step with
+                    // the client's encoder, so the bytes need no more looking at.
+                    self.phase = Phase::Passthrough;
+                    self.out.extend_from_slice(&self.inbuf);
+                    self.inbuf.clear();
+                }
+                Ok(())
+            }
             Phase::Failed => Err(FilterError::Failed),
         }
     }
@@ -303,6 +318,17 @@ struct FrameFilter {
     pending: Option<PendingBlock>,
     /// Tracks the client's HPACK encoder.
     decoder: Decoder,
+    /// Whether a complete header block has been seen (the first one decides).
+    seen_block: bool,
+}
+
+/// What the first header block of a connection showed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// No complete header block seen yet, or one that needed rewriting: keep filtering.
+    Filtering,
+    /// The first header block had no URL-shaped `:authority` and went through unchanged.
+    Clean,
 }
 
 /// A header block collected so far.
@@ -318,17 +344,24 @@ impl FrameFilter {
             forward: 0,
             pending: None,
             decoder: Decoder::new(HEADER_TABLE_SIZE),
+            seen_block: false,
         }
     }
 
     /// Moves whole units from `inbuf` to `out`: pass-through bytes as they come, header
-    /// blocks once complete.
-    fn process(&mut self, inbuf: &mut BytesMut, out: &mut BytesMut) -> Result<(), FilterError> {
+    /// blocks once complete. Returns [`Verdict::Clean`] right after the connection's first
+    /// header block if that block needed no rewriting; it was then forwarded as the client
+    /// encoded it, and the caller may stop filtering.
+    fn process(
+        &mut self,
+        inbuf: &mut BytesMut,
+        out: &mut BytesMut,
+    ) -> Result<Verdict, FilterError> {
         loop {
             if self.forward > 0 {
                 let n = self.forward.min(inbuf.len());
                 if n == 0 {
-                    return Ok(());
+                    return Ok(Verdict::Filtering);
                 }
                 out.extend_from_slice(&inbuf[..n]);
                 inbuf.advance(n);
@@ -336,7 +369,7 @@ impl FrameFilter {
                 continue;
             }
             if inbuf.len() < FRAME_HEADER_LEN {
-                return Ok(());
+                return Ok(Verdict::Filtering);
             }
             let len =
                 usize::from(inbuf[0]) << 16 | usize::from(inbuf[1]) << 8 | usize::from(inbuf[2]);
@@ -369,7 +402,7 @@ impl FrameFilter {
             }
             if inbuf.len() < FRAME_HEADER_LEN + len {
                 inbuf.reserve(FRAME_HEADER_LEN + len - inbuf.len());
-                return Ok(());
+                return Ok(Verdict::Filtering);
             }
             let frame = inbuf.split_to(FRAME_HEADER_LEN + len);
             let payload = &frame[FRAME_HEADER_LEN..];
@@ -389,6 +422,14 @@ impl FrameFilter {
                 continue;
             }
             let mut fields = self.decoder.decode(&block.fragment)?;
+            let first = !self.seen_block;
+            self.seen_block = true;
+            if first && !fields.iter().any(needs_rewrite) {
+                // Forward the block exactly as encoded, so the server's HPACK decoder
+                // follows the client's encoder from here on without us.
+                emit_header_frames(block.stream, block.end_stream, &block.fragment, out);
+                return Ok(Verdict::Clean);
+            }
             rewrite_authority(&mut fields);
             let mut encoded = Vec::with_capacity(block.fragment.len() * 2);
             encode_block(&fields, &mut encoded);
@@ -437,6 +478,11 @@ fn emit_header_frames(stream: u32, end_stream: bool, block: &[u8], out: &mut Byt
         frame_type = TYPE_CONTINUATION;
         flags = 0;
     }
+}
+
+/// Whether `field` is a URL-shaped `:authority` that hyper would refuse.
+fn needs_rewrite(field: &HeaderField) -> bool {
+    field.name == b":authority" && url_authority(&field.value).is_some()
 }
 
 /// Rewrites a URL-shaped `:authority` to its `host[:port]`; drops it if that is empty.
@@ -1405,6 +1451,37 @@ mod tests {
 
         assert_eq!(filtered(input.clone(), true).await.unwrap(), expected);
         assert_eq!(filtered(input, false).await.unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn plain_authority_connections_pass_through_untouched() {
+        let settings = frame(0x4, 0, 0, &hex("0003 0000 0064"));
+        // First request: `:authority: 127.0.0.1:2379`, indexed into the client's table.
+        let mut block = hex("8286 84 41 0e");
+        block.extend_from_slice(b"127.0.0.1:2379");
+        let mut input = PREFACE.to_vec();
+        input.extend(&settings);
+        input.extend(frame(0x1, FLAG_END_HEADERS, 1, &block));
+        input.extend(frame(0x0, 0x1, 1, &[7u8; 20_000]));
+        // Later requests reuse the table entry; the filter no longer looks, so even a
+        // URL-shaped authority (which one client never mixes with a plain one) is not touched.
+        input.extend(frame(
+            0x1,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            3,
+            &hex("8286 84be"),
+        ));
+        let mut url_block = hex("8286 84 01 15");
+        url_block.extend_from_slice(b"http://127.0.0.1:2379");
+        input.extend(frame(
+            0x1,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            5,
+            &url_block,
+        ));
+
+        assert_eq!(filtered(input.clone(), true).await.unwrap(), input);
+        assert_eq!(filtered(input.clone(), false).await.unwrap(), input);
     }
 
     #[tokio::test]

@@ -132,9 +132,9 @@ pub fn set_extensive(on: bool) {
 fn grpc_type(service: &str, method: &str) -> &'static str {
     match (service, method) {
         ("etcdserverpb.Watch", "Watch") | ("etcdserverpb.Lease", "LeaseKeepAlive") => "bidi_stream",
-        ("etcdserverpb.Maintenance", "Snapshot") | ("v3electionpb.Election", "Observe") => {
-            "server_stream"
-        }
+        ("etcdserverpb.Maintenance", "Snapshot")
+        | ("v3electionpb.Election", "Observe")
+        | ("grpc.health.v1.Health", "Watch") => "server_stream",
         _ => "unary",
     }
 }
@@ -163,6 +163,124 @@ fn code_name(code: &str) -> &'static str {
     }
 }
 
+/// gRPC status codes in numeric order, as go-grpc-prometheus names them.
+const CODE_NAMES: [&str; 17] = [
+    "OK",
+    "Canceled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+];
+
+/// The methods etcd registers with go-grpc-prometheus, whose series it shows (at zero) from
+/// start-up: (service, method).
+const ETCD_GRPC_METHODS: &[(&str, &str)] = &[
+    ("etcdserverpb.KV", "Range"),
+    ("etcdserverpb.KV", "Put"),
+    ("etcdserverpb.KV", "DeleteRange"),
+    ("etcdserverpb.KV", "Txn"),
+    ("etcdserverpb.KV", "Compact"),
+    ("etcdserverpb.Watch", "Watch"),
+    ("etcdserverpb.Lease", "LeaseGrant"),
+    ("etcdserverpb.Lease", "LeaseRevoke"),
+    ("etcdserverpb.Lease", "LeaseKeepAlive"),
+    ("etcdserverpb.Lease", "LeaseTimeToLive"),
+    ("etcdserverpb.Lease", "LeaseLeases"),
+    ("etcdserverpb.Cluster", "MemberAdd"),
+    ("etcdserverpb.Cluster", "MemberRemove"),
+    ("etcdserverpb.Cluster", "MemberUpdate"),
+    ("etcdserverpb.Cluster", "MemberList"),
+    ("etcdserverpb.Cluster", "MemberPromote"),
+    ("etcdserverpb.Maintenance", "Alarm"),
+    ("etcdserverpb.Maintenance", "Status"),
+    ("etcdserverpb.Maintenance", "Defragment"),
+    ("etcdserverpb.Maintenance", "Hash"),
+    ("etcdserverpb.Maintenance", "HashKV"),
+    ("etcdserverpb.Maintenance", "Snapshot"),
+    ("etcdserverpb.Maintenance", "MoveLeader"),
+    ("etcdserverpb.Auth", "AuthEnable"),
+    ("etcdserverpb.Auth", "AuthDisable"),
+    ("etcdserverpb.Auth", "Authenticate"),
+    ("etcdserverpb.Auth", "UserAdd"),
+    ("etcdserverpb.Auth", "UserGet"),
+    ("etcdserverpb.Auth", "UserList"),
+    ("etcdserverpb.Auth", "UserDelete"),
+    ("etcdserverpb.Auth", "UserChangePassword"),
+    ("etcdserverpb.Auth", "UserGrantRole"),
+    ("etcdserverpb.Auth", "UserRevokeRole"),
+    ("etcdserverpb.Auth", "RoleAdd"),
+    ("etcdserverpb.Auth", "RoleGet"),
+    ("etcdserverpb.Auth", "RoleList"),
+    ("etcdserverpb.Auth", "RoleDelete"),
+    ("etcdserverpb.Auth", "RoleGrantPermission"),
+    ("etcdserverpb.Auth", "RoleRevokePermission"),
+    ("grpc.health.v1.Health", "Check"),
+    ("grpc.health.v1.Health", "Watch"),
+];
+
+/// One method's series, resolved once so that counting a call hashes no labels.
+struct MethodSeries {
+    started: IntCounter,
+    /// `grpc_server_handled_total` by code, indexed as [`CODE_NAMES`].
+    handled: Vec<IntCounter>,
+    handling: prometheus::Histogram,
+}
+
+impl MethodSeries {
+    fn new(service: &str, method: &str) -> Self {
+        let kind = grpc_type(service, method);
+        MethodSeries {
+            started: GRPC_STARTED.with_label_values(&[method, service, kind]),
+            handled: CODE_NAMES
+                .iter()
+                .map(|code| GRPC_HANDLED.with_label_values(&[code, method, service, kind]))
+                .collect(),
+            handling: GRPC_HANDLING.with_label_values(&[method, service, kind]),
+        }
+    }
+}
+
+/// Series of etcd's methods by request path (`/service/method`), created at start-up.
+static METHOD_SERIES: LazyLock<std::collections::HashMap<String, MethodSeries>> =
+    LazyLock::new(|| {
+        ETCD_GRPC_METHODS
+            .iter()
+            .map(|(service, method)| {
+                (
+                    format!("/{service}/{method}"),
+                    MethodSeries::new(service, method),
+                )
+            })
+            .collect()
+    });
+
+/// Creates the gRPC series of etcd's methods (at zero), as etcd shows them from start-up.
+pub fn init_grpc_series() {
+    LazyLock::force(&METHOD_SERIES);
+}
+
+/// The code of a finished call: errors come back trailers-only, with the status among the
+/// headers; a response whose status is in its trailers succeeded as far as the handler is
+/// concerned.
+fn response_code(response: &Response) -> Option<usize> {
+    match response.headers().get("grpc-status") {
+        None => Some(0),
+        Some(v) => v.to_str().ok().and_then(|v| v.parse().ok()),
+    }
+}
+
 /// Middleware counting gRPC calls by service, method and code.
 pub async fn grpc_metrics(request: Request, next: Next) -> Response {
     let is_grpc = request
@@ -172,6 +290,17 @@ pub async fn grpc_metrics(request: Request, next: Next) -> Response {
         .is_some_and(|v| v.starts_with("application/grpc"));
     if !is_grpc {
         return next.run(request).await;
+    }
+    if let Some(series) = METHOD_SERIES.get(request.uri().path()) {
+        series.started.inc();
+        let started = Instant::now();
+        let response = next.run(request).await;
+        let code = response_code(&response).filter(|c| *c < CODE_NAMES.len());
+        series.handled[code.unwrap_or(2)].inc();
+        if EXTENSIVE.load(std::sync::atomic::Ordering::Relaxed) {
+            series.handling.observe(started.elapsed().as_secs_f64());
+        }
+        return response;
     }
     let path = request.uri().path().trim_start_matches('/').to_string();
     let (service, method) = path.split_once('/').unwrap_or((path.as_str(), ""));
@@ -418,6 +547,7 @@ pub fn render(server: &EtcdServer) -> String {
     // Touch the event series so they are present (at zero) before the first event.
     LazyLock::force(&PROPOSALS_PENDING);
     LazyLock::force(&PROPOSALS_FAILED);
+    init_grpc_series();
     LazyLock::force(&etcdrs_raftnode::metrics::WAL_FSYNC_SECONDS);
     let mut families = registry.gather();
     families.extend(prometheus::gather());
@@ -437,5 +567,9 @@ mod tests {
         assert_eq!(grpc_type("etcdserverpb.KV", "Range"), "unary");
         assert_eq!(code_name("3"), "InvalidArgument");
         assert_eq!(code_name("0"), "OK");
+        for (i, name) in CODE_NAMES.iter().enumerate() {
+            assert_eq!(code_name(&i.to_string()), *name);
+        }
+        assert_eq!(grpc_type("grpc.health.v1.Health", "Watch"), "server_stream");
     }
 }
