@@ -97,6 +97,7 @@ struct StartFlags {
     key: String,
     key_file: String,
     listen_addr: String,
+    max_concurrent_streams: u32,
     max_recv_bytes: i64,
     max_send_bytes: i64,
     metrics_addr: String,
@@ -124,6 +125,7 @@ impl Default for StartFlags {
             key: String::new(),
             key_file: String::new(),
             listen_addr: "127.0.0.1:23790".into(),
+            max_concurrent_streams: u32::MAX,
             max_recv_bytes: i64::from(i32::MAX),
             max_send_bytes: 1572864,
             metrics_addr: String::new(),
@@ -137,7 +139,10 @@ impl Default for StartFlags {
 
 /// pflag's text for a value its type rejects.
 fn invalid(value: &str, flag: &str, why: String) -> String {
-    format!("invalid argument {} for \"--{flag}\" flag: {why}", goparse::quote(value))
+    format!(
+        "invalid argument {} for \"--{flag}\" flag: {why}",
+        goparse::quote(value)
+    )
 }
 
 /// Splits a string-slice value as pflag does (CSV, surrounding spaces kept).
@@ -157,7 +162,11 @@ impl StartFlags {
             .ok_or_else(|| format!("unknown flag: --{name}"))?;
         let boolean = || {
             goparse::parse_bool(value).ok_or_else(|| {
-                invalid(value, name, goparse::NumError::Syntax.strconv_text("ParseBool", value))
+                invalid(
+                    value,
+                    name,
+                    goparse::NumError::Syntax.strconv_text("ParseBool", value),
+                )
             })
         };
         let int = || {
@@ -185,8 +194,9 @@ impl StartFlags {
                 }
             }
             Kind::Uint32 => {
-                goparse::parse_uint(value, 32)
+                let v = goparse::parse_uint(value, 32)
                     .map_err(|e| invalid(value, name, e.strconv_text("ParseUint", value)))?;
+                self.max_concurrent_streams = u32::try_from(v).unwrap_or(u32::MAX);
             }
             Kind::Strings => {
                 if name == "endpoints" {
@@ -440,16 +450,18 @@ async fn run(flags: StartFlags) -> anyhow::Result<()> {
         namespace: flags.namespace.clone(),
         max_recv_bytes: usize::try_from(flags.max_recv_bytes).unwrap_or(usize::MAX),
         max_send_bytes: usize::try_from(flags.max_send_bytes).unwrap_or(usize::MAX),
+        max_concurrent_streams: flags.max_concurrent_streams,
         cache: CacheConfig::default(),
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     // Task `grpc-proxy signals`: SIGINT/SIGTERM stop the proxy.
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -523,7 +535,10 @@ mod tests {
         assert!(flags.insecure_skip_tls_verify);
         assert_eq!(flags.resolver_ttl, 16);
         assert_eq!(flags.listen_addr, "127.0.0.1:23790");
-        assert_eq!(parse_start(&[]).expect("parses").endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(
+            parse_start(&[]).expect("parses").endpoints,
+            ["127.0.0.1:2379"]
+        );
     }
 
     #[test]
@@ -543,9 +558,15 @@ mod tests {
             resolver_prefix: "x".into(),
             ..Default::default()
         };
-        assert_eq!(check(&flags).err().unwrap_or_default(), "invalid resolver-ttl 0");
+        assert_eq!(
+            check(&flags).err().unwrap_or_default(),
+            "invalid resolver-ttl 0"
+        );
         flags.resolver_prefix.clear();
         flags.resolver_ttl = 3;
-        assert_eq!(check(&flags).err().unwrap_or_default(), "invalid resolver-prefix \"\"");
+        assert_eq!(
+            check(&flags).err().unwrap_or_default(),
+            "invalid resolver-prefix \"\""
+        );
     }
 }

@@ -240,7 +240,12 @@ impl RangeCache {
 
     /// The invalidating watch (task `grpc-proxy cache watch`): runs until `shutdown`, reconnecting
     /// to whichever member is current; the cache is enabled only while the watch stands.
-    pub async fn run_invalidation(self, upstream: Upstream, ns: Namespace, shutdown: CancellationToken) {
+    pub async fn run_invalidation(
+        self,
+        upstream: Upstream,
+        ns: Namespace,
+        shutdown: CancellationToken,
+    ) {
         let (key, end) = ns.range(&[0], &[0]);
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -257,7 +262,8 @@ impl RangeCache {
                 )),
             };
             let _ = req_tx.try_send(create);
-            let mut client = WatchClient::new(channel).max_decoding_message_size(upstream.max_decoding());
+            let mut client =
+                WatchClient::new(channel).max_decoding_message_size(upstream.max_decoding());
             let opened = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 r = client.watch(tokio_stream::wrappers::ReceiverStream::new(req_rx)) => r,
@@ -382,7 +388,10 @@ mod tests {
         assert!(cache.get("bob", &r).is_none());
         cache.put("bob", &r, &resp(5));
         cache.put("carol", &r, &resp(5));
-        assert!(cache.get("alice", &r).is_none(), "least recently used went first");
+        assert!(
+            cache.get("alice", &r).is_none(),
+            "least recently used went first"
+        );
         assert!(cache.get("carol", &r).is_some());
     }
 

@@ -99,7 +99,11 @@ impl ClusterProxy {
             })
             .await?
             .into_inner();
-        Ok(resp.kvs.iter().filter_map(|kv| member_of(&kv.value)).collect())
+        Ok(resp
+            .kvs
+            .iter()
+            .filter_map(|kv| member_of(&kv.value))
+            .collect())
     }
 }
 
@@ -123,11 +127,11 @@ impl Cluster for ClusterProxy {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.member_remove(req).await }
             })
             .await
@@ -174,11 +178,11 @@ impl Cluster for ClusterProxy {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.member_promote(req).await }
             })
             .await
@@ -232,7 +236,12 @@ pub async fn register(
     }
 }
 
-async fn grant_and_put(upstream: &Upstream, key: &[u8], value: &[u8], ttl: i64) -> Result<i64, Status> {
+async fn grant_and_put(
+    upstream: &Upstream,
+    key: &[u8],
+    value: &[u8],
+    ttl: i64,
+) -> Result<i64, Status> {
     let grant = upstream
         .unary(|ch| async move {
             LeaseClient::new(ch)

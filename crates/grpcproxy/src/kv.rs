@@ -175,11 +175,11 @@ impl Kv for KvProxy {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.compact(req).await }
             })
             .await

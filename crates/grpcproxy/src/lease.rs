@@ -135,7 +135,7 @@ impl Hub {
                 continue;
             };
             c.outstanding = c.outstanding.saturating_sub(1);
-            let _ = c.tx.try_send(Ok(resp.clone()));
+            let _ = c.tx.try_send(Ok(*resp));
             if c.send_closed && c.outstanding == 0 {
                 state.clients.remove(&client);
             }
@@ -286,11 +286,11 @@ impl Lease for LeaseProxy {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.lease_grant(req).await }
             })
             .await
@@ -300,17 +300,18 @@ impl Lease for LeaseProxy {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.lease_revoke(req).await }
             })
             .await
     }
 
-    type LeaseKeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+    type LeaseKeepAliveStream =
+        Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
 
     async fn lease_keep_alive(
         &self,
@@ -350,12 +351,12 @@ impl Lease for LeaseProxy {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         let mut resp = self
             .upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.lease_time_to_live(req).await }
             })
             .await?;
@@ -368,11 +369,11 @@ impl Lease for LeaseProxy {
         &self,
         request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let req = request.get_ref().clone();
+        let req = *request.get_ref();
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward(&request, req);
                 async move { client.lease_leases(req).await }
             })
             .await

@@ -83,6 +83,8 @@ pub struct ProxyConfig {
     pub max_recv_bytes: usize,
     /// `--max-send-bytes`.
     pub max_send_bytes: usize,
+    /// `--max-concurrent-streams`: HTTP/2 streams per client connection.
+    pub max_concurrent_streams: u32,
     /// Bounds of the range cache.
     pub cache: CacheConfig,
 }
@@ -99,6 +101,7 @@ pub struct Proxy {
     passthrough: passthrough::Passthrough,
     max_recv_bytes: usize,
     max_send_bytes: usize,
+    max_concurrent_streams: u32,
 }
 
 /// The listeners of a running proxy.
@@ -120,8 +123,11 @@ impl Proxy {
         shutdown: &CancellationToken,
     ) -> Result<Proxy, Error> {
         // Messages from the cluster may be as large as a client may receive from us.
-        let upstream =
-            upstream::Upstream::new(&config.endpoints, cluster_tls, config.max_send_bytes.max(4 << 20))?;
+        let upstream = upstream::Upstream::new(
+            &config.endpoints,
+            cluster_tls,
+            config.max_send_bytes.max(4 << 20),
+        )?;
         let ns = namespace::Namespace::new(config.namespace.as_bytes().to_vec());
         let metrics = metrics::Metrics::new();
         let cache = cache::RangeCache::new(config.cache, metrics.clone());
@@ -161,6 +167,7 @@ impl Proxy {
             metrics,
             max_recv_bytes: config.max_recv_bytes,
             max_send_bytes: config.max_send_bytes,
+            max_concurrent_streams: config.max_concurrent_streams,
         })
     }
 }
@@ -179,6 +186,7 @@ pub async fn run(
         serve::router(&proxy),
         listeners.main,
         listeners.main_tls,
+        proxy.max_concurrent_streams,
         shutdown.clone(),
     ));
     if let Some(listener) = listeners.metrics {
@@ -187,6 +195,7 @@ pub async fn run(
             serve::http_router(&proxy),
             listener,
             None,
+            proxy.max_concurrent_streams,
             shutdown.clone(),
         ));
     }

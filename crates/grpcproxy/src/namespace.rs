@@ -183,7 +183,9 @@ impl Namespace {
         if self.prefix.is_empty() {
             return;
         }
-        resp.responses.iter_mut().for_each(|op| self.response_op(op));
+        resp.responses
+            .iter_mut()
+            .for_each(|op| self.response_op(op));
     }
 
     /// The keys attached to a lease as the client may see them: inside the namespace, stripped.

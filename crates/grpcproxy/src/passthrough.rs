@@ -13,8 +13,8 @@ use etcdrs_proto::etcdserverpb::*;
 use etcdrs_proto::v3electionpb::election_client::ElectionClient;
 use etcdrs_proto::v3electionpb::election_server::Election;
 use etcdrs_proto::v3electionpb::{
-    CampaignRequest, CampaignResponse, LeaderKey, LeaderRequest, LeaderResponse,
-    ProclaimRequest, ProclaimResponse, ResignRequest, ResignResponse,
+    CampaignRequest, CampaignResponse, LeaderKey, LeaderRequest, LeaderResponse, ProclaimRequest,
+    ProclaimResponse, ResignRequest, ResignResponse,
 };
 use etcdrs_proto::v3lockpb::lock_client::LockClient;
 use etcdrs_proto::v3lockpb::lock_server::Lock;
@@ -77,7 +77,10 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 
 #[tonic::async_trait]
 impl Maintenance for Passthrough {
-    async fn alarm(&self, request: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+    async fn alarm(
+        &self,
+        request: Request<AlarmRequest>,
+    ) -> Result<Response<AlarmResponse>, Status> {
         unary!(self, MaintenanceClient, alarm, request)
     }
     async fn status(

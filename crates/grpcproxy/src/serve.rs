@@ -91,19 +91,28 @@ async fn health(axum::extract::State(state): axum::extract::State<HttpState>) ->
         Ok(Err(status)) => (false, format!("RANGE ERROR:{}", status.message())),
         Err(_) => (false, "RANGE ERROR:context deadline exceeded".to_owned()),
     };
-    let body = serde_json::json!({ "health": if healthy { "true" } else { "false" }, "reason": reason })
-        .to_string();
+    let body =
+        serde_json::json!({ "health": if healthy { "true" } else { "false" }, "reason": reason })
+            .to_string();
     let status = if healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }
 
 async fn metrics(axum::extract::State(state): axum::extract::State<HttpState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()
@@ -135,9 +144,13 @@ pub async fn serve(
     router: Router,
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
+    max_concurrent_streams: u32,
     shutdown: CancellationToken,
 ) {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .max_concurrent_streams(max_concurrent_streams);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut connections = tokio::task::JoinSet::new();

@@ -220,9 +220,13 @@ fn tls_connector(
     tower::service_fn(move |uri: Uri| {
         let connector = connector.clone();
         async move {
-            let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_owned());
+            let invalid =
+                |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_owned());
             let host = uri.host().ok_or_else(|| invalid("endpoint has no host"))?;
-            let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
             let port = uri.port_u16().unwrap_or(2379);
             let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             let _ = tcp.set_nodelay(true);

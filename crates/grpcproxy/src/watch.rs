@@ -327,7 +327,7 @@ impl State {
 /// The response telling a c-watcher it was created, with `header`.
 fn created_response(header: &ResponseHeader, watch_id: i64) -> WatchResponse {
     WatchResponse {
-        header: Some(header.clone()),
+        header: Some(*header),
         watch_id,
         created: true,
         ..Default::default()
@@ -345,7 +345,7 @@ impl Hub {
         if stream.generation != generation {
             return;
         }
-        let header = resp.header.clone().unwrap_or_default();
+        let header = resp.header.unwrap_or_default();
         if resp.created {
             let Some(sw_id) = stream.pending.pop_front() else {
                 return;
@@ -373,7 +373,7 @@ impl Hub {
                     header.revision + 1
                 };
             }
-            sw.header = header.clone();
+            sw.header = header;
             let live = sw.live;
             let waiting = std::mem::take(&mut sw.waiting);
             let next_rev = sw.next_rev;
@@ -393,7 +393,7 @@ impl Hub {
             let waiters: Vec<ClientId> = stream.progress_waiters.drain(..).collect();
             for client in waiters {
                 let reply = WatchResponse {
-                    header: Some(header.clone()),
+                    header: Some(header),
                     watch_id: -1,
                     ..Default::default()
                 };
@@ -429,7 +429,13 @@ impl Hub {
         self.deliver(state, sw_id, &resp, header);
     }
 
-    fn deliver(&self, state: &mut State, sw_id: SwId, resp: &WatchResponse, header: ResponseHeader) {
+    fn deliver(
+        &self,
+        state: &mut State,
+        sw_id: SwId,
+        resp: &WatchResponse,
+        header: ResponseHeader,
+    ) {
         let Some(sw) = state.sws.get_mut(&sw_id) else {
             return;
         };
@@ -444,7 +450,7 @@ impl Hub {
                     out.push((
                         m.client,
                         WatchResponse {
-                            header: Some(header.clone()),
+                            header: Some(header),
                             watch_id: m.watch_id,
                             ..Default::default()
                         },
@@ -474,7 +480,7 @@ impl Hub {
             out.push((
                 m.client,
                 WatchResponse {
-                    header: Some(header.clone()),
+                    header: Some(header),
                     watch_id: m.watch_id,
                     events,
                     ..Default::default()
@@ -518,7 +524,11 @@ impl Hub {
         }
     }
 
-    fn create(self: &Arc<Self>, client: ClientId, req: WatchCreateRequest) -> Option<oneshot::Receiver<()>> {
+    fn create(
+        self: &Arc<Self>,
+        client: ClientId,
+        req: WatchCreateRequest,
+    ) -> Option<oneshot::Receiver<()>> {
         let (key, end) = self.ns.range(&req.key, &req.range_end);
         let mut guard = self.state.lock();
         let state = &mut *guard;
@@ -560,7 +570,7 @@ impl Hub {
                 } else {
                     sw.created() && sw.next_rev <= start
                 };
-                (can, sw.created(), sw.next_rev, sw.header.clone())
+                (can, sw.created(), sw.next_rev, sw.header)
             });
             if let Some((true, created, next_rev, header)) = joinable {
                 if created {
@@ -615,7 +625,7 @@ impl Hub {
         let header = state
             .sws
             .get(&sw_id)
-            .map(|sw| sw.header.clone())
+            .map(|sw| sw.header)
             .unwrap_or_default();
         state.detach(&self.metrics, client, watch_id);
         state.send(
@@ -723,9 +733,9 @@ impl Hub {
 
 /// Tells every member and waiter of `sw` it was cancelled, with the cluster's reason.
 fn fail_members(state: &mut State, sw: SWatcher, resp: &WatchResponse, on_create: bool) {
-    let header = resp.header.clone().unwrap_or_default();
+    let header = resp.header.unwrap_or_default();
     let response = |watch_id: i64| WatchResponse {
-        header: Some(header.clone()),
+        header: Some(header),
         watch_id,
         created: on_create,
         canceled: true,
@@ -874,7 +884,12 @@ impl WatchProxy {
 
 /// Task `grpc-proxy watch client`: reads one client's requests, in order (a create is
 /// answered before the next request is read, so created responses come in request order).
-async fn read_client(hub: Arc<Hub>, id: ClientId, mut input: Streaming<WatchRequest>, kill: CancellationToken) {
+async fn read_client(
+    hub: Arc<Hub>,
+    id: ClientId,
+    mut input: Streaming<WatchRequest>,
+    kill: CancellationToken,
+) {
     loop {
         let message = tokio::select! {
             _ = kill.cancelled() => return,
@@ -899,21 +914,20 @@ async fn read_client(hub: Arc<Hub>, id: ClientId, mut input: Streaming<WatchRequ
             Some(watch_request::RequestUnion::CancelRequest(cancel)) => {
                 hub.cancel(id, cancel.watch_id)
             }
-            Some(watch_request::RequestUnion::ProgressRequest(_)) => {
-                if !hub.progress(id) {
-                    // Nothing of this client's is watched on the cluster: the current
-                    // revision is the answer.
-                    let header = current_header(&hub, id).await;
-                    let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
-                    if let (Some(tx), Some(header)) = (tx, header) {
-                        let _ = tx.try_send(Ok(WatchResponse {
-                            header: Some(header),
-                            watch_id: -1,
-                            ..Default::default()
-                        }));
-                    }
+            Some(watch_request::RequestUnion::ProgressRequest(_)) if !hub.progress(id) => {
+                // Nothing of this client's is watched on the cluster: the current
+                // revision is the answer.
+                let header = current_header(&hub, id).await;
+                let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
+                if let (Some(tx), Some(header)) = (tx, header) {
+                    let _ = tx.try_send(Ok(WatchResponse {
+                        header: Some(header),
+                        watch_id: -1,
+                        ..Default::default()
+                    }));
                 }
             }
+            Some(watch_request::RequestUnion::ProgressRequest(_)) => {}
             None => {}
         }
     }
