@@ -534,6 +534,16 @@ impl Hub {
         let state = &mut *guard;
         let c = state.clients.get_mut(&client)?;
         if c.watchers.len() >= WATCHERS_PER_STREAM {
+            let refused = WatchResponse {
+                watch_id: -1,
+                created: true,
+                canceled: true,
+                cancel_reason: format!(
+                    "too many watchers on one stream (limit {WATCHERS_PER_STREAM})"
+                ),
+                ..Default::default()
+            };
+            state.send(client, refused);
             return None;
         }
         let watch_id = if req.watch_id > 0 && !c.watchers.contains_key(&req.watch_id) {
