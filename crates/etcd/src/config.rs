@@ -19,7 +19,7 @@
 
 mod file;
 mod flags;
-mod goparse;
+pub(crate) mod goparse;
 mod gourl;
 mod help;
 

@@ -1,9 +1,572 @@
-//! `etcd grpc-proxy` subcommand: flags, then the proxy's run loop.
+//! `etcd grpc-proxy start` (etcd `etcdmain/grpc_proxy.go`): the command line as etcd's cobra
+//! command reads it (pflag syntax: `--flag value`, `--flag=value`, comma-separated lists;
+//! etcd's help and error texts), then the proxy of `etcdrs_grpcproxy` on its listeners.
+//!
+//! `--discovery-srv` is accepted and validated; the SRV lookup itself is not wired yet (the
+//! proxy then uses `--endpoints`, and says so in its log).
 
+use std::path::Path;
 use std::process::ExitCode;
 
+use etcdrs_grpcproxy::{CacheConfig, Listeners, ProxyConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::goparse;
+
+/// `etcd grpc-proxy --help` (and `etcd grpc-proxy` with no or an unknown subcommand).
+const GROUP_HELP: &str = "grpc-proxy related command
+
+Usage:
+  etcd grpc-proxy [command]
+
+Available Commands:
+  start       start the grpc proxy
+
+Flags:
+  -h, --help   help for grpc-proxy
+
+Use \"etcd grpc-proxy [command] --help\" for more information about a command.
+";
+
+/// The usage of `etcd grpc-proxy start`, as cobra prints it after an error and in `--help`.
+const START_USAGE: &str = "Usage:
+  etcd grpc-proxy start [flags]
+
+Flags:
+FLAGS";
+
+/// The kind of value a flag takes (pflag's types).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Bool,
+    Strings,
+    Int,
+    Uint32,
+}
+
+/// Every flag of `etcd grpc-proxy start`, with its kind.
+const FLAGS: &[(&str, Kind)] = &[
+    ("advertise-client-url", Kind::Str),
+    ("auto-tls", Kind::Bool),
+    ("cacert", Kind::Str),
+    ("cert", Kind::Str),
+    ("cert-file", Kind::Str),
+    ("client-crl-file", Kind::Str),
+    ("data-dir", Kind::Str),
+    ("debug", Kind::Bool),
+    ("discovery-srv", Kind::Str),
+    ("discovery-srv-name", Kind::Str),
+    ("enable-pprof", Kind::Bool),
+    ("endpoints", Kind::Strings),
+    ("experimental-leasing-prefix", Kind::Str),
+    ("experimental-serializable-ordering", Kind::Bool),
+    ("help", Kind::Bool),
+    ("insecure-discovery", Kind::Bool),
+    ("insecure-skip-tls-verify", Kind::Bool),
+    ("key", Kind::Str),
+    ("key-file", Kind::Str),
+    ("listen-addr", Kind::Str),
+    ("listen-cipher-suites", Kind::Strings),
+    ("max-concurrent-streams", Kind::Uint32),
+    ("max-recv-bytes", Kind::Int),
+    ("max-send-bytes", Kind::Int),
+    ("metrics-addr", Kind::Str),
+    ("namespace", Kind::Str),
+    ("resolver-prefix", Kind::Str),
+    ("resolver-ttl", Kind::Int),
+    ("trusted-ca-file", Kind::Str),
+];
+
+/// The parsed flags of `etcd grpc-proxy start`, with etcd's defaults.
+#[derive(Clone, Debug)]
+struct StartFlags {
+    advertise_client_url: String,
+    auto_tls: bool,
+    cacert: String,
+    cert: String,
+    cert_file: String,
+    client_crl_file: String,
+    debug: bool,
+    discovery_srv: String,
+    endpoints: Vec<String>,
+    /// Whether `--endpoints` was given (a later one appends, as pflag's string slices do).
+    endpoints_set: bool,
+    help: bool,
+    insecure_skip_tls_verify: bool,
+    key: String,
+    key_file: String,
+    listen_addr: String,
+    max_concurrent_streams: u32,
+    max_recv_bytes: i64,
+    max_send_bytes: i64,
+    metrics_addr: String,
+    namespace: String,
+    resolver_prefix: String,
+    resolver_ttl: i64,
+    trusted_ca_file: String,
+}
+
+impl Default for StartFlags {
+    fn default() -> Self {
+        StartFlags {
+            advertise_client_url: "127.0.0.1:23790".into(),
+            auto_tls: false,
+            cacert: String::new(),
+            cert: String::new(),
+            cert_file: String::new(),
+            client_crl_file: String::new(),
+            debug: false,
+            discovery_srv: String::new(),
+            endpoints: vec!["127.0.0.1:2379".into()],
+            endpoints_set: false,
+            help: false,
+            insecure_skip_tls_verify: false,
+            key: String::new(),
+            key_file: String::new(),
+            listen_addr: "127.0.0.1:23790".into(),
+            max_concurrent_streams: u32::MAX,
+            max_recv_bytes: i64::from(i32::MAX),
+            max_send_bytes: 1572864,
+            metrics_addr: String::new(),
+            namespace: String::new(),
+            resolver_prefix: String::new(),
+            resolver_ttl: 0,
+            trusted_ca_file: String::new(),
+        }
+    }
+}
+
+/// pflag's text for a value its type rejects.
+fn invalid(value: &str, flag: &str, why: String) -> String {
+    format!(
+        "invalid argument {} for \"--{flag}\" flag: {why}",
+        goparse::quote(value)
+    )
+}
+
+/// Splits a string-slice value as pflag does (CSV, surrounding spaces kept).
+fn csv(value: &str) -> Vec<String> {
+    if value.is_empty() {
+        return Vec::new();
+    }
+    value.split(',').map(str::to_owned).collect()
+}
+
+impl StartFlags {
+    fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let kind = FLAGS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, k)| *k)
+            .ok_or_else(|| format!("unknown flag: --{name}"))?;
+        let boolean = || {
+            goparse::parse_bool(value).ok_or_else(|| {
+                invalid(
+                    value,
+                    name,
+                    goparse::NumError::Syntax.strconv_text("ParseBool", value),
+                )
+            })
+        };
+        let int = || {
+            goparse::parse_int(value, 64)
+                .map_err(|e| invalid(value, name, e.strconv_text("ParseInt", value)))
+        };
+        match kind {
+            Kind::Bool => {
+                let v = boolean()?;
+                match name {
+                    "auto-tls" => self.auto_tls = v,
+                    "debug" => self.debug = v,
+                    "help" => self.help = v,
+                    "insecure-skip-tls-verify" => self.insecure_skip_tls_verify = v,
+                    _ => {}
+                }
+            }
+            Kind::Int => {
+                let v = int()?;
+                match name {
+                    "max-recv-bytes" => self.max_recv_bytes = v,
+                    "max-send-bytes" => self.max_send_bytes = v,
+                    "resolver-ttl" => self.resolver_ttl = v,
+                    _ => {}
+                }
+            }
+            Kind::Uint32 => {
+                let v = goparse::parse_uint(value, 32)
+                    .map_err(|e| invalid(value, name, e.strconv_text("ParseUint", value)))?;
+                self.max_concurrent_streams = u32::try_from(v).unwrap_or(u32::MAX);
+            }
+            Kind::Strings => {
+                if name == "endpoints" {
+                    if self.endpoints_set {
+                        self.endpoints.extend(csv(value));
+                    } else {
+                        self.endpoints = csv(value);
+                        self.endpoints_set = true;
+                    }
+                }
+            }
+            Kind::Str => {
+                let v = value.to_owned();
+                match name {
+                    "advertise-client-url" => self.advertise_client_url = v,
+                    "cacert" => self.cacert = v,
+                    "cert" => self.cert = v,
+                    "cert-file" => self.cert_file = v,
+                    "client-crl-file" => self.client_crl_file = v,
+                    "discovery-srv" => self.discovery_srv = v,
+                    "key" => self.key = v,
+                    "key-file" => self.key_file = v,
+                    "listen-addr" => self.listen_addr = v,
+                    "metrics-addr" => self.metrics_addr = v,
+                    "namespace" => self.namespace = v,
+                    "resolver-prefix" => self.resolver_prefix = v,
+                    "trusted-ca-file" => self.trusted_ca_file = v,
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses `start`'s arguments as pflag does. Positional arguments are ignored, as etcd's
+/// `start` command does.
+fn parse_start(args: &[String]) -> Result<StartFlags, String> {
+    let mut flags = StartFlags::default();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if arg == "--" {
+            break;
+        }
+        if let Some(body) = arg.strip_prefix("--") {
+            let (name, inline) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (body, None),
+            };
+            let kind = FLAGS
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, k)| *k)
+                .ok_or_else(|| format!("unknown flag: --{name}"))?;
+            let value = match (inline, kind) {
+                (Some(v), _) => v.to_owned(),
+                (None, Kind::Bool) => "true".to_owned(),
+                (None, _) => {
+                    let Some(v) = args.get(i) else {
+                        return Err(format!("flag needs an argument: --{name}"));
+                    };
+                    i += 1;
+                    v.clone()
+                }
+            };
+            flags.set(name, &value)?;
+        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            // The only shorthand is -h.
+            for c in short.chars() {
+                if c != 'h' {
+                    return Err(format!("unknown shorthand flag: '{c}' in -{short}"));
+                }
+                flags.help = true;
+            }
+        }
+    }
+    Ok(flags)
+}
+
+/// etcd's argument checks (`checkArgs`), with its texts.
+fn check(flags: &StartFlags) -> Result<(), String> {
+    if !flags.resolver_prefix.is_empty() && flags.resolver_ttl < 1 {
+        return Err(format!("invalid resolver-ttl {}", flags.resolver_ttl));
+    }
+    if flags.resolver_prefix.is_empty() && flags.resolver_ttl > 0 {
+        return Err(format!(
+            "invalid resolver-prefix {}",
+            goparse::quote(&flags.resolver_prefix)
+        ));
+    }
+    if !flags.resolver_prefix.is_empty()
+        && flags.resolver_ttl > 0
+        && flags.advertise_client_url.is_empty()
+    {
+        return Err(format!(
+            "invalid advertise-client-url {}",
+            goparse::quote(&flags.advertise_client_url)
+        ));
+    }
+    if !flags.discovery_srv.is_empty() && !valid_domain(&flags.discovery_srv) {
+        return Err(format!(
+            "invalid discovery-srv {}",
+            goparse::quote(&flags.discovery_srv)
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `name` is a DNS domain name (labels of letters, digits and hyphens).
+fn valid_domain(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// `host:port` of `--metrics-addr`, which etcd takes as a URL (`http://host:port`).
+fn metrics_host(addr: &str) -> Result<String, String> {
+    let rest = addr
+        .strip_prefix("http://")
+        .or_else(|| addr.strip_prefix("https://"))
+        .ok_or_else(|| format!("invalid metrics-addr {}", goparse::quote(addr)))?;
+    Ok(rest.trim_end_matches('/').to_owned())
+}
+
 /// Runs `etcd grpc-proxy <args>`; returns the process exit code.
-pub fn main(_args: &[String]) -> ExitCode {
-    eprintln!("etcd-rs: this subcommand is not available yet");
-    ExitCode::from(1)
+pub fn main(args: &[String]) -> ExitCode {
+    let usage = START_USAGE.replace("FLAGS", START_FLAGS);
+    match args.first().map(String::as_str) {
+        Some("start") => {}
+        _ => {
+            print!("{GROUP_HELP}");
+            return ExitCode::SUCCESS;
+        }
+    }
+    let flags = match parse_start(&args[1..]) {
+        Ok(flags) => flags,
+        Err(e) => {
+            eprint!("Error: {e}\n{usage}\n{e}");
+            return ExitCode::from(1);
+        }
+    };
+    if flags.help {
+        print!("start the grpc proxy\n\n{usage}");
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = check(&flags) {
+        eprintln!("{e}");
+        return ExitCode::from(1);
+    }
+    crate::logging::init(if flags.debug { "debug" } else { "info" }, &[]);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(flags)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "gRPC proxy failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn optional(path: &str) -> Option<&Path> {
+    (!path.is_empty()).then(|| Path::new(path))
+}
+
+async fn run(flags: StartFlags) -> anyhow::Result<()> {
+    if !flags.discovery_srv.is_empty() {
+        tracing::warn!(
+            discovery_srv = %flags.discovery_srv,
+            endpoints = ?flags.endpoints,
+            "--discovery-srv lookup is not available in this build of the gRPC proxy; using --endpoints"
+        );
+    }
+    let main_tls = if !flags.cert_file.is_empty() || !flags.key_file.is_empty() {
+        tracing::info!(
+            tls_info = %format!(
+                "cert = {}, key = {}, trusted-ca = {}, client-cert-auth = {}, crl-file = {}",
+                flags.cert_file,
+                flags.key_file,
+                flags.trusted_ca_file,
+                !flags.trusted_ca_file.is_empty(),
+                flags.client_crl_file
+            ),
+            "gRPC proxy server TLS"
+        );
+        Some(etcdrs_grpcproxy::tls::server_config(
+            Path::new(&flags.cert_file),
+            Path::new(&flags.key_file),
+            optional(&flags.trusted_ca_file),
+        )?)
+    } else {
+        if flags.auto_tls {
+            tracing::warn!("--auto-tls is not supported by this gRPC proxy; serving plain gRPC");
+        }
+        None
+    };
+    let any_https = flags.endpoints.iter().any(|e| e.starts_with("https://"));
+    let cluster_tls = if !flags.cert.is_empty()
+        || !flags.key.is_empty()
+        || !flags.cacert.is_empty()
+        || flags.insecure_skip_tls_verify
+        || any_https
+    {
+        Some(etcdrs_grpcproxy::tls::client_config(
+            optional(&flags.cert),
+            optional(&flags.key),
+            optional(&flags.cacert),
+            flags.insecure_skip_tls_verify,
+        )?)
+    } else {
+        None
+    };
+    let main = tokio::net::TcpListener::bind(&flags.listen_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("listen tcp {}: {e}", flags.listen_addr))?;
+    tracing::info!(address = %flags.listen_addr, "listening for gRPC proxy client requests");
+    let metrics = if flags.metrics_addr.is_empty() {
+        None
+    } else {
+        let host = metrics_host(&flags.metrics_addr).map_err(|e| anyhow::anyhow!(e))?;
+        let listener = tokio::net::TcpListener::bind(&host)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen tcp {host}: {e}"))?;
+        tracing::info!(address = %flags.metrics_addr, "gRPC proxy listening for metrics");
+        Some(listener)
+    };
+    let config = ProxyConfig {
+        endpoints: flags.endpoints.clone(),
+        advertise_client_url: flags.advertise_client_url.clone(),
+        resolver_prefix: flags.resolver_prefix.clone(),
+        resolver_ttl: flags.resolver_ttl,
+        namespace: flags.namespace.clone(),
+        max_recv_bytes: usize::try_from(flags.max_recv_bytes).unwrap_or(usize::MAX),
+        max_send_bytes: usize::try_from(flags.max_send_bytes).unwrap_or(usize::MAX),
+        max_concurrent_streams: flags.max_concurrent_streams,
+        cache: CacheConfig::default(),
+    };
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    // Task `grpc-proxy signals`: SIGINT/SIGTERM stop the proxy.
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        signals.cancel();
+    });
+    tracing::info!(address = %flags.listen_addr, "started gRPC proxy");
+    let listeners = Listeners {
+        main,
+        main_tls,
+        metrics,
+    };
+    etcdrs_grpcproxy::run(config, cluster_tls, listeners, shutdown).await?;
+    Ok(())
+}
+
+/// The flag lines of `etcd grpc-proxy start --help`, as etcd 3.4 prints them.
+const START_FLAGS: &str = r#"      --advertise-client-url string          advertise address to register (must be reachable by client) (default "127.0.0.1:23790")
+      --auto-tls                             proxy TLS using generated certificates
+      --cacert string                        verify certificates of TLS-enabled secure etcd servers using this CA bundle
+      --cert string                          identify secure connections with etcd servers using this TLS certificate file
+      --cert-file string                     identify secure connections to the proxy using this TLS certificate file
+      --client-crl-file string               proxy client certificate revocation list file.
+      --data-dir string                      Data directory for persistent data (default "default.proxy")
+      --debug                                Enable debug-level logging for grpc-proxy.
+      --discovery-srv string                 domain name to query for SRV records describing cluster endpoints
+      --discovery-srv-name string            service name to query when using DNS discovery
+      --enable-pprof                         Enable runtime profiling data via HTTP server. Address is at client URL + "/debug/pprof/"
+      --endpoints strings                    comma separated etcd cluster endpoints (default [127.0.0.1:2379])
+      --experimental-leasing-prefix string   leasing metadata prefix for disconnected linearized reads.
+      --experimental-serializable-ordering   Ensure serializable reads have monotonically increasing store revisions across endpoints.
+  -h, --help                                 help for start
+      --insecure-discovery                   accept insecure SRV records
+      --insecure-skip-tls-verify             skip authentication of etcd server TLS certificates (CAUTION: this option should be enabled only for testing purposes)
+      --key string                           identify secure connections with etcd servers using this TLS key file
+      --key-file string                      identify secure connections to the proxy using this TLS key file
+      --listen-addr string                   listen address (default "127.0.0.1:23790")
+      --listen-cipher-suites strings         Comma-separated list of supported TLS cipher suites between client/proxy (empty will be auto-populated by Go).
+      --max-concurrent-streams uint32        Maximum concurrent streams that each client can open at a time. (default 4294967295)
+      --max-recv-bytes int                   message receive limits in bytes (default value is math.MaxInt32) (default 2147483647)
+      --max-send-bytes int                   message send limits in bytes (default value is 1.5 MiB) (default 1572864)
+      --metrics-addr string                  listen for endpoint /metrics requests on an additional interface
+      --namespace string                     string to prefix to all keys for namespacing requests
+      --resolver-prefix string               prefix to use for registering proxy (must be shared with other grpc-proxy members)
+      --resolver-ttl int                     specify TTL, in seconds, when registering proxy endpoints
+      --trusted-ca-file string               verify certificates of TLS-enabled secure proxy using this CA bundle
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn pflag_syntax_and_defaults() {
+        let flags = parse_start(&args(&[
+            "--endpoints=a:1,b:2",
+            "--endpoints",
+            "c:3",
+            "--namespace",
+            "ns/",
+            "--insecure-skip-tls-verify",
+            "--resolver-ttl=0x10",
+        ]))
+        .expect("parses");
+        assert_eq!(flags.endpoints, ["a:1", "b:2", "c:3"]);
+        assert_eq!(flags.namespace, "ns/");
+        assert!(flags.insecure_skip_tls_verify);
+        assert_eq!(flags.resolver_ttl, 16);
+        assert_eq!(flags.listen_addr, "127.0.0.1:23790");
+        assert_eq!(
+            parse_start(&[]).expect("parses").endpoints,
+            ["127.0.0.1:2379"]
+        );
+    }
+
+    #[test]
+    fn errors_read_as_etcds() {
+        let err = |list: &[&str]| parse_start(&args(list)).err().unwrap_or_default();
+        assert_eq!(err(&["--foo"]), "unknown flag: --foo");
+        assert_eq!(err(&["--endpoints"]), "flag needs an argument: --endpoints");
+        assert_eq!(
+            err(&["--resolver-ttl", "abc"]),
+            "invalid argument \"abc\" for \"--resolver-ttl\" flag: strconv.ParseInt: parsing \"abc\": invalid syntax"
+        );
+        assert_eq!(
+            err(&["--max-concurrent-streams", "-1"]),
+            "invalid argument \"-1\" for \"--max-concurrent-streams\" flag: strconv.ParseUint: parsing \"-1\": invalid syntax"
+        );
+        let mut flags = StartFlags {
+            resolver_prefix: "x".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            check(&flags).err().unwrap_or_default(),
+            "invalid resolver-ttl 0"
+        );
+        flags.resolver_prefix.clear();
+        flags.resolver_ttl = 3;
+        assert_eq!(
+            check(&flags).err().unwrap_or_default(),
+            "invalid resolver-prefix \"\""
+        );
+    }
 }

@@ -17,6 +17,7 @@ mod crash;
 mod errors;
 mod etcdctl;
 mod gateway;
+mod grpcproxy;
 mod health;
 mod http;
 mod kv;

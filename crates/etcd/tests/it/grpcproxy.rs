@@ -1,0 +1,846 @@
+//! `etcd grpc-proxy start`: our proxy binary in front of our server and in front of etcd 3.4,
+//! driven by the stock etcdctl and the etcd-client crate. Each test checks what the cluster
+//! sees (its own metrics, its own keys) as well as what clients get.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
+use etcdrs_testkit::certs::TestCa;
+use etcdrs_testkit::ports::{PortLease, reserve};
+use etcdrs_testkit::{
+    Cluster, ClusterOpts, EtcdBin, Etcdctl, Member, MemberOpts, http_get, poll_until,
+};
+use tokio::process::{Child, Command};
+
+/// Our binary: the proxy under test, always.
+fn proxy_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_etcd"))
+}
+
+/// The two clusters the proxy must work in front of.
+fn backends() -> [EtcdBin; 2] {
+    [
+        EtcdBin::at(env!("CARGO_BIN_EXE_etcd")),
+        EtcdBin::at("/usr/bin/etcd"),
+    ]
+}
+
+/// A running `etcd grpc-proxy start` process.
+struct Proxy {
+    child: Child,
+    addr: String,
+    metrics_addr: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    _ports: (PortLease, PortLease),
+}
+
+impl Proxy {
+    /// Starts our proxy in front of `endpoints` with extra flags; waits until `/health` is OK.
+    async fn start(endpoints: &[String], extra: &[&str]) -> anyhow::Result<Proxy> {
+        Self::start_with(endpoints, extra, None).await
+    }
+
+    async fn start_with(
+        endpoints: &[String],
+        extra: &[&str],
+        tls_ca: Option<&Path>,
+    ) -> anyhow::Result<Proxy> {
+        let dir = tempfile::tempdir()?;
+        let ports = (reserve()?, reserve()?);
+        let addr = format!("127.0.0.1:{}", ports.0.port());
+        let metrics_addr = format!("127.0.0.1:{}", ports.1.port());
+        let log = dir.path().join("proxy.log");
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(proxy_bin())
+            .args(["grpc-proxy", "start"])
+            .arg(format!("--endpoints={}", endpoints.join(",")))
+            .arg(format!("--listen-addr={addr}"))
+            .arg(format!("--advertise-client-url={addr}"))
+            .arg(format!("--metrics-addr=http://{metrics_addr}"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn proxy")?;
+        let mut proxy = Proxy {
+            child,
+            addr,
+            metrics_addr,
+            log,
+            _dir: dir,
+            _ports: ports,
+        };
+        if tls_ca.is_none() {
+            let metrics = proxy.metrics_addr.clone();
+            let waited = poll_until(Duration::from_secs(10), || async {
+                let resp = http_get(&metrics, "/health").await?;
+                if resp.status == 200 {
+                    Ok(())
+                } else {
+                    bail!("health {}: {}", resp.status, resp.body)
+                }
+            })
+            .await;
+            if let Err(e) = waited {
+                let _ = proxy.child.start_kill();
+                bail!("proxy not healthy: {e:#}\n{}", proxy.log_text());
+            }
+        }
+        Ok(proxy)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn client(&self) -> Client {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(10));
+        Client::connect([self.endpoint()], Some(opts))
+            .await
+            .expect("client connects to the proxy")
+    }
+
+    fn etcdctl(&self) -> Etcdctl {
+        Etcdctl::new(self.endpoint())
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let body = http_get(&self.metrics_addr, "/metrics")
+            .await
+            .expect("proxy metrics")
+            .body;
+        metric_value(&body, name, None)
+    }
+
+    async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// The sum of the samples of `name` (with `label` in their labels, if given) in a scrape.
+fn metric_value(body: &str, name: &str, label: Option<&str>) -> f64 {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter(|l| label.is_none_or(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn member_metric(member: &Member, name: &str, label: Option<&str>) -> f64 {
+    let body = member
+        .http_get("/metrics")
+        .await
+        .expect("member metrics")
+        .body;
+    metric_value(&body, name, label)
+}
+
+/// The next response of a watch stream (within 10 s).
+async fn next(stream: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("watch response in time")
+        .expect("watch stream ok")
+        .expect("watch stream open")
+}
+
+async fn start_member(bin: &EtcdBin) -> Member {
+    Member::start(MemberOpts::new(bin))
+        .await
+        .expect("member starts")
+}
+
+#[tokio::test]
+async fn seed_commands_through_the_proxy() {
+    for bin in backends() {
+        let member = start_member(&bin).await;
+        let proxy = Proxy::start(&[member.endpoint()], &[])
+            .await
+            .expect("proxy");
+        let ctl = proxy.etcdctl();
+        assert_eq!(ctl.ok(&["put", "foo", "bar"]).await.trim(), "OK");
+        assert_eq!(ctl.ok(&["get", "foo"]).await, "foo\nbar\n");
+        // Also with a scheme-less endpoint, as etcd's docs write it.
+        let bare = Etcdctl::new(proxy.addr.clone());
+        assert_eq!(
+            bare.ok(&["get", "foo", "--print-value-only"]).await,
+            "bar\n"
+        );
+        let table = ctl.ok(&["member", "list", "--write-out", "table"]).await;
+        assert!(table.contains("CLIENT ADDRS"), "{table}");
+        assert!(
+            table.contains(&proxy.addr),
+            "the proxy lists itself: {table}"
+        );
+        // The write reached the cluster.
+        let mut direct = member.client().await.expect("direct client");
+        let got = direct.get("foo", None).await.expect("direct get");
+        assert_eq!(got.kvs()[0].value(), b"bar");
+        // Every service answers through the proxy.
+        let mut client = proxy.client().await;
+        client.status().await.expect("maintenance status");
+        let lease = client.lease_grant(30, None).await.expect("grant").id();
+        let lock = client
+            .lock(
+                "seed-lock",
+                Some(etcd_client::LockOptions::new().with_lease(lease)),
+            )
+            .await
+            .expect("lock");
+        assert!(lock.key().starts_with(b"seed-lock/"));
+        client.unlock(lock.key()).await.expect("unlock");
+        let txn = Txn::new()
+            .when([Compare::value("foo", CompareOp::Equal, "bar")])
+            .and_then([TxnOp::put("foo", "baz", None)]);
+        assert!(client.txn(txn).await.expect("txn").succeeded());
+    }
+}
+
+#[tokio::test]
+async fn many_watchers_cost_the_cluster_one_watcher() {
+    const CLIENTS: usize = 5;
+    const PER_CLIENT: usize = 200;
+    for bin in backends() {
+        let member = start_member(&bin).await;
+        let proxy = Proxy::start(&[member.endpoint()], &[])
+            .await
+            .expect("proxy");
+        // The cache's invalidating watch is the proxy's only watcher before clients come.
+        poll_until(Duration::from_secs(5), || async {
+            let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
+            if n == 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{n} watchers"))
+            }
+        })
+        .await
+        .expect("one cache watcher");
+        let mut streams = Vec::new();
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            let mut client = proxy.client().await;
+            for _ in 0..PER_CLIENT {
+                let mut stream = client.watch("hot", None).await.expect("watch");
+                assert!(next(&mut stream).await.created());
+                streams.push(stream);
+            }
+            clients.push(client);
+        }
+        let watchers = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
+        assert_eq!(
+            watchers,
+            2.0,
+            "{} c-watchers became one s-watcher",
+            CLIENTS * PER_CLIENT
+        );
+        let coalescing = proxy
+            .metric("etcd_grpc_proxy_watchers_coalescing_total")
+            .await;
+        assert_eq!(coalescing, (CLIENTS * PER_CLIENT - 1) as f64);
+        let mut direct = member.client().await.expect("direct client");
+        for i in 0..3 {
+            direct.put("hot", format!("v{i}"), None).await.expect("put");
+        }
+        for stream in &mut streams {
+            let mut got = Vec::new();
+            while got.len() < 3 {
+                let resp = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                    .await
+                    .expect("events in time")
+                    .expect("stream ok")
+                    .expect("stream open");
+                for event in resp.events() {
+                    got.push(
+                        event
+                            .kv()
+                            .expect("kv")
+                            .value_str()
+                            .expect("utf8")
+                            .to_owned(),
+                    );
+                }
+            }
+            assert_eq!(got, ["v0", "v1", "v2"]);
+        }
+        drop(streams);
+        drop(clients);
+        // Clients gone: the s-watcher goes too.
+        poll_until(Duration::from_secs(5), || async {
+            let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
+            if n == 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{n} watchers"))
+            }
+        })
+        .await
+        .expect("s-watcher released");
+    }
+}
+
+#[tokio::test]
+async fn watch_progress_and_compaction_pass_through() {
+    for bin in backends() {
+        let member = start_member(&bin).await;
+        let proxy = Proxy::start(&[member.endpoint()], &[])
+            .await
+            .expect("proxy");
+        let mut client = proxy.client().await;
+        let first = client
+            .put("w", "1", None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+        client.put("w", "2", None).await.expect("put");
+        // A watcher joining from history gets exactly the history it asked for.
+        let mut live = client.watch("w", None).await.expect("live watch");
+        assert!(next(&mut live).await.created());
+        let mut old = client
+            .watch("w", Some(WatchOptions::new().with_start_revision(first)))
+            .await
+            .expect("history watch");
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let resp = old.message().await.expect("ok").expect("open");
+            seen.extend(
+                resp.events()
+                    .iter()
+                    .map(|e| e.kv().expect("kv").mod_revision()),
+            );
+        }
+        assert_eq!(seen, [first, first + 1]);
+        // RequestProgress is answered with the current revision.
+        let rev = client
+            .put("other", "x", None)
+            .await
+            .expect("put")
+            .header()
+            .expect("h")
+            .revision();
+        live.request_progress().await.expect("progress");
+        let resp = tokio::time::timeout(Duration::from_secs(5), live.message())
+            .await
+            .expect("progress in time")
+            .expect("ok")
+            .expect("open");
+        assert!(resp.events().is_empty());
+        assert_eq!(
+            resp.watch_id(),
+            -1,
+            "a stream-wide progress answer: {resp:?}"
+        );
+        assert!(resp.header().expect("h").revision() >= rev);
+        // A watch from a compacted revision is cancelled with the compact revision.
+        client.compact(rev, None).await.expect("compact");
+        let mut compacted = client
+            .watch("w", Some(WatchOptions::new().with_start_revision(first)))
+            .await
+            .expect("watch");
+        let resp = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let resp = compacted.message().await.expect("ok").expect("open");
+                if resp.canceled() {
+                    return resp;
+                }
+            }
+        })
+        .await
+        .expect("cancel in time");
+        assert_eq!(resp.compact_revision(), rev);
+    }
+}
+
+#[tokio::test]
+async fn keepalives_share_one_stream_and_leases_expire_at_their_ttl() {
+    const CLIENTS: usize = 100;
+    for bin in backends() {
+        let member = start_member(&bin).await;
+        let proxy = Proxy::start(&[member.endpoint()], &[])
+            .await
+            .expect("proxy");
+        let label = Some("grpc_method=\"LeaseKeepAlive\"");
+        let before = member_metric(&member, "grpc_server_started_total", label).await;
+        let mut handles = Vec::new();
+        for _ in 0..CLIENTS {
+            let mut client = proxy.client().await;
+            handles.push(tokio::spawn(async move {
+                let lease = client.lease_grant(30, None).await.expect("grant").id();
+                let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.expect("ka");
+                keeper.keep_alive().await.expect("send");
+                let resp = stream.message().await.expect("ok").expect("answer");
+                assert_eq!(resp.id(), lease);
+                assert!(resp.ttl() > 0);
+                (keeper, stream, client)
+            }));
+        }
+        let mut alive = Vec::new();
+        for h in handles {
+            alive.push(h.await.expect("client task"));
+        }
+        let after = member_metric(&member, "grpc_server_started_total", label).await;
+        assert_eq!(
+            after - before,
+            1.0,
+            "{CLIENTS} keep-alive streams became one"
+        );
+
+        // One keep-alive, then the client closes its side: it still gets its answer.
+        let mut client = proxy.client().await;
+        let lease = client.lease_grant(3, None).await.expect("grant").id();
+        let (mut keeper, mut stream) = client.lease_keep_alive(lease).await.expect("ka");
+        keeper.keep_alive().await.expect("send");
+        let sent = Instant::now();
+        drop(keeper);
+        let resp = stream
+            .message()
+            .await
+            .expect("not cancelled")
+            .expect("answer");
+        assert_eq!(resp.ttl(), 3);
+        // Nobody renews it since: it expires at its TTL, well before twice the TTL.
+        poll_until(Duration::from_secs(6), || {
+            let mut client = client.clone();
+            async move {
+                let ttl = client.lease_time_to_live(lease, None).await?.ttl();
+                if ttl == -1 {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("ttl {ttl}"))
+                }
+            }
+        })
+        .await
+        .expect("lease expires");
+        assert!(
+            sent.elapsed() < Duration::from_secs(6),
+            "expired after {:?}",
+            sent.elapsed()
+        );
+        drop(alive);
+    }
+}
+
+#[tokio::test]
+async fn the_cache_never_serves_a_value_written_directly_to_the_cluster_stale() {
+    for bin in backends() {
+        let member = start_member(&bin).await;
+        let proxy = Proxy::start(&[member.endpoint()], &[])
+            .await
+            .expect("proxy");
+        let mut client = proxy.client().await;
+        let mut direct = member.client().await.expect("direct");
+        direct.put("c", "old", None).await.expect("put");
+        let serializable = || Some(GetOptions::new().with_serializable());
+        for _ in 0..3 {
+            let got = client.get("c", serializable()).await.expect("get");
+            assert_eq!(got.kvs()[0].value(), b"old");
+        }
+        assert!(
+            proxy.metric("etcd_grpc_proxy_cache_hits_total").await >= 1.0,
+            "the cache served"
+        );
+        assert!(proxy.metric("etcd_grpc_proxy_cache_keys_total").await >= 1.0);
+        // Open-ended ranges are cached and invalidated too.
+        let from_key = || Some(GetOptions::new().with_serializable().with_from_key());
+        assert_eq!(
+            client.get("c", from_key()).await.expect("get").kvs().len(),
+            1
+        );
+        // Written around the proxy.
+        direct.put("c", "new", None).await.expect("put");
+        direct.put("d", "above", None).await.expect("put");
+        // A linearizable read always goes to the cluster.
+        let got = client.get("c", None).await.expect("get");
+        assert_eq!(got.kvs()[0].value(), b"new");
+        // The serializable one is corrected by the cache's watch, promptly.
+        poll_until(Duration::from_secs(2), || {
+            let mut client = client.clone();
+            async move {
+                let got = client.get("c", serializable()).await?;
+                let n = client.get("c", from_key()).await?.kvs().len();
+                if got.kvs()[0].value() == b"new" && n == 2 {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("stale: {:?} {n}", got.kvs()[0].value_str()))
+                }
+            }
+        })
+        .await
+        .expect("fresh value");
+        // And stays fresh.
+        for _ in 0..5 {
+            let got = client.get("c", serializable()).await.expect("get");
+            assert_eq!(got.kvs()[0].value(), b"new");
+        }
+    }
+}
+
+#[tokio::test]
+async fn namespace_confines_clients_to_the_prefix() {
+    let bin = &backends()[0];
+    let member = start_member(bin).await;
+    let mut direct = member.client().await.expect("direct");
+    direct.put("secret", "outside", None).await.expect("put");
+    direct
+        .put("ns0", "just past the prefix", None)
+        .await
+        .expect("put");
+    let proxy = Proxy::start(&[member.endpoint()], &["--namespace=ns/"])
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    client.put("a", "inside", None).await.expect("put");
+    let got = direct.get("ns/a", None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"inside");
+    // Open ranges, from "\0" and from a key, see only the namespace, without its prefix.
+    let all = client
+        .get("\0", Some(GetOptions::new().with_all_keys()))
+        .await
+        .expect("all");
+    assert_eq!(crate::keys(all.kvs()), ["a"]);
+    let from = client
+        .get("a", Some(GetOptions::new().with_from_key()))
+        .await
+        .expect("from key");
+    assert_eq!(crate::keys(from.kvs()), ["a"]);
+    // A txn comparing an outside key sees a missing key in the namespace.
+    let txn = Txn::new()
+        .when([Compare::value("secret", CompareOp::Equal, "outside")])
+        .and_then([TxnOp::put("won", "yes", None)])
+        .or_else([TxnOp::get("secret", None)]);
+    let resp = client.txn(txn).await.expect("txn");
+    assert!(!resp.succeeded());
+    // prev_kv comes back without the prefix.
+    let put = client
+        .put("a", "again", Some(PutOptions::new().with_prev_key()))
+        .await
+        .expect("put");
+    assert_eq!(put.prev_key().expect("prev").key(), b"a");
+    // Watching everything sees only the namespace.
+    let mut stream = client
+        .watch("\0", Some(WatchOptions::new().with_all_keys()))
+        .await
+        .expect("watch");
+    assert!(next(&mut stream).await.created());
+    direct.put("secret", "changed", None).await.expect("put");
+    direct.put("ns/b", "inside", None).await.expect("put");
+    let resp = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("event in time")
+        .expect("ok")
+        .expect("open");
+    assert_eq!(
+        crate::keys(
+            &resp
+                .events()
+                .iter()
+                .filter_map(|e| e.kv().cloned())
+                .collect::<Vec<_>>()
+        ),
+        ["b"]
+    );
+    // Deleting everything deletes only the namespace.
+    client
+        .delete(
+            "\0",
+            Some(etcd_client::DeleteOptions::new().with_all_keys()),
+        )
+        .await
+        .expect("delete");
+    assert_eq!(
+        crate::dump(&mut direct).await,
+        [
+            ("ns0".to_owned(), "just past the prefix".to_owned()),
+            ("secret".to_owned(), "changed".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn clients_continue_when_the_proxys_backend_dies() {
+    let mut cluster = Cluster::start(3, ClusterOpts::new(&backends()[0]))
+        .await
+        .expect("cluster");
+    let proxy = Proxy::start(&cluster.endpoints(), &[])
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    client.put("k", "before", None).await.expect("put");
+    let mut stream = client.watch("k", None).await.expect("watch");
+    assert!(next(&mut stream).await.created());
+    // The member the proxy talks to answers Status.
+    let serving = client
+        .status()
+        .await
+        .expect("status")
+        .header()
+        .expect("h")
+        .member_id();
+    let mut victim = None;
+    for i in 0..cluster.len() {
+        let mut direct = cluster.member(i).client().await.expect("direct");
+        let id = direct
+            .status()
+            .await
+            .expect("status")
+            .header()
+            .expect("h")
+            .member_id();
+        if id == serving {
+            victim = Some(i);
+        }
+    }
+    let victim = victim.expect("the proxy's member is one of the cluster's");
+    cluster.kill9(victim).expect("kill");
+    poll_until(Duration::from_secs(15), || {
+        let mut client = client.clone();
+        async move { client.put("k", "after", None).await }
+    })
+    .await
+    .expect("writes continue through another member");
+    let value = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let resp = stream.message().await.expect("ok").expect("open");
+            if let Some(e) = resp.events().last() {
+                return e.kv().expect("kv").value().to_vec();
+            }
+        }
+    })
+    .await
+    .expect("the watch continues");
+    assert_eq!(value, b"after");
+    let now = client
+        .status()
+        .await
+        .expect("status")
+        .header()
+        .expect("h")
+        .member_id();
+    assert_ne!(now, serving);
+}
+
+#[tokio::test]
+async fn registered_proxies_are_the_member_list_and_leave_after_their_ttl() {
+    let member = start_member(&backends()[0]).await;
+    let flags = ["--resolver-prefix=proxies", "--resolver-ttl=2"];
+    let a = Proxy::start(&[member.endpoint()], &flags)
+        .await
+        .expect("proxy a");
+    let mut b = Proxy::start(&[member.endpoint()], &flags)
+        .await
+        .expect("proxy b");
+    let mut client = a.client().await;
+    let listed = |mut client: Client| async move {
+        let members = client.member_list().await?;
+        let mut urls: Vec<String> = members
+            .members()
+            .iter()
+            .flat_map(|m| m.client_urls().to_vec())
+            .collect();
+        urls.sort();
+        anyhow::Ok(urls)
+    };
+    let mut both = vec![a.addr.clone(), b.addr.clone()];
+    both.sort();
+    poll_until(Duration::from_secs(5), || {
+        let client = client.clone();
+        let both = both.clone();
+        async move {
+            let urls = listed(client).await?;
+            if urls == both {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("{urls:?}"))
+            }
+        }
+    })
+    .await
+    .expect("both proxies listed");
+    b.kill().await;
+    let killed = Instant::now();
+    poll_until(Duration::from_secs(8), || {
+        let client = client.clone();
+        let a = a.addr.clone();
+        async move {
+            let urls = listed(client).await?;
+            if urls == [a] {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("{urls:?}"))
+            }
+        }
+    })
+    .await
+    .expect("the dead proxy leaves");
+    assert!(
+        killed.elapsed() >= Duration::from_millis(500),
+        "it left by its lease, not at once"
+    );
+    let table = a.etcdctl().ok(&["member", "list", "-w", "table"]).await;
+    assert!(table.contains(&a.addr), "{table}");
+    client.put("still", "works", None).await.expect("put");
+}
+
+#[tokio::test]
+async fn health_and_metrics_over_http1_on_both_listeners() {
+    let member = start_member(&backends()[0]).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    for addr in [&proxy.addr, &proxy.metrics_addr] {
+        let health = http_get(addr, "/health").await.expect("health");
+        assert_eq!(health.status, 200);
+        assert_eq!(health.json().expect("json")["health"], "true");
+        let metrics = http_get(addr, "/metrics").await.expect("metrics");
+        assert_eq!(metrics.status, 200);
+        for name in [
+            "etcd_grpc_proxy_cache_hits_total",
+            "etcd_grpc_proxy_cache_misses_total",
+            "etcd_grpc_proxy_cache_keys_total",
+            "etcd_grpc_proxy_watchers_coalescing_total",
+            "etcd_grpc_proxy_events_coalescing_total",
+        ] {
+            assert!(metrics.body.contains(name), "{name} missing on {addr}");
+        }
+    }
+    // With the cluster gone, the proxy reports unhealthy.
+    drop(member);
+    poll_until(Duration::from_secs(10), || async {
+        let health = http_get(&proxy.metrics_addr, "/health").await?;
+        if health.status == 503 {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("{}", health.status))
+        }
+    })
+    .await
+    .expect("unhealthy without a cluster");
+}
+
+#[tokio::test]
+async fn flags_help_and_errors_read_as_etcds() {
+    async fn run(bin: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = Command::new(bin).args(args).output().await.expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+    for args in [
+        &["grpc-proxy"][..],
+        &["grpc-proxy", "start", "--help"],
+        &["grpc-proxy", "start", "--foo"],
+        &["grpc-proxy", "start", "--resolver-ttl", "abc"],
+        &["grpc-proxy", "start", "--resolver-prefix", "x"],
+        &["grpc-proxy", "start", "--resolver-ttl", "3"],
+        &["grpc-proxy", "start", "--endpoints"],
+    ] {
+        let ours = run(&proxy_bin(), args).await;
+        let etcd = run(Path::new("/usr/bin/etcd"), args).await;
+        assert_eq!(ours, etcd, "etcd {args:?}");
+    }
+}
+
+/// TLS end to end against etcd 3.4 requiring client certificates: the proxy presents its
+/// certificate to the cluster and terminates TLS for its clients.
+#[tokio::test]
+async fn tls_to_clients_and_to_an_etcd_34_cluster() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca").expect("ca");
+    let server = ca.issue_loopback("server", "etcd").expect("server cert");
+    let proxy_cert = ca.issue_loopback("proxy", "proxy").expect("proxy cert");
+    let client_port = reserve().expect("port");
+    let peer_port = reserve().expect("port");
+    let client_url = format!("https://127.0.0.1:{}", client_port.port());
+    let peer_url = format!("http://127.0.0.1:{}", peer_port.port());
+    let data = dir.path().join("data");
+    let log = std::fs::File::create(dir.path().join("etcd.log")).expect("log");
+    let _etcd = Command::new("/usr/bin/etcd")
+        .arg(format!("--data-dir={}", data.display()))
+        .arg(format!("--listen-client-urls={client_url}"))
+        .arg(format!("--advertise-client-urls={client_url}"))
+        .arg(format!("--listen-peer-urls={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster=default={peer_url}"))
+        .arg(format!("--cert-file={}", server.cert.display()))
+        .arg(format!("--key-file={}", server.key.display()))
+        .arg(format!("--trusted-ca-file={}", ca.ca_file().display()))
+        .arg("--client-cert-auth")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcd 3.4 with TLS");
+    let s = |p: &Path| p.display().to_string();
+    let flags = [
+        format!("--cert={}", s(&proxy_cert.cert)),
+        format!("--key={}", s(&proxy_cert.key)),
+        format!("--cacert={}", s(&ca.ca_file())),
+        format!("--cert-file={}", s(&server.cert)),
+        format!("--key-file={}", s(&server.key)),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let proxy = Proxy::start_with(
+        std::slice::from_ref(&client_url),
+        &flags,
+        Some(&ca.ca_file()),
+    )
+    .await
+    .expect("proxy");
+    let ctl = |args: &[&str]| {
+        let mut cmd = std::process::Command::new("/usr/bin/etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=https://{}", proxy.addr))
+            .arg(format!("--cacert={}", ca.ca_file().display()))
+            .args(args);
+        cmd
+    };
+    poll_until(Duration::from_secs(15), || async {
+        let out = ctl(&["put", "tls", "yes"]).output()?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    })
+    .await
+    .expect("put through TLS both ways");
+    let out = ctl(&["get", "tls", "--print-value-only"])
+        .output()
+        .expect("get");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "yes\n");
+    // HTTP/1.1 over TLS on the main port, as curl --http1.1 does.
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--http1.1", "--cacert"])
+        .arg(ca.ca_file())
+        .arg(format!("https://{}/health", proxy.addr))
+        .output()
+        .expect("curl");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.contains("\"health\":\"true\""), "{body}");
+    // Plain clients are refused on the TLS port.
+    let plain = Etcdctl::new(format!("http://{}", proxy.addr));
+    let out = plain
+        .run(&["--command-timeout=2s", "get", "tls"])
+        .await
+        .expect("run");
+    assert!(!out.success());
+}

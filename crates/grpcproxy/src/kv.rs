@@ -1,0 +1,187 @@
+//! The KV service (etcd `grpcproxy/kv.go`): ranges, puts, deletes, txns and compaction go to
+//! the cluster through [`Upstream`]; serializable ranges may be answered from the
+//! [`RangeCache`]; writes through the proxy also drop what they touch from the cache at once.
+
+use etcdrs_proto::etcdserverpb::kv_client::KvClient;
+use etcdrs_proto::etcdserverpb::kv_server::Kv;
+use etcdrs_proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse, request_op,
+};
+use etcdrs_proto::rpctypes;
+use tonic::{Request, Response, Status};
+
+use crate::cache::RangeCache;
+use crate::metrics::Metrics;
+use crate::namespace::Namespace;
+use crate::upstream::{Upstream, forward, token_of};
+
+/// The KV service of the proxy.
+#[derive(Clone)]
+pub struct KvProxy {
+    upstream: Upstream,
+    ns: Namespace,
+    cache: RangeCache,
+    metrics: Metrics,
+}
+
+impl KvProxy {
+    /// The service over `upstream`.
+    pub fn new(upstream: Upstream, ns: Namespace, cache: RangeCache, metrics: Metrics) -> Self {
+        KvProxy {
+            upstream,
+            ns,
+            cache,
+            metrics,
+        }
+    }
+
+    fn client(&self, channel: tonic::transport::Channel) -> KvClient<tonic::transport::Channel> {
+        KvClient::new(channel).max_decoding_message_size(self.upstream.max_decoding())
+    }
+
+    /// Drops the cached ranges the ops of a txn may have written.
+    fn invalidate_ops(&self, ops: &[RequestOp], revision: i64) {
+        for op in ops {
+            match op.request.as_ref() {
+                Some(request_op::Request::RequestPut(p)) => {
+                    self.cache.invalidate([p.key.as_slice()], revision)
+                }
+                Some(request_op::Request::RequestDeleteRange(d)) => {
+                    self.cache.invalidate_range(&d.key, &d.range_end, revision)
+                }
+                Some(request_op::Request::RequestTxn(t)) => {
+                    self.invalidate_ops(&t.success, revision);
+                    self.invalidate_ops(&t.failure, revision);
+                }
+                Some(request_op::Request::RequestRange(_)) | None => {}
+            }
+        }
+    }
+}
+
+fn revision_of(header: Option<&etcdrs_proto::etcdserverpb::ResponseHeader>) -> i64 {
+    header.map_or(0, |h| h.revision)
+}
+
+#[tonic::async_trait]
+impl Kv for KvProxy {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        let mut req = request.get_ref().clone();
+        if req.key.is_empty() {
+            return Err(rpctypes::EMPTY_KEY.to_status());
+        }
+        self.ns.range_request(&mut req);
+        let cacheable = RangeCache::cacheable(&req);
+        let token = token_of(request.metadata());
+        if cacheable {
+            if let Some(mut cached) = self.cache.get(&token, &req) {
+                self.metrics.cache_hit();
+                self.ns.range_response(&mut cached);
+                return Ok(Response::new(cached));
+            }
+            self.metrics.cache_miss();
+        }
+        let resp = self
+            .upstream
+            .unary(|ch| {
+                let mut client = self.client(ch);
+                let req = forward(&request, req.clone());
+                async move { client.range(req).await }
+            })
+            .await?
+            .into_inner();
+        if cacheable {
+            self.cache.put(&token, &req, &resp);
+        }
+        let mut resp = resp;
+        self.ns.range_response(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let mut req = request.get_ref().clone();
+        if req.key.is_empty() {
+            return Err(rpctypes::EMPTY_KEY.to_status());
+        }
+        self.ns.put_request(&mut req);
+        let key = req.key.clone();
+        let mut resp = self
+            .upstream
+            .unary(|ch| {
+                let mut client = self.client(ch);
+                let req = forward(&request, req.clone());
+                async move { client.put(req).await }
+            })
+            .await?
+            .into_inner();
+        self.cache
+            .invalidate([key.as_slice()], revision_of(resp.header.as_ref()));
+        self.ns.put_response(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let mut req = request.get_ref().clone();
+        if req.key.is_empty() {
+            return Err(rpctypes::EMPTY_KEY.to_status());
+        }
+        self.ns.delete_request(&mut req);
+        let mut resp = self
+            .upstream
+            .unary(|ch| {
+                let mut client = self.client(ch);
+                let req = forward(&request, req.clone());
+                async move { client.delete_range(req).await }
+            })
+            .await?
+            .into_inner();
+        self.cache
+            .invalidate_range(&req.key, &req.range_end, revision_of(resp.header.as_ref()));
+        self.ns.delete_response(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let mut req = request.get_ref().clone();
+        self.ns.txn_request(&mut req);
+        let mut resp = self
+            .upstream
+            .unary(|ch| {
+                let mut client = self.client(ch);
+                let req = forward(&request, req.clone());
+                async move { client.txn(req).await }
+            })
+            .await?
+            .into_inner();
+        let revision = revision_of(resp.header.as_ref());
+        let ops = if resp.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        self.invalidate_ops(ops, revision);
+        self.ns.txn_response(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let req = *request.get_ref();
+        self.upstream
+            .unary(|ch| {
+                let mut client = self.client(ch);
+                let req = forward(&request, req);
+                async move { client.compact(req).await }
+            })
+            .await
+    }
+}

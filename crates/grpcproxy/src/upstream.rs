@@ -1,0 +1,251 @@
+//! The proxy's side of the cluster: one lazily connected gRPC channel per `--endpoints` entry,
+//! one of them current (picked at random at start), and the failover rule: a call that fails
+//! with `Unavailable` (the member is gone, or has no leader) moves the proxy to another endpoint
+//! and is retried there, so clients never see which member serves them (etcd's clientv3
+//! balancer in the proxy's place).
+//!
+//! It also carries the per-request metadata a member needs from the proxy's client (the auth
+//! `token` and the `hasleader` requirement) onto the upstream request.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Code, Request, Status};
+
+use crate::Error;
+
+/// Metadata keys copied from a client request to the upstream request.
+const FORWARDED_METADATA: &[&str] = &["token", "hasleader"];
+
+/// How long a connection attempt to one member may take before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The cluster as the proxy sees it. Cheap to clone.
+#[derive(Clone)]
+pub struct Upstream {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `host:port` of each endpoint, for logs.
+    names: Vec<String>,
+    channels: Vec<Channel>,
+    /// Index of the endpoint calls go to.
+    current: AtomicUsize,
+    max_decoding: usize,
+}
+
+/// TLS to the cluster (`--cert`, `--key`, `--cacert`, `--insecure-skip-tls-verify`).
+pub type ClusterTls = Arc<rustls::ClientConfig>;
+
+impl Upstream {
+    /// Channels to `endpoints` (`host:port`, `http://host:port` or `https://host:port`). With
+    /// `tls`, every connection is TLS (as etcd's proxy, which uses one TLS config for all).
+    pub fn new(
+        endpoints: &[String],
+        tls: Option<ClusterTls>,
+        max_decoding: usize,
+    ) -> Result<Upstream, Error> {
+        if endpoints.is_empty() {
+            return Err(Error::NoEndpoints);
+        }
+        let mut names = Vec::with_capacity(endpoints.len());
+        let mut channels = Vec::with_capacity(endpoints.len());
+        for raw in endpoints {
+            let host_port = strip_scheme(raw);
+            let endpoint = Endpoint::from_shared(format!("http://{host_port}"))
+                .map_err(|e| Error::BadEndpoint {
+                    endpoint: raw.clone(),
+                    reason: e.to_string(),
+                })?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(true);
+            let channel = match &tls {
+                None => endpoint.connect_lazy(),
+                Some(config) => endpoint.connect_with_connector_lazy(tls_connector(config.clone())),
+            };
+            names.push(host_port.to_owned());
+            channels.push(channel);
+        }
+        let start = rand::random_range(0..channels.len());
+        Ok(Upstream {
+            inner: Arc::new(Inner {
+                names,
+                channels,
+                current: AtomicUsize::new(start),
+                max_decoding,
+            }),
+        })
+    }
+
+    /// The largest message the proxy accepts from the cluster.
+    pub fn max_decoding(&self) -> usize {
+        self.inner.max_decoding
+    }
+
+    /// The endpoint calls currently go to: its index and channel.
+    pub fn current(&self) -> (usize, Channel) {
+        let idx = self.inner.current.load(Ordering::Relaxed) % self.inner.channels.len();
+        (idx, self.inner.channels[idx].clone())
+    }
+
+    /// Reports that the endpoint at `idx` failed: if it is still the current one, another one
+    /// (at random among the rest) becomes current.
+    pub fn failed(&self, idx: usize) {
+        let n = self.inner.channels.len();
+        if n < 2 {
+            return;
+        }
+        let next = (idx + rand::random_range(1..n)) % n;
+        if self
+            .inner
+            .current
+            .compare_exchange(idx, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                failed = %self.inner.names[idx],
+                next = %self.inner.names[next],
+                "switching gRPC proxy upstream endpoint"
+            );
+        }
+    }
+
+    /// Number of endpoints.
+    pub fn len(&self) -> usize {
+        self.inner.channels.len()
+    }
+
+    /// Whether there is no endpoint (never: [`Upstream::new`] refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.inner.channels.is_empty()
+    }
+
+    /// Runs `call` on the current endpoint; when it fails with `Unavailable`, moves to another
+    /// endpoint and tries again, at most once per endpoint.
+    pub async fn unary<T, F, Fut>(&self, mut call: F) -> Result<T, Status>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut last = None;
+        for _ in 0..self.len() {
+            let (idx, channel) = self.current();
+            match call(channel).await {
+                Err(status) if failover(&status) => {
+                    self.failed(idx);
+                    last = Some(status);
+                }
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| Status::unavailable("no endpoint available")))
+    }
+}
+
+/// Whether a failed call should move the proxy to another member: the connection failed, or
+/// the member is unavailable (no leader, shutting down).
+pub fn failover(status: &Status) -> bool {
+    status.code() == Code::Unavailable
+}
+
+/// `host:port` of an endpoint given with or without a scheme.
+pub fn strip_scheme(endpoint: &str) -> &str {
+    let rest = endpoint
+        .strip_prefix("https://")
+        .or_else(|| endpoint.strip_prefix("http://"))
+        .or_else(|| endpoint.strip_prefix("unixs://"))
+        .or_else(|| endpoint.strip_prefix("unix://"))
+        .unwrap_or(endpoint);
+    rest.trim_end_matches('/')
+}
+
+/// `message` as an upstream request carrying the forwarded metadata of `from`.
+pub fn forward<T, M>(from: &Request<T>, message: M) -> Request<M> {
+    forward_metadata(from.metadata(), message)
+}
+
+/// `message` as an upstream request carrying the forwarded entries of `metadata`.
+pub fn forward_metadata<M>(metadata: &tonic::metadata::MetadataMap, message: M) -> Request<M> {
+    let mut request = Request::new(message);
+    for key in FORWARDED_METADATA {
+        if let Some(value) = metadata.get(*key) {
+            request.metadata_mut().insert(*key, value.clone());
+        }
+    }
+    request
+}
+
+/// The auth token of a request (`token` metadata), empty without one.
+pub fn token_of(metadata: &tonic::metadata::MetadataMap) -> String {
+    metadata
+        .get("token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A request carrying `token` (when not empty) as its `token` metadata.
+pub fn with_token<M>(token: &str, message: M) -> Request<M> {
+    let mut request = Request::new(message);
+    if !token.is_empty()
+        && let Ok(value) = token.parse()
+    {
+        request.metadata_mut().insert("token", value);
+    }
+    request
+}
+
+/// A tonic connector that opens TCP, then TLS with `config`, to the URI's host and port.
+fn tls_connector(
+    config: ClusterTls,
+) -> impl tower::Service<
+    Uri,
+    Response = TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Future<
+        Output = std::io::Result<TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>,
+    > + Send,
+> + Clone
++ Send
++ 'static {
+    let connector = tokio_rustls::TlsConnector::from(config);
+    tower::service_fn(move |uri: Uri| {
+        let connector = connector.clone();
+        async move {
+            let invalid =
+                |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_owned());
+            let host = uri.host().ok_or_else(|| invalid("endpoint has no host"))?;
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let port = uri.port_u16().unwrap_or(2379);
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            let _ = tcp.set_nodelay(true);
+            let name = rustls::pki_types::ServerName::try_from(host)
+                .map_err(|_| invalid("endpoint host is not a valid TLS server name"))?;
+            let tls = connector.connect(name, tcp).await?;
+            Ok(TokioIo::new(tls))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_with_or_without_scheme() {
+        assert_eq!(strip_scheme("127.0.0.1:2379"), "127.0.0.1:2379");
+        assert_eq!(strip_scheme("http://127.0.0.1:2379"), "127.0.0.1:2379");
+        assert_eq!(strip_scheme("https://h:1/"), "h:1");
+    }
+}

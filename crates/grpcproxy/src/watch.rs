@@ -1,0 +1,1011 @@
+//! The Watch service with coalescing (etcd `grpcproxy/watch.go`, `watch_broadcast.go`).
+//!
+//! Vocabulary: a *c-watcher* is a client's watch on the proxy; an *s-watcher* is a watch the
+//! proxy holds on the cluster. All s-watchers of one auth identity (`token`) share one watch
+//! stream to the cluster (task `grpc-proxy watch upstream`), and an identity's watches are
+//! never served from another identity's s-watchers (etcd#19296).
+//!
+//! **Coalescing.** c-watchers of the same range (and `prev_kv` choice) that start "now"
+//! share one *live* s-watcher, whose events go to every member. Each s-watcher remembers
+//! `next_rev`: every event below it has been delivered. A c-watcher asking for a start
+//! revision `S` joins the live s-watcher when nothing at or above `S` has been delivered yet
+//! (`next_rev <= S`) and then drops events below `S`; otherwise it gets a private s-watcher
+//! from `S`, which hands its c-watcher over to the live one as soon as the live one has not
+//! delivered anything the private one has not (`live.next_rev <= private.next_rev`): no event
+//! is lost or repeated. Filters and `prev_kv` stripping are applied per c-watcher.
+//!
+//! **Exact revisions.** A watch stream opened with the metadata `etcdrs-watch-exact: true`
+//! bypasses coalescing: each of its c-watchers has its own s-watcher, created when it asks,
+//! so created headers and start points are exactly the cluster's (the opt-out etcd's
+//! documentation promised and never shipped).
+//!
+//! **Progress.** A client's RequestProgress is sent on its identity's cluster stream and
+//! answered when the cluster answers: the cluster has then sent, and the proxy has passed on,
+//! every event up to that revision for every s-watcher of the stream. Per-watcher progress
+//! notifications are passed to the c-watchers that asked for them.
+//!
+//! **Failures.** When the cluster stream breaks, it is reopened on another endpoint and every
+//! s-watcher is re-created from its `next_rev`, so clients see no gap and no repeat. A
+//! cancel from the cluster (compaction, permission) is passed to every member with its
+//! compact revision and reason.
+//!
+//! **Bounds.** Each client stream has a queue of [`CLIENT_QUEUE`] responses. A client that
+//! lets it fill up is cut off with an error (its watchers are cancelled; etcd clients resume
+//! from their last revision), so a slow reader never holds memory or slows others down.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
+use etcdrs_proto::etcdserverpb::watch_server::Watch;
+use etcdrs_proto::etcdserverpb::{
+    ResponseHeader, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
+    WatchResponse, watch_request,
+};
+use etcdrs_proto::mvccpb::event::EventType;
+use futures::Stream;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::metrics::Metrics;
+use crate::namespace::Namespace;
+use crate::upstream::{Upstream, token_of, with_token};
+
+/// Responses a client stream may have queued and not yet read.
+pub const CLIENT_QUEUE: usize = 1024;
+/// Progress requests a cluster stream keeps waiting for answers.
+const PROGRESS_WAITERS: usize = 1024;
+/// Watchers one client stream may hold.
+const WATCHERS_PER_STREAM: usize = 100_000;
+/// The metadata key that opts a watch stream out of coalescing.
+pub const EXACT_METADATA: &str = "etcdrs-watch-exact";
+
+type ClientId = u64;
+type SwId = u64;
+type ClientTx = mpsc::Sender<Result<WatchResponse, Status>>;
+
+/// The Watch service of the proxy.
+#[derive(Clone)]
+pub struct WatchProxy {
+    hub: Arc<Hub>,
+}
+
+struct Hub {
+    upstream: Upstream,
+    ns: Namespace,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    state: Mutex<State>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct GroupKey {
+    token: String,
+    key: Vec<u8>,
+    end: Vec<u8>,
+    prev_kv: bool,
+}
+
+#[derive(Default)]
+struct State {
+    clients: HashMap<ClientId, ClientState>,
+    next_client: ClientId,
+    sws: HashMap<SwId, SWatcher>,
+    next_sw: SwId,
+    /// The live (start "now") s-watcher of each group.
+    live: HashMap<GroupKey, SwId>,
+    /// One cluster stream per identity.
+    streams: HashMap<String, UpStream>,
+}
+
+struct ClientState {
+    tx: ClientTx,
+    token: String,
+    exact: bool,
+    /// Cut off the client (its queue overflowed).
+    kill: CancellationToken,
+    /// c-watcher id → its s-watcher.
+    watchers: HashMap<i64, SwId>,
+    next_watch_id: i64,
+}
+
+/// A c-watcher, as its s-watcher holds it.
+struct Member {
+    client: ClientId,
+    watch_id: i64,
+    /// Events below this revision are not for this watcher.
+    min_rev: i64,
+    prev_kv: bool,
+    progress_notify: bool,
+    no_put: bool,
+    no_delete: bool,
+}
+
+/// A c-watcher whose created response waits for its s-watcher's.
+struct Waiting {
+    member: Member,
+    done: oneshot::Sender<()>,
+}
+
+struct SWatcher {
+    group: GroupKey,
+    /// Start revision asked of the cluster (0: now).
+    start_rev: i64,
+    /// Live s-watchers are shared; private ones belong to one c-watcher.
+    live: bool,
+    /// A private s-watcher that may hand its c-watcher to the live one.
+    mergeable: bool,
+    /// The cluster's id for it on the current stream connection, once created.
+    upstream_id: Option<i64>,
+    /// Every event below this revision has been delivered (0: not created yet).
+    next_rev: i64,
+    header: ResponseHeader,
+    members: Vec<Member>,
+    waiting: Vec<Waiting>,
+}
+
+impl SWatcher {
+    fn created(&self) -> bool {
+        self.next_rev > 0
+    }
+
+    fn create_request(&self) -> WatchRequest {
+        let start_revision = if self.next_rev > 0 {
+            self.next_rev
+        } else {
+            self.start_rev
+        };
+        WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(
+                WatchCreateRequest {
+                    key: self.group.key.clone(),
+                    range_end: self.group.end.clone(),
+                    start_revision,
+                    progress_notify: true,
+                    prev_kv: self.group.prev_kv,
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+}
+
+/// The cluster stream of one identity.
+struct UpStream {
+    /// Connection generation: responses of an older connection are ignored.
+    generation: u64,
+    /// Requests for the current connection (none while reconnecting). Entries are bounded by
+    /// the s-watchers (one create and one cancel each) and the progress waiters.
+    req_tx: Option<mpsc::UnboundedSender<WatchRequest>>,
+    /// The cluster's watch ids on the current connection.
+    ids: HashMap<i64, SwId>,
+    /// s-watchers whose create was sent and not yet answered, in order.
+    pending: VecDeque<SwId>,
+    sws: HashSet<SwId>,
+    progress_waiters: VecDeque<ClientId>,
+    /// Wakes the stream's task when it has no s-watcher left.
+    idle: Arc<Notify>,
+}
+
+impl UpStream {
+    fn send(&self, request: WatchRequest) {
+        if let Some(tx) = &self.req_tx {
+            let _ = tx.send(request);
+        }
+    }
+}
+
+fn cancel_request(watch_id: i64) -> WatchRequest {
+    WatchRequest {
+        request_union: Some(watch_request::RequestUnion::CancelRequest(
+            WatchCancelRequest { watch_id },
+        )),
+    }
+}
+
+fn progress_request() -> WatchRequest {
+    WatchRequest {
+        request_union: Some(watch_request::RequestUnion::ProgressRequest(
+            WatchProgressRequest {},
+        )),
+    }
+}
+
+impl State {
+    /// Sends `resp` to `client`; a full queue cuts the client off.
+    fn send(&mut self, client: ClientId, resp: WatchResponse) -> bool {
+        let Some(c) = self.clients.get(&client) else {
+            return false;
+        };
+        match c.tx.try_send(Ok(resp)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                c.kill.cancel();
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Registers a new s-watcher and asks the cluster for it.
+    fn add_sw(&mut self, hub: &Arc<Hub>, sw: SWatcher) -> SwId {
+        let id = self.next_sw;
+        self.next_sw += 1;
+        let token = sw.group.token.clone();
+        if sw.live {
+            self.live.insert(sw.group.clone(), id);
+        }
+        let request = sw.create_request();
+        self.sws.insert(id, sw);
+        let stream = match self.streams.get_mut(&token) {
+            Some(stream) => stream,
+            None => {
+                let idle = Arc::new(Notify::new());
+                self.streams.insert(
+                    token.clone(),
+                    UpStream {
+                        generation: 0,
+                        req_tx: None,
+                        ids: HashMap::new(),
+                        pending: VecDeque::new(),
+                        sws: HashSet::new(),
+                        progress_waiters: VecDeque::new(),
+                        idle,
+                    },
+                );
+                // Task `grpc-proxy watch upstream`: the identity's cluster stream.
+                hub.tasks.spawn(run_upstream(hub.clone(), token.clone()));
+                self.streams.get_mut(&token).expect("inserted above")
+            }
+        };
+        stream.sws.insert(id);
+        if stream.req_tx.is_some() {
+            stream.send(request);
+            stream.pending.push_back(id);
+        }
+        id
+    }
+
+    /// Forgets an s-watcher and cancels it on the cluster.
+    fn remove_sw(&mut self, id: SwId) -> Option<SWatcher> {
+        let sw = self.sws.remove(&id)?;
+        if sw.live && self.live.get(&sw.group) == Some(&id) {
+            self.live.remove(&sw.group);
+        }
+        if let Some(stream) = self.streams.get_mut(&sw.group.token) {
+            stream.sws.remove(&id);
+            if let Some(upstream_id) = sw.upstream_id {
+                stream.ids.remove(&upstream_id);
+                stream.send(cancel_request(upstream_id));
+            }
+            if stream.sws.is_empty() {
+                stream.idle.notify_one();
+            }
+        }
+        Some(sw)
+    }
+
+    /// Removes c-watcher `watch_id` of `client` from its s-watcher; drops the s-watcher when
+    /// nobody is left on it.
+    fn detach(&mut self, metrics: &Metrics, client: ClientId, watch_id: i64) -> Option<SwId> {
+        let sw_id = self.clients.get_mut(&client)?.watchers.remove(&watch_id)?;
+        let sw = self.sws.get_mut(&sw_id)?;
+        let is_member = |m: &Member| m.client == client && m.watch_id == watch_id;
+        let before = sw.members.len();
+        sw.members.retain(|m| !is_member(m));
+        sw.waiting.retain(|w| !is_member(&w.member));
+        if sw.live && sw.members.len() < before && !sw.members.is_empty() {
+            metrics.add_watchers_coalescing(-1);
+        }
+        if sw.members.is_empty() && sw.waiting.is_empty() {
+            self.remove_sw(sw_id);
+        }
+        Some(sw_id)
+    }
+
+    /// Adds a member to a created live s-watcher.
+    fn join(&mut self, metrics: &Metrics, sw_id: SwId, member: Member) {
+        if let Some(sw) = self.sws.get_mut(&sw_id) {
+            if sw.live && !sw.members.is_empty() {
+                metrics.add_watchers_coalescing(1);
+            }
+            if let Some(c) = self.clients.get_mut(&member.client) {
+                c.watchers.insert(member.watch_id, sw_id);
+            }
+            sw.members.push(member);
+        }
+    }
+}
+
+/// The response telling a c-watcher it was created, with `header`.
+fn created_response(header: &ResponseHeader, watch_id: i64) -> WatchResponse {
+    WatchResponse {
+        header: Some(*header),
+        watch_id,
+        created: true,
+        ..Default::default()
+    }
+}
+
+impl Hub {
+    /// A response of the cluster stream of `token`, connection `generation`.
+    fn on_response(&self, token: &str, generation: u64, mut resp: WatchResponse) {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let Some(stream) = state.streams.get_mut(token) else {
+            return;
+        };
+        if stream.generation != generation {
+            return;
+        }
+        let header = resp.header.unwrap_or_default();
+        if resp.created {
+            let Some(sw_id) = stream.pending.pop_front() else {
+                return;
+            };
+            if resp.canceled || resp.watch_id < 0 {
+                // The cluster refused the watch: so do we, to everyone waiting on it.
+                if let Some(sw) = state.remove_sw(sw_id) {
+                    fail_members(state, sw, &resp, true);
+                }
+                return;
+            }
+            if !state.sws.contains_key(&sw_id) {
+                stream.send(cancel_request(resp.watch_id));
+                return;
+            }
+            stream.ids.insert(resp.watch_id, sw_id);
+            let Some(sw) = state.sws.get_mut(&sw_id) else {
+                return;
+            };
+            sw.upstream_id = Some(resp.watch_id);
+            if sw.next_rev == 0 {
+                sw.next_rev = if sw.start_rev > 0 {
+                    sw.start_rev
+                } else {
+                    header.revision + 1
+                };
+            }
+            sw.header = header;
+            let live = sw.live;
+            let waiting = std::mem::take(&mut sw.waiting);
+            let next_rev = sw.next_rev;
+            for mut w in waiting {
+                if live {
+                    w.member.min_rev = w.member.min_rev.max(next_rev);
+                }
+                let (client, watch_id) = (w.member.client, w.member.watch_id);
+                state.join(&self.metrics, sw_id, w.member);
+                state.send(client, created_response(&header, watch_id));
+                let _ = w.done.send(());
+            }
+            return;
+        }
+        if resp.watch_id == -1 && !resp.canceled && resp.events.is_empty() {
+            // The answer to RequestProgress: everything up to this revision was delivered.
+            let waiters: Vec<ClientId> = stream.progress_waiters.drain(..).collect();
+            for client in waiters {
+                let reply = WatchResponse {
+                    header: Some(header),
+                    watch_id: -1,
+                    ..Default::default()
+                };
+                state.send(client, reply);
+            }
+            return;
+        }
+        let Some(&sw_id) = stream.ids.get(&resp.watch_id) else {
+            return;
+        };
+        if resp.canceled {
+            stream.ids.remove(&resp.watch_id);
+            if let Some(sw) = state.sws.get_mut(&sw_id) {
+                // The cluster already dropped it: nothing to cancel there.
+                sw.upstream_id = None;
+            }
+            if let Some(sw) = state.remove_sw(sw_id) {
+                fail_members(state, sw, &resp, false);
+            }
+            return;
+        }
+        // Events, or a per-watcher progress notification.
+        if !self.ns.is_empty() {
+            for event in &mut resp.events {
+                if let Some(kv) = event.kv.as_mut() {
+                    self.ns.strip_kv(kv);
+                }
+                if let Some(kv) = event.prev_kv.as_mut() {
+                    self.ns.strip_kv(kv);
+                }
+            }
+        }
+        self.deliver(state, sw_id, &resp, header);
+    }
+
+    fn deliver(
+        &self,
+        state: &mut State,
+        sw_id: SwId,
+        resp: &WatchResponse,
+        header: ResponseHeader,
+    ) {
+        let Some(sw) = state.sws.get_mut(&sw_id) else {
+            return;
+        };
+        let last_rev = match resp.events.last().and_then(|e| e.kv.as_ref()) {
+            Some(kv) => kv.mod_revision,
+            None => header.revision,
+        };
+        let mut out: Vec<(ClientId, WatchResponse)> = Vec::with_capacity(sw.members.len());
+        for m in &sw.members {
+            if resp.events.is_empty() {
+                if m.progress_notify && header.revision + 1 >= m.min_rev {
+                    out.push((
+                        m.client,
+                        WatchResponse {
+                            header: Some(header),
+                            watch_id: m.watch_id,
+                            ..Default::default()
+                        },
+                    ));
+                }
+                continue;
+            }
+            let events: Vec<_> = resp
+                .events
+                .iter()
+                .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= m.min_rev))
+                .filter(|e| {
+                    let put = e.r#type == EventType::Put as i32;
+                    !(put && m.no_put || !put && m.no_delete)
+                })
+                .map(|e| {
+                    let mut e = e.clone();
+                    if !m.prev_kv {
+                        e.prev_kv = None;
+                    }
+                    e
+                })
+                .collect();
+            if events.is_empty() {
+                continue;
+            }
+            out.push((
+                m.client,
+                WatchResponse {
+                    header: Some(header),
+                    watch_id: m.watch_id,
+                    events,
+                    ..Default::default()
+                },
+            ));
+        }
+        sw.next_rev = sw.next_rev.max(last_rev + 1);
+        sw.header = header;
+        let (live, mergeable, group, next_rev) =
+            (sw.live, sw.mergeable, sw.group.clone(), sw.next_rev);
+        if live && out.len() > 1 {
+            self.metrics
+                .add_events_coalescing((resp.events.len() * (out.len() - 1)) as u64);
+        }
+        for (client, response) in out {
+            state.send(client, response);
+        }
+        if mergeable {
+            self.try_merge(state, sw_id, &group, next_rev);
+        }
+    }
+
+    /// Hands a private s-watcher's c-watchers to the live one when no event can be lost or
+    /// repeated.
+    fn try_merge(&self, state: &mut State, sw_id: SwId, group: &GroupKey, next_rev: i64) {
+        let Some(&live_id) = state.live.get(group) else {
+            return;
+        };
+        let Some(live) = state.sws.get(&live_id) else {
+            return;
+        };
+        if !live.created() || live.next_rev > next_rev {
+            return;
+        }
+        let Some(private) = state.remove_sw(sw_id) else {
+            return;
+        };
+        for mut m in private.members {
+            m.min_rev = m.min_rev.max(next_rev);
+            state.join(&self.metrics, live_id, m);
+        }
+    }
+
+    fn create(
+        self: &Arc<Self>,
+        client: ClientId,
+        req: WatchCreateRequest,
+    ) -> Option<oneshot::Receiver<()>> {
+        let (key, end) = self.ns.range(&req.key, &req.range_end);
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let c = state.clients.get_mut(&client)?;
+        if c.watchers.len() >= WATCHERS_PER_STREAM {
+            let refused = WatchResponse {
+                watch_id: -1,
+                created: true,
+                canceled: true,
+                cancel_reason: format!(
+                    "too many watchers on one stream (limit {WATCHERS_PER_STREAM})"
+                ),
+                ..Default::default()
+            };
+            state.send(client, refused);
+            return None;
+        }
+        let watch_id = if req.watch_id > 0 && !c.watchers.contains_key(&req.watch_id) {
+            req.watch_id
+        } else {
+            while c.watchers.contains_key(&c.next_watch_id) {
+                c.next_watch_id += 1;
+            }
+            c.next_watch_id
+        };
+        c.next_watch_id = c.next_watch_id.max(watch_id + 1);
+        let (token, exact) = (c.token.clone(), c.exact);
+        let member = Member {
+            client,
+            watch_id,
+            min_rev: req.start_revision,
+            prev_kv: req.prev_kv,
+            progress_notify: req.progress_notify,
+            no_put: req.filters.contains(&0),
+            no_delete: req.filters.contains(&1),
+        };
+        let group = GroupKey {
+            token,
+            key,
+            end,
+            prev_kv: req.prev_kv,
+        };
+        let start = req.start_revision;
+        let live_id = state.live.get(&group).copied();
+        if !exact && let Some(live_id) = live_id {
+            let joinable = state.sws.get(&live_id).map(|sw| {
+                let can = if start == 0 {
+                    true
+                } else {
+                    sw.created() && sw.next_rev <= start
+                };
+                (can, sw.created(), sw.next_rev, sw.header)
+            });
+            if let Some((true, created, next_rev, header)) = joinable {
+                if created {
+                    let mut member = member;
+                    member.min_rev = member.min_rev.max(next_rev);
+                    let mut header = header;
+                    header.revision = header.revision.max(next_rev - 1);
+                    state.join(&self.metrics, live_id, member);
+                    state.send(client, created_response(&header, watch_id));
+                    return None;
+                }
+                let (done, wait) = oneshot::channel();
+                if let Some(c) = state.clients.get_mut(&client) {
+                    c.watchers.insert(watch_id, live_id);
+                }
+                if let Some(sw) = state.sws.get_mut(&live_id) {
+                    sw.waiting.push(Waiting { member, done });
+                }
+                return Some(wait);
+            }
+        }
+        let live = !exact && start == 0;
+        let (done, wait) = oneshot::channel();
+        let sw = SWatcher {
+            group,
+            start_rev: start,
+            live,
+            mergeable: !exact && start != 0,
+            upstream_id: None,
+            next_rev: 0,
+            header: ResponseHeader::default(),
+            members: Vec::new(),
+            waiting: vec![Waiting { member, done }],
+        };
+        let sw_id = state.add_sw(self, sw);
+        if let Some(c) = state.clients.get_mut(&client) {
+            c.watchers.insert(watch_id, sw_id);
+        }
+        Some(wait)
+    }
+
+    fn cancel(&self, client: ClientId, watch_id: i64) {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let Some(sw_id) = state
+            .clients
+            .get(&client)
+            .and_then(|c| c.watchers.get(&watch_id).copied())
+        else {
+            return;
+        };
+        let header = state
+            .sws
+            .get(&sw_id)
+            .map(|sw| sw.header)
+            .unwrap_or_default();
+        state.detach(&self.metrics, client, watch_id);
+        state.send(
+            client,
+            WatchResponse {
+                header: Some(header),
+                watch_id,
+                canceled: true,
+                ..Default::default()
+            },
+        );
+    }
+
+    /// RequestProgress from `client`: asks the cluster on the client's stream, or answers at
+    /// once with `fallback` when the client watches nothing there.
+    fn progress(&self, client: ClientId) -> bool {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let Some(token) = state.clients.get(&client).map(|c| c.token.clone()) else {
+            return true;
+        };
+        let Some(stream) = state.streams.get_mut(&token) else {
+            return false;
+        };
+        if stream.req_tx.is_none() || stream.sws.is_empty() {
+            return false;
+        }
+        if stream.progress_waiters.len() >= PROGRESS_WAITERS {
+            return true;
+        }
+        stream.progress_waiters.push_back(client);
+        stream.send(progress_request());
+        true
+    }
+
+    fn remove_client(&self, client: ClientId) {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let Some(c) = state.clients.get(&client) else {
+            return;
+        };
+        let ids: Vec<i64> = c.watchers.keys().copied().collect();
+        for watch_id in ids {
+            state.detach(&self.metrics, client, watch_id);
+        }
+        state.clients.remove(&client);
+    }
+
+    /// (Re)connection of the cluster stream of `token`: a new generation, and every
+    /// s-watcher asked for again from where it stopped. `None`: the stream has no s-watcher
+    /// left and is gone.
+    fn connect(&self, token: &str, req_tx: mpsc::UnboundedSender<WatchRequest>) -> Option<u64> {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let stream = state.streams.get_mut(token)?;
+        if stream.sws.is_empty() {
+            state.streams.remove(token);
+            return None;
+        }
+        stream.generation += 1;
+        stream.ids.clear();
+        stream.pending.clear();
+        let mut ids: Vec<SwId> = stream.sws.iter().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(sw) = state.sws.get_mut(&id) {
+                sw.upstream_id = None;
+                let _ = req_tx.send(sw.create_request());
+                stream.pending.push_back(id);
+            }
+        }
+        if !stream.progress_waiters.is_empty() {
+            let _ = req_tx.send(progress_request());
+        }
+        stream.req_tx = Some(req_tx);
+        Some(stream.generation)
+    }
+
+    fn disconnect(&self, token: &str, generation: u64) {
+        let mut state = self.state.lock();
+        if let Some(stream) = state.streams.get_mut(token)
+            && stream.generation == generation
+        {
+            stream.req_tx = None;
+        }
+    }
+
+    fn idle_notify(&self, token: &str) -> Option<Arc<Notify>> {
+        self.state.lock().streams.get(token).map(|s| s.idle.clone())
+    }
+
+    /// Whether the stream of `token` has no s-watcher (it is then removed).
+    fn remove_if_idle(&self, token: &str) -> bool {
+        let mut state = self.state.lock();
+        match state.streams.get(token) {
+            Some(stream) if stream.sws.is_empty() => {
+                state.streams.remove(token);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        }
+    }
+}
+
+/// Tells every member and waiter of `sw` it was cancelled, with the cluster's reason.
+fn fail_members(state: &mut State, sw: SWatcher, resp: &WatchResponse, on_create: bool) {
+    let header = resp.header.unwrap_or_default();
+    let response = |watch_id: i64| WatchResponse {
+        header: Some(header),
+        watch_id,
+        created: on_create,
+        canceled: true,
+        compact_revision: resp.compact_revision,
+        cancel_reason: resp.cancel_reason.clone(),
+        ..Default::default()
+    };
+    for m in sw.members {
+        if let Some(c) = state.clients.get_mut(&m.client) {
+            c.watchers.remove(&m.watch_id);
+        }
+        state.send(m.client, response(m.watch_id));
+    }
+    for w in sw.waiting {
+        if let Some(c) = state.clients.get_mut(&w.member.client) {
+            c.watchers.remove(&w.member.watch_id);
+        }
+        state.send(w.member.client, response(w.member.watch_id));
+        let _ = w.done.send(());
+    }
+}
+
+/// Task `grpc-proxy watch upstream`: the cluster stream of one identity, reconnected to the
+/// current endpoint whenever it breaks, until it has no s-watcher left or the proxy stops.
+async fn run_upstream(hub: Arc<Hub>, token: String) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if hub.shutdown.is_cancelled() {
+            return;
+        }
+        let Some(idle) = hub.idle_notify(&token) else {
+            return;
+        };
+        let (idx, channel) = hub.upstream.current();
+        let (req_tx, req_rx) = mpsc::unbounded_channel();
+        let Some(generation) = hub.connect(&token, req_tx) else {
+            return;
+        };
+        let mut client =
+            WatchClient::new(channel).max_decoding_message_size(hub.upstream.max_decoding());
+        let requests = tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx);
+        let opened = tokio::select! {
+            _ = hub.shutdown.cancelled() => return,
+            r = client.watch(with_token(&token, requests)) => r,
+        };
+        match opened {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    let message = tokio::select! {
+                        _ = hub.shutdown.cancelled() => return,
+                        _ = idle.notified() => {
+                            if hub.remove_if_idle(&token) {
+                                return;
+                            }
+                            continue;
+                        }
+                        m = stream.message() => m,
+                    };
+                    match message {
+                        Ok(Some(resp)) => {
+                            backoff = Duration::from_millis(50);
+                            hub.on_response(&token, generation, resp);
+                        }
+                        Ok(None) => break,
+                        Err(status) => {
+                            if crate::upstream::failover(&status) {
+                                hub.upstream.failed(idx);
+                            }
+                            tracing::warn!(error = %status.message(), "gRPC proxy watch stream to the cluster failed");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                if crate::upstream::failover(&status) {
+                    hub.upstream.failed(idx);
+                }
+            }
+        }
+        hub.disconnect(&token, generation);
+        tokio::select! {
+            _ = hub.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// A client's stream of watch responses. It ends with an error when the client was cut off
+/// for not reading; dropping it (the client went away) cancels the client's watchers.
+struct ClientStream {
+    rx: mpsc::Receiver<Result<WatchResponse, Status>>,
+    kill: CancellationToken,
+    killed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    done: bool,
+    hub: Arc<Hub>,
+    id: ClientId,
+}
+
+impl Stream for ClientStream {
+    type Item = Result<WatchResponse, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.killed.as_mut().poll(cx).is_ready() {
+            self.done = true;
+            return Poll::Ready(Some(Err(Status::resource_exhausted(
+                "etcdserver: watch stream is too slow (gRPC proxy client queue is full)",
+            ))));
+        }
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for ClientStream {
+    fn drop(&mut self) {
+        self.kill.cancel();
+        self.hub.remove_client(self.id);
+    }
+}
+
+impl WatchProxy {
+    /// The service over `upstream`; its cluster streams run on `tasks` until `shutdown`.
+    pub fn new(
+        upstream: Upstream,
+        ns: Namespace,
+        metrics: Metrics,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        WatchProxy {
+            hub: Arc::new(Hub {
+                upstream,
+                ns,
+                metrics,
+                shutdown,
+                tasks: tasks.clone(),
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+}
+
+/// Task `grpc-proxy watch client`: reads one client's requests, in order (a create is
+/// answered before the next request is read, so created responses come in request order).
+async fn read_client(
+    hub: Arc<Hub>,
+    id: ClientId,
+    mut input: Streaming<WatchRequest>,
+    kill: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = kill.cancelled() => return,
+            _ = hub.shutdown.cancelled() => return,
+            m = input.message() => m,
+        };
+        let request = match message {
+            Ok(Some(request)) => request,
+            // A client that closes its side keeps receiving, as from a member.
+            Ok(None) | Err(_) => return,
+        };
+        match request.request_union {
+            Some(watch_request::RequestUnion::CreateRequest(create)) => {
+                if let Some(wait) = hub.create(id, create) {
+                    tokio::select! {
+                        _ = kill.cancelled() => return,
+                        _ = hub.shutdown.cancelled() => return,
+                        _ = wait => {}
+                    }
+                }
+            }
+            Some(watch_request::RequestUnion::CancelRequest(cancel)) => {
+                hub.cancel(id, cancel.watch_id)
+            }
+            Some(watch_request::RequestUnion::ProgressRequest(_)) if !hub.progress(id) => {
+                // Nothing of this client's is watched on the cluster: the current
+                // revision is the answer.
+                let header = current_header(&hub, id).await;
+                let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
+                if let (Some(tx), Some(header)) = (tx, header) {
+                    let _ = tx.try_send(Ok(WatchResponse {
+                        header: Some(header),
+                        watch_id: -1,
+                        ..Default::default()
+                    }));
+                }
+            }
+            Some(watch_request::RequestUnion::ProgressRequest(_)) => {}
+            None => {}
+        }
+    }
+}
+
+/// The cluster's current header, read for `client`'s identity.
+async fn current_header(hub: &Hub, client: ClientId) -> Option<ResponseHeader> {
+    let token = hub.state.lock().clients.get(&client)?.token.clone();
+    let req = etcdrs_proto::etcdserverpb::RangeRequest {
+        key: vec![0],
+        count_only: true,
+        ..Default::default()
+    };
+    hub.upstream
+        .unary(|ch| {
+            let mut kv = etcdrs_proto::etcdserverpb::kv_client::KvClient::new(ch);
+            let req = with_token(&token, req.clone());
+            async move { kv.range(req).await }
+        })
+        .await
+        .ok()
+        .and_then(|r| r.into_inner().header)
+}
+
+#[tonic::async_trait]
+impl Watch for WatchProxy {
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let token = token_of(request.metadata());
+        let exact = request
+            .metadata()
+            .get(EXACT_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
+        let kill = CancellationToken::new();
+        let id = {
+            let mut state = self.hub.state.lock();
+            let id = state.next_client;
+            state.next_client += 1;
+            state.clients.insert(
+                id,
+                ClientState {
+                    tx,
+                    token,
+                    exact,
+                    kill: kill.clone(),
+                    watchers: HashMap::new(),
+                    next_watch_id: 0,
+                },
+            );
+            id
+        };
+        let input = request.into_inner();
+        self.hub
+            .tasks
+            .spawn(read_client(self.hub.clone(), id, input, kill.clone()));
+        Ok(Response::new(Box::pin(ClientStream {
+            rx,
+            killed: Box::pin(kill.clone().cancelled_owned()),
+            kill,
+            done: false,
+            hub: self.hub.clone(),
+            id,
+        })))
+    }
+}
