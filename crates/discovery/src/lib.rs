@@ -3,3 +3,17 @@
 //! protocols).
 //!
 //! Owns name resolution and the discovery protocols; it knows nothing of Raft or the store.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`v3`] | etcd 3.6's v3 discovery: a registry in another cluster's v3 keyspace, over gRPC |
+//! | [`v2`] | etcd's v2 discovery: a registry in a v2 keys API, over HTTP (`--discovery <url>`) |
+//! | [`registry`] | what both protocols share: ordering, "cluster is full", the cluster string |
+//! | [`tls`] | client TLS towards a discovery service |
+//! | [`error`] | the protocols' errors, with etcd's texts |
+
+pub mod error;
+pub mod registry;
+pub mod tls;
+pub mod v2;
+pub mod v3;

@@ -524,6 +524,18 @@ impl EtcdConfig {
         }
     }
 
+    /// A flag kept in [`EtcdConfig::extra`], read as a Go duration (the v3 discovery
+    /// timeouts); `None` when absent or not a duration.
+    pub fn extra_duration(&self, flag: &str) -> Option<Duration> {
+        let text = self.extra.get(flag)?;
+        goparse::parse_duration(text).ok().map(to_std_duration)
+    }
+
+    /// A flag kept in [`EtcdConfig::extra`], read as a Go bool.
+    pub fn extra_bool(&self, flag: &str) -> Option<bool> {
+        goparse::parse_bool(self.extra.get(flag)?)
+    }
+
     /// Election timeout in heartbeat ticks (etcd's `ElectionTicks`).
     pub fn election_ticks(&self) -> u64 {
         self.election_timeout / self.heartbeat_interval.max(1)

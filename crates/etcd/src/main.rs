@@ -3,6 +3,7 @@
 //! works on saved snapshots (etcd's `etcdutl snapshot`).
 
 mod config;
+mod discovery;
 mod gateway;
 mod grpcproxy;
 mod logging;
@@ -32,6 +33,13 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         PathBuf::from(&cfg.wal_dir)
     };
     let restarting = wal_dir.is_dir();
+    let discovered;
+    let cfg = if !restarting && discovery::wanted(cfg) {
+        discovered = discovery::bootstrap(cfg)?;
+        &discovered
+    } else {
+        cfg
+    };
     let members = match cfg.initial_cluster_members() {
         Ok(members) => members,
         Err(_) if restarting => Vec::new(),

@@ -1,0 +1,178 @@
+//! Client-side TLS towards a discovery service: rustls configurations built from PEM files
+//! (`--discovery-cert`, `--discovery-key`, `--discovery-cacert`,
+//! `--discovery-insecure-skip-tls-verify`) and a tonic connector that dials TCP then TLS.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::error::{Error, Result};
+
+/// The system's CA bundle (Debian's path), trusted when no CA file is given.
+const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// What to present and trust when talking TLS to a discovery service.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// Client certificate (PEM).
+    pub cert: Option<std::path::PathBuf>,
+    /// Its key (PEM).
+    pub key: Option<std::path::PathBuf>,
+    /// CA bundle for the service's certificate; the system's when absent.
+    pub cacert: Option<std::path::PathBuf>,
+    /// Accept any server certificate.
+    pub insecure_skip_verify: bool,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn bad(path: &Path, reason: impl std::fmt::Display) -> Error {
+    Error::Config(format!("{}: {reason}", path.display()))
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(path, e))?;
+    if certs.is_empty() {
+        return Err(bad(path, "no certificate found"));
+    }
+    Ok(certs)
+}
+
+fn roots(path: &Path) -> Result<RootCertStore> {
+    let mut store = RootCertStore::empty();
+    for cert in certs(path)? {
+        store.add(cert).map_err(|e| bad(path, e))?;
+    }
+    Ok(store)
+}
+
+/// A client configuration offering `alpn` (`h2` for gRPC, `http/1.1` for the v2 keys API).
+pub fn client_config(files: &TlsFiles, alpn: &[u8]) -> Result<Arc<rustls::ClientConfig>> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Config(format!("tls: {e}")))?;
+    let builder = if files.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServerCert))
+    } else {
+        let store = match &files.cacert {
+            Some(ca) => roots(ca)?,
+            None => roots(Path::new(SYSTEM_CA_BUNDLE)).unwrap_or_else(|_| RootCertStore::empty()),
+        };
+        builder.with_root_certificates(store)
+    };
+    let mut config = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(
+                certs(cert)?,
+                PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, e))?,
+            )
+            .map_err(|e| bad(cert, e))?,
+        _ => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// TLS over an established TCP connection to `host`.
+pub async fn wrap(
+    config: Arc<rustls::ClientConfig>,
+    host: &str,
+    tcp: TcpStream,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let name = ServerName::try_from(host).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "host is not a valid TLS server name",
+        )
+    })?;
+    tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+}
+
+/// A tonic connector: TCP to the URI's host and port, then TLS with `config`.
+pub fn connector(
+    config: Arc<rustls::ClientConfig>,
+) -> impl tower::Service<
+    tonic::transport::Uri,
+    Response = TokioIo<TlsStream<TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Future<Output = std::io::Result<TokioIo<TlsStream<TcpStream>>>> + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |uri: tonic::transport::Uri| {
+        let config = config.clone();
+        async move {
+            let host = uri.host().unwrap_or("localhost").to_owned();
+            let port = uri.port_u16().unwrap_or(2379);
+            let tcp =
+                TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port))
+                    .await?;
+            let _ = tcp.set_nodelay(true);
+            Ok(TokioIo::new(wrap(config, &host, tcp).await?))
+        }
+    })
+}
+
+/// `--discovery-insecure-skip-tls-verify`: any certificate is accepted (signatures are still
+/// checked, so the handshake itself is sound).
+#[derive(Debug)]
+struct AnyServerCert;
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algs = provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algs = provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

@@ -1,0 +1,509 @@
+//! v3 discovery (etcd 3.6's `v3discovery`): bootstrap through a registry kept in another etcd
+//! cluster's v3 keyspace, reached over gRPC.
+//!
+//! The registry of a token lives under `/_etcd/registry/<token>/`: `_config/size` holds the
+//! expected cluster size and each member registers `members/<member id hex>` with its
+//! `name=peerURL[,...]`. A member reads the size, checks the cluster is not full yet (fast
+//! fail), registers, reads the members again and then watches `members/` until `size` members
+//! are known. The first `size` registrations by creation revision form the cluster; anyone
+//! else finds it full. Failures to reach the service are retried with etcd's back-off (2 s
+//! doubling up to 256 s, without end); a missing or bad size key is not.
+
+use std::time::Duration;
+
+use etcdrs_proto::etcdserverpb::auth_client::AuthClient;
+use etcdrs_proto::etcdserverpb::kv_client::KvClient;
+use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
+use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
+use etcdrs_proto::etcdserverpb::{
+    AuthenticateRequest, PutRequest, RangeRequest, RangeResponse, WatchCreateRequest, WatchRequest,
+};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::error::{Error, Result};
+use crate::registry::{Registration, Registry, check_urls_map};
+use crate::tls::{TlsFiles, client_config, connector};
+
+/// Where every token's registry lives.
+pub const REGISTRY_PREFIX: &str = "/_etcd/registry";
+
+/// Most exponent of the retry back-off (2^8 s), as etcd.
+const MAX_BACKOFF_EXPONENT: u32 = 8;
+
+/// How to reach the discovery cluster (etcd's `clientv3.ConfigSpec` from the
+/// `--discovery-*` flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `--discovery-endpoints`: `host:port` or `http(s)://host:port`.
+    pub endpoints: Vec<String>,
+    /// `--discovery-token`.
+    pub token: String,
+    /// `--discovery-dial-timeout`.
+    pub dial_timeout: Duration,
+    /// `--discovery-request-timeout`.
+    pub request_timeout: Duration,
+    /// `--discovery-keepalive-time`.
+    pub keepalive_time: Duration,
+    /// `--discovery-keepalive-timeout`.
+    pub keepalive_timeout: Duration,
+    /// `--discovery-insecure-transport`: no TLS unless files or an `https` endpoint ask for it.
+    pub insecure_transport: bool,
+    /// TLS files and `--discovery-insecure-skip-tls-verify`.
+    pub tls: TlsFiles,
+    /// `--discovery-user` (`user` or `user:password`).
+    pub user: String,
+    /// `--discovery-password`.
+    pub password: String,
+}
+
+/// The registry keys of one token.
+#[derive(Clone, Debug)]
+struct Keys {
+    size: String,
+    members: String,
+    this: String,
+}
+
+impl Keys {
+    fn new(token: &str, member_id: u64) -> Keys {
+        let base = format!("{REGISTRY_PREFIX}/{}", token.trim_matches('/'));
+        Keys {
+            size: format!("{base}/_config/size"),
+            members: format!("{base}/members"),
+            this: format!("{base}/members/{member_id:x}"),
+        }
+    }
+}
+
+/// The end of the range of keys starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Registers this member (`id`, `entry` = `name=peerURL[,...]`) under the token and waits
+/// for the cluster to be complete. Returns the `--initial-cluster` string.
+pub async fn join_cluster(config: &Config, id: u64, entry: &str) -> Result<String> {
+    let mut d = Discovery::new(config, id)?;
+    let result = d.join(entry).await;
+    match &result {
+        Ok(cluster) => tracing::info!(cluster = %cluster, "discovery joined cluster successfully"),
+        Err(e) => tracing::error!(error = %e, "discovery failed to join cluster"),
+    }
+    result
+}
+
+/// Reads the cluster of a token without registering (etcd's `GetCluster`).
+pub async fn get_cluster(config: &Config) -> Result<String> {
+    let mut d = Discovery::new(config, 0)?;
+    let (registry, size, rev) = match d.check_cluster().await {
+        Ok(found) => found,
+        Err((Error::FullCluster, Some((registry, size)))) => {
+            return finish(&registry, size);
+        }
+        Err((e, _)) => return Err(e),
+    };
+    let registry = d.wait_peers(registry, size, rev).await?;
+    finish(&registry, size)
+}
+
+fn finish(registry: &Registry, size: usize) -> Result<String> {
+    let cluster = registry.initial_cluster(size);
+    if check_urls_map(&cluster).is_none() {
+        return Err(Error::InvalidPeerUrl);
+    }
+    Ok(cluster)
+}
+
+type CheckResult = std::result::Result<(Registry, usize, i64), (Error, Option<(Registry, usize)>)>;
+
+struct Discovery {
+    channels: Vec<Channel>,
+    current: usize,
+    keys: Keys,
+    request_timeout: Duration,
+    user: Option<(String, String)>,
+    auth_token: Option<AsciiMetadataValue>,
+    retries: u32,
+}
+
+impl Discovery {
+    fn new(config: &Config, id: u64) -> Result<Discovery> {
+        if config.endpoints.is_empty() {
+            return Err(Error::Config("no discovery endpoints".to_owned()));
+        }
+        let wants_tls = !config.insecure_transport
+            || config.tls.insecure_skip_verify
+            || config.tls.cert.is_some()
+            || config.tls.key.is_some()
+            || config.tls.cacert.is_some();
+        let mut channels = Vec::with_capacity(config.endpoints.len());
+        for raw in &config.endpoints {
+            let (https, host_port) = match raw.split_once("://") {
+                Some((scheme, rest)) => (scheme == "https" || scheme == "unixs", rest),
+                None => (false, raw.as_str()),
+            };
+            let host_port = host_port.trim_end_matches('/');
+            let endpoint = Endpoint::from_shared(format!("http://{host_port}"))
+                .map_err(|e| Error::Config(format!("bad discovery endpoint {raw:?}: {e}")))?
+                .connect_timeout(config.dial_timeout)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(config.keepalive_time)
+                .keep_alive_timeout(config.keepalive_timeout)
+                .keep_alive_while_idle(true);
+            let channel = if wants_tls || https {
+                let tls = client_config(&config.tls, b"h2")?;
+                endpoint.connect_with_connector_lazy(connector(tls))
+            } else {
+                endpoint.connect_lazy()
+            };
+            channels.push(channel);
+        }
+        let user = if config.user.is_empty() {
+            None
+        } else if config.password.is_empty()
+            && let Some((user, password)) = config.user.split_once(':')
+        {
+            Some((user.to_owned(), password.to_owned()))
+        } else {
+            Some((config.user.clone(), config.password.clone()))
+        };
+        tracing::info!(
+            discovery_token = %config.token,
+            discovery_endpoints = %config.endpoints.join(","),
+            "Bootstrapping cluster using v3 discovery."
+        );
+        Ok(Discovery {
+            channels,
+            current: 0,
+            keys: Keys::new(&config.token, id),
+            request_timeout: config.request_timeout,
+            user,
+            auth_token: None,
+            retries: 0,
+        })
+    }
+
+    async fn join(&mut self, entry: &str) -> Result<String> {
+        // Fast path: a full cluster is refused before registering.
+        self.check_cluster().await.map_err(|(e, _)| e)?;
+        self.register_self(entry).await?;
+        let (registry, size, rev) = self.check_cluster().await.map_err(|(e, _)| e)?;
+        let registry = self.wait_peers(registry, size, rev).await?;
+        finish(&registry, size)
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.auth_token {
+            request.metadata_mut().insert("token", token.clone());
+        }
+        request
+    }
+
+    /// Logs in with `--discovery-user`, if any and not done yet.
+    async fn authenticate(&mut self, channel: Channel) -> std::result::Result<(), Status> {
+        let Some((name, password)) = self.user.clone() else {
+            return Ok(());
+        };
+        if self.auth_token.is_some() {
+            return Ok(());
+        }
+        let resp = tokio::time::timeout(
+            self.request_timeout,
+            AuthClient::new(channel).authenticate(AuthenticateRequest { name, password }),
+        )
+        .await
+        .map_err(|_| Status::deadline_exceeded("context deadline exceeded"))??
+        .into_inner();
+        let token = AsciiMetadataValue::try_from(resp.token.as_str())
+            .map_err(|_| Status::internal("authentication token is not ASCII"))?;
+        self.auth_token = Some(token);
+        Ok(())
+    }
+
+    /// One unary call, tried on each endpoint in turn while they are unreachable.
+    async fn call<T, F, Fut>(&mut self, mut f: F) -> std::result::Result<T, Status>
+    where
+        F: FnMut(Channel, Option<AsciiMetadataValue>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Status>>,
+    {
+        let mut last = Status::unavailable("no discovery endpoint answered");
+        for _ in 0..self.channels.len() {
+            let channel = self.channels[self.current].clone();
+            let outcome = match self.authenticate(channel.clone()).await {
+                Ok(()) => {
+                    tokio::time::timeout(self.request_timeout, f(channel, self.auth_token.clone()))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Status::deadline_exceeded("context deadline exceeded"))
+                        })
+                }
+                Err(status) => Err(status),
+            };
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err(status)
+                    if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) =>
+                {
+                    self.current = (self.current + 1) % self.channels.len();
+                    last = status;
+                }
+                Err(status) if status.message().contains("invalid auth token") => {
+                    self.auth_token = None;
+                    last = status;
+                }
+                Err(status) => return Err(status),
+            }
+        }
+        Err(last)
+    }
+
+    async fn range(
+        &mut self,
+        key: &str,
+        prefix: bool,
+    ) -> std::result::Result<RangeResponse, Status> {
+        let key = key.as_bytes().to_vec();
+        let range_end = if prefix { prefix_end(&key) } else { Vec::new() };
+        self.call(|channel, token| {
+            let mut request = Request::new(RangeRequest {
+                key: key.clone(),
+                range_end: range_end.clone(),
+                ..RangeRequest::default()
+            });
+            if let Some(token) = token {
+                request.metadata_mut().insert("token", token);
+            }
+            async move { Ok(KvClient::new(channel).range(request).await?.into_inner()) }
+        })
+        .await
+    }
+
+    async fn backoff(&mut self, step: &str) {
+        self.retries = self.retries.saturating_add(1);
+        let wait = Duration::from_secs(1 << self.retries.min(MAX_BACKOFF_EXPONENT));
+        tracing::warn!(reason = step, backoff = ?wait, "retry connecting to discovery service");
+        tokio::time::sleep(wait).await;
+    }
+
+    async fn cluster_size(&mut self) -> std::result::Result<usize, Option<Status>> {
+        let key = self.keys.size.clone();
+        let resp = self.range(&key, false).await.map_err(|e| {
+            tracing::warn!(clusterSizeKey = %key, error = %e.message(), "failed to get cluster size from discovery service");
+            Some(e)
+        })?;
+        let Some(kv) = resp.kvs.first() else {
+            return Err(None);
+        };
+        match std::str::from_utf8(&kv.value)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            Some(n) if n > 0 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+            _ => Ok(0),
+        }
+    }
+
+    async fn cluster_members(&mut self) -> std::result::Result<(Registry, i64), Status> {
+        let prefix = self.keys.members.clone();
+        let resp = self.range(&prefix, true).await.inspect_err(|e| {
+            tracing::warn!(membersKeyPrefix = %prefix, error = %e.message(), "failed to get cluster members from discovery service");
+        })?;
+        let mut registry = Registry::default();
+        for kv in resp.kvs {
+            add_member(&mut registry, &kv.key, &kv.value, kv.create_revision);
+        }
+        Ok((registry, resp.header.map_or(0, |h| h.revision)))
+    }
+
+    /// etcd's `checkCluster`: the size, the registrations and the revision they were read
+    /// at; `FullCluster` (with what was read) when this member is not among the first
+    /// `size`.
+    async fn check_cluster(&mut self) -> CheckResult {
+        loop {
+            let size = match self.cluster_size().await {
+                Ok(0) => return Err((Error::BadSizeKey, None)),
+                Ok(size) => size,
+                Err(None) => return Err((Error::SizeNotFound, None)),
+                Err(Some(_)) => {
+                    self.backoff("cluster status check").await;
+                    continue;
+                }
+            };
+            let (registry, rev) = match self.cluster_members().await {
+                Ok(found) => found,
+                Err(_) => {
+                    self.backoff("cluster status check").await;
+                    continue;
+                }
+            };
+            self.retries = 0;
+            if registry.is_full_for(&self.keys.this, size) {
+                return Err((Error::FullCluster, Some((registry, size))));
+            }
+            return Ok((registry, size, rev));
+        }
+    }
+
+    async fn register_self(&mut self, entry: &str) -> Result<()> {
+        let key = self.keys.this.clone();
+        loop {
+            let request = PutRequest {
+                key: key.as_bytes().to_vec(),
+                value: entry.as_bytes().to_vec(),
+                ..PutRequest::default()
+            };
+            let result = self
+                .call(|channel, token| {
+                    let mut request = Request::new(request.clone());
+                    if let Some(token) = token {
+                        request.metadata_mut().insert("token", token);
+                    }
+                    async move { KvClient::new(channel).put(request).await.map(|_| ()) }
+                })
+                .await;
+            match result {
+                Ok(()) => {
+                    self.retries = 0;
+                    tracing::info!(memberKey = %key, memberInfo = %entry, "register member itself successfully");
+                    return Ok(());
+                }
+                Err(status)
+                    if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) =>
+                {
+                    tracing::warn!(memberKey = %key, error = %status.message(), "failed to register members itself to the discovery service");
+                    self.backoff("register member itself").await;
+                }
+                Err(status) => return Err(Error::Service(status.message().to_owned())),
+            }
+        }
+    }
+
+    /// Watches `members/` from `rev + 1` until `size` members are known. A broken watch is
+    /// re-established after a fresh read of the members.
+    async fn wait_peers(
+        &mut self,
+        mut registry: Registry,
+        size: usize,
+        mut rev: i64,
+    ) -> Result<Registry> {
+        while registry.len() < size {
+            tracing::info!(
+                clusterSize = size,
+                found_peers = registry.len(),
+                "waiting for peers from discovery service"
+            );
+            match self.watch_members(&mut registry, size, rev).await {
+                Ok(()) => {}
+                Err(status) => {
+                    tracing::warn!(error = %status.message(), "watching the discovery service failed");
+                    self.backoff("waiting for other nodes").await;
+                    match self.check_cluster().await {
+                        Ok((fresh, _, fresh_rev)) => {
+                            registry = fresh;
+                            rev = fresh_rev;
+                        }
+                        Err((e, _)) => return Err(e),
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            clusterSize = size,
+            found_peers = registry.len(),
+            "found all needed peers from discovery service"
+        );
+        Ok(registry)
+    }
+
+    async fn watch_members(
+        &mut self,
+        registry: &mut Registry,
+        size: usize,
+        rev: i64,
+    ) -> std::result::Result<(), Status> {
+        let channel = self.channels[self.current].clone();
+        if let Err(status) = self.authenticate(channel.clone()).await {
+            self.current = (self.current + 1) % self.channels.len();
+            return Err(status);
+        }
+        let key = self.keys.members.as_bytes().to_vec();
+        let create = WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                range_end: prefix_end(&key),
+                key,
+                start_revision: rev + 1,
+                ..WatchCreateRequest::default()
+            })),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(create)
+            .await
+            .map_err(|_| Status::internal("watch request not sent"))?;
+        let request = self.request(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut stream = match WatchClient::new(channel).watch(request).await {
+            Ok(resp) => resp.into_inner(),
+            Err(status) => {
+                self.current = (self.current + 1) % self.channels.len();
+                return Err(status);
+            }
+        };
+        while let Some(resp) = stream.message().await? {
+            if resp.canceled {
+                return Err(Status::aborted(if resp.cancel_reason.is_empty() {
+                    "watch canceled".to_owned()
+                } else {
+                    resp.cancel_reason
+                }));
+            }
+            for event in resp.events {
+                if let Some(kv) = event.kv {
+                    add_member(registry, &kv.key, &kv.value, kv.create_revision);
+                }
+            }
+            if registry.len() >= size {
+                drop(tx);
+                return Ok(());
+            }
+        }
+        Err(Status::unavailable("watch stream ended"))
+    }
+}
+
+fn add_member(registry: &mut Registry, key: &[u8], value: &[u8], created: i64) {
+    let key = String::from_utf8_lossy(key).trim().to_owned();
+    let value = String::from_utf8_lossy(value).trim().to_owned();
+    let registration = Registration {
+        key: key.clone(),
+        value: value.clone(),
+        created,
+    };
+    match registry.add(registration) {
+        Ok(()) => {
+            tracing::info!(memberKey = %key, memberInfo = %value, "found peer from discovery service")
+        }
+        Err(warning) => tracing::warn!(memberKey = %key, memberInfo = %value, "{warning}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_keys_as_etcd() {
+        let keys = Keys::new("tok", 0x8e9e05c52164694d);
+        assert_eq!(keys.size, "/_etcd/registry/tok/_config/size");
+        assert_eq!(keys.this, "/_etcd/registry/tok/members/8e9e05c52164694d");
+        assert_eq!(prefix_end(b"/a"), b"/b".to_vec());
+    }
+}
