@@ -14,6 +14,7 @@
 mod cluster;
 mod compaction;
 mod crash;
+mod discovery;
 mod errors;
 mod etcdctl;
 mod gateway;
