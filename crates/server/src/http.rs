@@ -33,6 +33,7 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 pub fn router(server: EtcdServer) -> Router {
     let rpc = Rpc::new(server.clone());
     let gateway = crate::gateway::router(rpc.clone());
+    let v2keys = crate::v2keys::router(server.clone());
     let max = server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     drop(health_reporter);
@@ -54,6 +55,7 @@ pub fn router(server: EtcdServer) -> Router {
         .with_state(server);
     grpc.merge(http)
         .merge(gateway)
+        .merge(v2keys)
         .fallback(not_found)
         .layer(axum::middleware::map_response(grpc_size_error))
         .layer(axum::middleware::from_fn(crate::metrics::grpc_metrics))

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod peer;
 mod request;
 pub mod rpc;
+mod v2keys;
 mod validate;
 pub mod version;
 
