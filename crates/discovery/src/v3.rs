@@ -9,6 +9,7 @@
 //! else finds it full. Failures to reach the service are retried with etcd's back-off (2 s
 //! doubling up to 256 s, without end); a missing or bad size key is not.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcdrs_proto::etcdserverpb::auth_client::AuthClient;
@@ -104,6 +105,7 @@ pub async fn join_cluster(config: &Config, id: u64, entry: &str) -> Result<Strin
 /// Reads the cluster of a token without registering (etcd's `GetCluster`).
 pub async fn get_cluster(config: &Config) -> Result<String> {
     let mut d = Discovery::new(config, 0)?;
+    d.open().await?;
     let (registry, size, rev) = match d.check_cluster().await {
         Ok(found) => found,
         Err((Error::FullCluster, Some((registry, size)))) => {
@@ -126,6 +128,9 @@ fn finish(registry: &Registry, size: usize) -> Result<String> {
 type CheckResult = std::result::Result<(Registry, usize, i64), (Error, Option<(Registry, usize)>)>;
 
 struct Discovery {
+    /// Each endpoint and the TLS it needs, to dial it eagerly at start.
+    endpoints: Vec<(Endpoint, Option<Arc<rustls::ClientConfig>>)>,
+    dial_timeout: Duration,
     channels: Vec<Channel>,
     current: usize,
     keys: Keys,
@@ -146,6 +151,7 @@ impl Discovery {
             || config.tls.key.is_some()
             || config.tls.cacert.is_some();
         let mut channels = Vec::with_capacity(config.endpoints.len());
+        let mut endpoints = Vec::with_capacity(config.endpoints.len());
         for raw in &config.endpoints {
             let (https, host_port) = match raw.split_once("://") {
                 Some((scheme, rest)) => (scheme == "https" || scheme == "unixs", rest),
@@ -159,13 +165,19 @@ impl Discovery {
                 .http2_keep_alive_interval(config.keepalive_time)
                 .keep_alive_timeout(config.keepalive_timeout)
                 .keep_alive_while_idle(true);
-            let channel = if wants_tls || https {
-                let tls = client_config(&config.tls, b"h2")?;
-                endpoint.connect_with_connector_lazy(connector(tls))
+            let tls = if wants_tls || https {
+                Some(client_config(&config.tls, b"h2")?)
             } else {
-                endpoint.connect_lazy()
+                None
+            };
+            let channel = match &tls {
+                Some(tls) => endpoint
+                    .clone()
+                    .connect_with_connector_lazy(connector(tls.clone())),
+                None => endpoint.clone().connect_lazy(),
             };
             channels.push(channel);
+            endpoints.push((endpoint, tls));
         }
         let user = if config.user.is_empty() {
             None
@@ -182,6 +194,8 @@ impl Discovery {
             "Bootstrapping cluster using v3 discovery."
         );
         Ok(Discovery {
+            endpoints,
+            dial_timeout: config.dial_timeout,
             channels,
             current: 0,
             keys: Keys::new(&config.token, id),
@@ -192,7 +206,52 @@ impl Discovery {
         })
     }
 
+    /// etcd's client creation: some endpoint must accept a connection within the dial
+    /// timeout, and `--discovery-user` must log in; otherwise discovery fails at once.
+    async fn open(&mut self) -> Result<()> {
+        let mut connected = None;
+        for (idx, (endpoint, tls)) in self.endpoints.iter().enumerate() {
+            let dial = async {
+                match tls {
+                    Some(tls) => {
+                        endpoint
+                            .connect_with_connector(connector(tls.clone()))
+                            .await
+                    }
+                    None => endpoint.connect().await,
+                }
+            };
+            if let Ok(Ok(channel)) = tokio::time::timeout(self.dial_timeout, dial).await {
+                connected = Some((idx, channel));
+                break;
+            }
+        }
+        let Some((idx, channel)) = connected else {
+            return Err(Error::Service("context deadline exceeded".to_owned()));
+        };
+        self.channels[idx] = channel.clone();
+        self.current = idx;
+        self.authenticate(channel.clone())
+            .await
+            .map_err(|status| Error::Service(status.message().to_owned()))?;
+        // A TLS 1.3 server refuses a missing client certificate only after the handshake:
+        // one round trip proves the connection usable, as gRPC's blocking dial does.
+        let probe = self.request(RangeRequest {
+            key: self.keys.size.as_bytes().to_vec(),
+            count_only: true,
+            ..RangeRequest::default()
+        });
+        match tokio::time::timeout(self.dial_timeout, KvClient::new(channel).range(probe)).await {
+            Err(_) => Err(Error::Service("context deadline exceeded".to_owned())),
+            Ok(Err(status)) if matches!(status.code(), Code::Unavailable | Code::Unknown) => {
+                Err(Error::Service(status.message().to_owned()))
+            }
+            Ok(_) => Ok(()),
+        }
+    }
+
     async fn join(&mut self, entry: &str) -> Result<String> {
+        self.open().await?;
         // Fast path: a full cluster is refused before registering.
         self.check_cluster().await.map_err(|(e, _)| e)?;
         self.register_self(entry).await?;
