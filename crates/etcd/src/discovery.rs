@@ -30,7 +30,15 @@ pub fn bootstrap(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
         .iter()
         .map(etcdrs_server::url_string)
         .collect();
-    let id = etcdrs_server::membership::member_id(&peer_urls, &cfg.initial_cluster_token);
+    // As etcd (`PeerURLsMapAndToken`), member and cluster ids are derived with the discovery
+    // URL (v2) or token (v3) as the cluster token, so every member using the same discovery
+    // setting agrees on them, whatever its --initial-cluster-token.
+    let token = if cfg.discovery.is_empty() {
+        cfg.discovery_token.clone()
+    } else {
+        cfg.discovery.clone()
+    };
+    let id = etcdrs_server::membership::member_id(&peer_urls, &token);
     // etcd's `InitialPeerURLsMap.String()`: sorted `name=url` pairs.
     let mut pairs: Vec<String> = peer_urls
         .iter()
@@ -69,6 +77,7 @@ pub fn bootstrap(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
     }
     let mut out = cfg.clone();
     out.initial_cluster = cluster;
+    out.initial_cluster_token = token;
     Ok(out)
 }
 

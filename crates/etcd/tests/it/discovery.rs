@@ -269,6 +269,22 @@ async fn v2_three_members_then_full(url: &str, service_name: &str) {
     let nodes = registry["node"]["nodes"].as_array().expect("nodes");
     // The three members; `_config` is hidden, as every v2 key starting with `_`.
     assert_eq!(nodes.len(), 3, "{registry}");
+    // Each registered under the id it runs with (derived, as in etcd, with the discovery URL
+    // as the cluster token).
+    let mut registered: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n["key"].as_str()?.rsplit('/').next().map(str::to_owned))
+        .collect();
+    registered.sort();
+    let mut client = members[0].client().await.expect("client");
+    let list = client.member_list().await.expect("member list");
+    let mut running: Vec<String> = list
+        .members()
+        .iter()
+        .map(|m| format!("{:x}", m.id()))
+        .collect();
+    running.sort();
+    assert_eq!(registered, running);
 
     // etcd 3.4 would fall back to a v2 proxy by default; with `exit` it stops.
     let mut full = flags.clone();
@@ -417,8 +433,10 @@ async fn clustering_guide_curl_commands_against_our_server() {
 
 #[tokio::test]
 async fn v2_discovery_served_by_every_member_of_our_cluster() {
-    // The registry is replicated: each new member talks to a different member of a 3-member
-    // discovery cluster, and long polls on one see registrations made through another.
+    // The registry is replicated: the size is set through one member of a 3-member discovery
+    // cluster, the new members register through another, and a long poll on the third sees
+    // their registrations. (Every new member must use the same URL: as in etcd, the URL is
+    // the cluster token their ids derive from.)
     let service = Cluster::start(3, ClusterOpts::new(&etcdrs()))
         .await
         .expect("discovery cluster starts");
@@ -427,22 +445,33 @@ async fn v2_discovery_served_by_every_member_of_our_cluster() {
     curl(&[
         "-X",
         "PUT",
-        &format!("{}/_config/size", url(0)),
+        &format!("{}/_config/size", url(1)),
         "-d",
         "value=3",
     ]);
-    let started = Instant::now();
-    let mut members: Vec<Member> = (0..3)
-        .map(|i| Member::spawn(member_opts(i, &v2_flags(&url(i)))).expect("spawn"))
-        .collect();
-    for m in &mut members {
-        m.wait_ready().await.expect("member becomes ready");
-    }
+    let poll_url = format!("{}?wait=true&recursive=true", url(2));
+    let poll = std::thread::spawn(move || curl(&[&poll_url]));
+    let (members, took) = bootstrap(3, &v2_flags(&url(0))).await;
     eprintln!(
         "bootstrap time, 3 members, v2 discovery on a 3-member etcd-rs cluster: {} ms",
-        started.elapsed().as_millis()
+        took.as_millis()
     );
     check_cluster(&members).await;
+    let event: serde_json::Value =
+        serde_json::from_str(&poll.join().expect("long poll")).expect("JSON");
+    assert_eq!(event["action"], "set", "{event}");
+    assert!(
+        event["node"]["value"]
+            .as_str()
+            .is_some_and(|v| v.starts_with('m') && v.contains("=http://127.0.0.")),
+        "{event}"
+    );
+    let registry = v2_registry(&url(2));
+    assert_eq!(
+        registry["node"]["nodes"].as_array().map_or(0, Vec::len),
+        3,
+        "{registry}"
+    );
 }
 
 /// etcd 3.4 serving clients over TLS and requiring client certificates signed by `ca`.
