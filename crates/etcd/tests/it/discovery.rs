@@ -598,3 +598,118 @@ async fn v3_discovery_with_user_and_password() {
     let (members, _) = bootstrap(3, &flags).await;
     check_cluster(&members).await;
 }
+
+/// A plain HTTP forward proxy on a loopback port (what `--discovery-proxy` points at): each
+/// connection's first request names its target in absolute form; the proxy dials it, sends
+/// the request on in origin form and relays both ways. Counts the connections it relayed.
+struct HttpProxy {
+    addr: std::net::SocketAddr,
+    forwarded: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpProxy {
+    async fn start() -> HttpProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let forwarded = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = forwarded.clone();
+        // The accept loop; aborted when the proxy is dropped.
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let count = count.clone();
+                // One relay per connection; it ends when either side closes.
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                        match client.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let Some((line, rest)) = text.split_once("\r\n") else {
+                        return;
+                    };
+                    let mut parts = line.split(' ');
+                    let (Some(method), Some(target), Some(version)) =
+                        (parts.next(), parts.next(), parts.next())
+                    else {
+                        return;
+                    };
+                    let Some(after) = target.strip_prefix("http://") else {
+                        return;
+                    };
+                    let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+                    let Ok(mut upstream) = tokio::net::TcpStream::connect(authority).await else {
+                        return;
+                    };
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let path = if path.is_empty() { "/" } else { path };
+                    let rewritten = format!("{method} {path} {version}\r\n{rest}");
+                    if upstream.write_all(rewritten.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                });
+            }
+        });
+        HttpProxy {
+            addr,
+            forwarded,
+            task,
+        }
+    }
+
+    fn forwarded(&self) -> usize {
+        self.forwarded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HttpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn v2_discovery_through_an_http_proxy() {
+    // ETCD_DISCOVERY_PROXY without a scheme is read as http://<value>, as etcd does.
+    let service = service(false).await;
+    let proxy = HttpProxy::start().await;
+    let url = format!(
+        "{}/v2/keys/discovery/proxied-{}",
+        service.endpoint(),
+        std::process::id()
+    );
+    curl(&["-X", "PUT", &format!("{url}/_config/size"), "-d", "value=3"]);
+    let started = Instant::now();
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| {
+            let opts =
+                member_opts(i, &v2_flags(&url)).env("ETCD_DISCOVERY_PROXY", proxy.addr.to_string());
+            Member::spawn(opts).expect("spawn")
+        })
+        .collect();
+    for m in &mut members {
+        m.wait_ready().await.expect("member becomes ready");
+    }
+    eprintln!(
+        "bootstrap time, 3 members, v2 discovery through an HTTP proxy: {} ms",
+        started.elapsed().as_millis()
+    );
+    check_cluster(&members).await;
+    // Each member reads the size and the registry, registers and waits: all through the proxy.
+    assert!(
+        proxy.forwarded() >= 9,
+        "{} requests proxied",
+        proxy.forwarded()
+    );
+    if ours() {
+        assert!(members[0].log_contains("running proxy with discovery"));
+    }
+}
