@@ -703,10 +703,11 @@ async fn v2_discovery_through_an_http_proxy() {
         started.elapsed().as_millis()
     );
     check_cluster(&members).await;
-    // Each member reads the size and the registry, registers and waits: all through the proxy.
+    // Every member reached the service through the proxy (ours opens a connection per
+    // request, etcd 3.4 keeps one alive: at least one each).
     assert!(
-        proxy.forwarded() >= 9,
-        "{} requests proxied",
+        proxy.forwarded() >= 3,
+        "{} connections proxied",
         proxy.forwarded()
     );
     if ours() {
