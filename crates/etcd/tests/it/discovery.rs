@@ -103,7 +103,8 @@ async fn member_names(member: &Member, n: usize) -> Vec<String> {
 /// Checks the cluster works end to end: names, and a write on one member read on another.
 async fn check_cluster(members: &[Member]) {
     let names = member_names(&members[0], members.len()).await;
-    assert_eq!(names, ["m0", "m1", "m2"]);
+    let expected: Vec<String> = (0..members.len()).map(|i| format!("m{i}")).collect();
+    assert_eq!(names, expected);
     let mut first = members[0].client().await.expect("client");
     first.put("discovered", "yes", None).await.expect("put");
     let mut last = members[members.len() - 1].client().await.expect("client");
@@ -197,6 +198,26 @@ async fn v3_discovery_through_our_server_bootstraps_three_and_refuses_a_fourth()
 #[tokio::test]
 async fn v3_discovery_through_etcd34_bootstraps_three_and_refuses_a_fourth() {
     v3_three_members_then_full(true).await;
+}
+
+#[tokio::test]
+async fn v3_discovery_bootstraps_five_members() {
+    if !ours() {
+        return; // etcd 3.4 members have no v3 discovery.
+    }
+    let service = service(false).await;
+    let token = format!("five-{}", std::process::id());
+    let mut client = service.client().await.expect("client");
+    client
+        .put(format!("/_etcd/registry/{token}/_config/size"), "5", None)
+        .await
+        .expect("size");
+    let (members, took) = bootstrap(5, &v3_flags(&service, &token)).await;
+    eprintln!(
+        "bootstrap time, 5 members, v3 discovery on etcd-rs: {} ms",
+        took.as_millis()
+    );
+    check_cluster(&members).await;
 }
 
 #[tokio::test]
