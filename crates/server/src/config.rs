@@ -62,6 +62,13 @@ pub struct ServerConfig {
     /// How often idle watchers that asked for progress notifications get one
     /// (`--experimental-watch-progress-notify-interval`).
     pub watch_progress_notify_interval: Duration,
+    /// TLS of the client port (`--cert-file`, ...); used by `https` client URLs.
+    pub client_tls: Option<crate::tls::TlsInfo>,
+    /// TLS of the peer port (`--peer-cert-file`, ...); used by `https` peer URLs, both to
+    /// serve and to dial.
+    pub peer_tls: Option<crate::tls::TlsInfo>,
+    /// Authentication settings (`--auth-token`, `--bcrypt-cost`, `--auth-token-ttl`).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -93,6 +100,9 @@ impl ServerConfig {
             pre_vote: true,
             listen_metrics_urls: Vec::new(),
             watch_progress_notify_interval: Duration::from_secs(600),
+            client_tls: None,
+            peer_tls: None,
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 

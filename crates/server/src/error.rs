@@ -21,6 +21,10 @@ pub enum ServerError {
     /// A fatal storage failure.
     #[error("fatal: {0}")]
     Fatal(String),
+    /// TLS settings that cannot be used (a bad file, an unknown cipher suite), with etcd's text
+    /// where etcd has one.
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl From<&'static EtcdError> for ServerError {

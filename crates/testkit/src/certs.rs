@@ -110,6 +110,15 @@ impl TestCa {
     }
 }
 
+/// The first certificate of a PEM file, as DER.
+pub fn cert_der(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let cert = CertificateDer::from_pem_file(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(cert.as_ref().to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

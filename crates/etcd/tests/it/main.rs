@@ -26,6 +26,7 @@ mod maintenance;
 mod metrics;
 mod reconfig;
 mod startup;
+mod tls;
 mod txn;
 mod watch;
 
