@@ -9,6 +9,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
+use etcdrs_proto::etcdserverpb::auth_server::AuthServer;
 use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
 use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
@@ -42,6 +43,7 @@ pub fn router(server: EtcdServer) -> Router {
         tonic::service::Routes::new(KvServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(AuthServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(LockServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(ElectionServer::new(rpc.clone()).max_decoding_message_size(max))

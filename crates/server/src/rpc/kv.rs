@@ -37,8 +37,12 @@ impl Kv for Rpc {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
         validate::range(&req).map_err(|e| e.to_status())?;
+        self.server
+            .auth()
+            .check_range_request(auth.as_ref(), &req)?;
         if !req.serializable {
             self.server.check_not_learner()?;
             self.server.linearizable_barrier().await?;
@@ -49,13 +53,14 @@ impl Kv for Rpc {
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
         self.server.check_not_learner()?;
         validate::put(&req).map_err(|e| e.to_status())?;
         self.server
             .check_quota((req.key.len() + req.value.len()) as u64)
             .await?;
-        match self.server.propose(Op::Put(req)).await? {
+        match self.server.propose_as(Op::Put(req), auth.as_ref()).await? {
             ApplyOutput::Put(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))
@@ -68,10 +73,15 @@ impl Kv for Rpc {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
         self.server.check_not_learner()?;
         validate::delete_range(&req).map_err(|e| e.to_status())?;
-        match self.server.propose(Op::DeleteRange(req)).await? {
+        match self
+            .server
+            .propose_as(Op::DeleteRange(req), auth.as_ref())
+            .await?
+        {
             ApplyOutput::DeleteRange(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))
@@ -81,10 +91,12 @@ impl Kv for Rpc {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
         self.server.check_not_learner()?;
         validate::txn(&req, self.server.config().max_txn_ops).map_err(|e| e.to_status())?;
         if apply::txn_is_read_only(&req) {
+            self.server.auth().check_txn(auth.as_ref(), &req)?;
             self.server.linearizable_barrier().await?;
             let mut resp = apply::txn_read(self.server.store(), &req)?;
             self.server.fill_header(&mut resp.header);
@@ -94,7 +106,7 @@ impl Kv for Rpc {
         if put_bytes > 0 {
             self.server.check_quota(put_bytes).await?;
         }
-        match self.server.propose(Op::Txn(req)).await? {
+        match self.server.propose_as(Op::Txn(req), auth.as_ref()).await? {
             ApplyOutput::Txn(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))

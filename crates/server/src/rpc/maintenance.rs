@@ -103,8 +103,11 @@ impl Maintenance for Rpc {
 
     async fn defragment(
         &self,
-        _request: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         let backend = self.server.store().backend();
         let before = backend.size();
@@ -123,7 +126,10 @@ impl Maintenance for Rpc {
         }))
     }
 
-    async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
         let (hash, revision) = blocking(move || Ok(server.store().hash()?)).await?;
@@ -137,6 +143,9 @@ impl Maintenance for Rpc {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         let rev = request.into_inner().revision;
         let server = self.server.clone();
@@ -153,8 +162,11 @@ impl Maintenance for Rpc {
 
     async fn snapshot(
         &self,
-        _request: Request<SnapshotRequest>,
+        request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
         let snapshot =
@@ -183,6 +195,9 @@ impl Maintenance for Rpc {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         self.server
             .move_leader(request.into_inner().target_id)

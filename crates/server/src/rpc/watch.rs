@@ -55,6 +55,8 @@ struct StreamState {
     progress_tick: tokio::time::Interval,
     progress_poll: tokio::time::Interval,
     progress_pending: bool,
+    /// Who opened the stream (auth on): every watch it creates must be readable by them.
+    auth: Option<crate::auth::AuthInfo>,
 }
 
 impl Drop for StreamState {
@@ -85,6 +87,20 @@ impl StreamState {
 
     fn create(&mut self, req: WatchCreateRequest) {
         let current = self.server.store().current_rev();
+        let permitted =
+            self.server
+                .auth()
+                .check_range(self.auth.as_ref(), &req.key, &req.range_end, false);
+        if permitted.is_err() {
+            // etcd cancels the watch with the text of its gRPC error, status prefix included.
+            let mut resp = self.control(req.watch_id, current);
+            resp.created = true;
+            resp.canceled = true;
+            resp.cancel_reason =
+                "rpc error: code = PermissionDenied desc = etcdserver: permission denied".into();
+            self.outbox.push_back(resp);
+            return;
+        }
         let key = if req.key.is_empty() { vec![0] } else { req.key };
         let range = WatchRange {
             key,
@@ -339,6 +355,7 @@ impl Watch for Rpc {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.server.check_not_learner()?;
+        let auth = self.auth_info(&request)?;
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
         let interval = self
             .server
@@ -362,6 +379,7 @@ impl Watch for Rpc {
             progress_tick,
             progress_poll,
             progress_pending: false,
+            auth,
         };
         let stream = futures::stream::unfold(state, |mut state| async move {
             let item = state.next_response().await?;
