@@ -442,7 +442,7 @@ async fn auth_failures_give_etcds_errors_and_change_nothing() {
     // Disabled auth: authenticating is refused with etcd's error (etcdctl then goes on
     // without a token, as etcd's client does).
     root.ok(&["auth", "disable"]).await;
-    let mut anonymous = member.client().await.expect("client");
+    let anonymous = member.client().await.expect("client");
     assert_grpc_error(
         anonymous
             .auth_client()
