@@ -34,6 +34,36 @@ use rand::Rng;
 
 use crate::error::{Result, ServerError};
 
+mod jwt;
+
+/// How tokens are made and checked (`--auth-token`).
+enum TokenProvider {
+    /// Random tokens each member records when it applies Authenticate.
+    Simple,
+    /// Signed tokens any member verifies.
+    Jwt(Box<jwt::Jwt>),
+}
+
+impl TokenProvider {
+    /// etcd's `NewTokenProvider`: `simple`, or `jwt,<options>`.
+    fn parse(spec: &str) -> Result<TokenProvider> {
+        let mut parts = spec.split(',');
+        match parts.next().unwrap_or_default() {
+            "simple" => Ok(TokenProvider::Simple),
+            "jwt" => {
+                let options: Vec<&str> = parts.collect();
+                jwt::Jwt::from_options(&options)
+                    .map(|jwt| TokenProvider::Jwt(Box::new(jwt)))
+                    .map_err(|e| ServerError::AuthOptions(e.message()))
+            }
+            other => {
+                tracing::error!(token_type = other, "unknown token type");
+                Err(ServerError::AuthOptions("auth: invalid auth options"))
+            }
+        }
+    }
+}
+
 /// The user and role every check lets through.
 pub const ROOT: &str = "root";
 
@@ -93,6 +123,7 @@ struct SimpleToken {
 /// The auth store of a member.
 pub struct AuthStore {
     config: AuthConfig,
+    provider: TokenProvider,
     state: RwLock<AuthState>,
     tokens: Mutex<HashMap<String, SimpleToken>>,
 }
@@ -108,7 +139,9 @@ fn backend_error(e: impl std::fmt::Display) -> ServerError {
 impl AuthStore {
     /// The auth store as `store`'s backend records it.
     pub fn load(store: &KvStore, config: AuthConfig) -> Result<AuthStore> {
+        let provider = TokenProvider::parse(&config.token)?;
         let auth = AuthStore {
+            provider,
             config,
             state: RwLock::new(AuthState::default()),
             tokens: Mutex::new(HashMap::new()),
@@ -182,6 +215,13 @@ impl AuthStore {
             }
             state.revision
         };
+        if let (Some(token), TokenProvider::Jwt(jwt)) = (token, &self.provider) {
+            // A JWT carries the revision it was issued under: a stale one is "old revision".
+            return match jwt.verify(token) {
+                Some(info) => Ok(Some(info)),
+                None => Err(etcd(&rpctypes::INVALID_AUTH_TOKEN)),
+            };
+        }
         if let Some(token) = token {
             let mut tokens = self.tokens.lock();
             let now = Instant::now();
@@ -425,8 +465,18 @@ impl AuthStore {
                 if !state.users.contains_key(name) {
                     return Err(etcd(&rpctypes::AUTH_FAILED));
                 }
-                token = format!("{token_prefix}.{}", state.revision);
-                self.assign_token(&token, name);
+                match &self.provider {
+                    TokenProvider::Simple => {
+                        token = format!("{token_prefix}.{}", state.revision);
+                        self.assign_token(&token, name);
+                    }
+                    TokenProvider::Jwt(jwt) => {
+                        // A member without the private key cannot sign (etcd fails the same).
+                        token = jwt
+                            .sign(name, state.revision)
+                            .ok_or_else(|| etcd(&rpctypes::AUTH_FAILED))?;
+                    }
+                }
                 // Authenticating changes nothing replicated: no revision bump.
                 return Ok(token);
             }

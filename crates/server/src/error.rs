@@ -25,6 +25,9 @@ pub enum ServerError {
     /// where etcd has one.
     #[error("{0}")]
     Tls(String),
+    /// `--auth-token` cannot be used (etcd's "auth: invalid auth options", ...).
+    #[error("{0}")]
+    AuthOptions(&'static str),
 }
 
 impl From<&'static EtcdError> for ServerError {

@@ -110,6 +110,17 @@ impl TestCa {
     }
 }
 
+/// A fresh ECDSA P-256 key pair as PEM files `<dir>/<name>.key` (PKCS#8) and
+/// `<dir>/<name>.pub` (SubjectPublicKeyInfo), e.g. for etcd's JWT auth tokens (`ES256`).
+pub fn ec_key_pair(dir: &Path, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let private = dir.join(format!("{name}.key"));
+    let public = dir.join(format!("{name}.pub"));
+    std::fs::write(&private, key.serialize_pem()).context("write key")?;
+    std::fs::write(&public, key.public_key_pem()).context("write public key")?;
+    Ok((private, public))
+}
+
 /// The first certificate of a PEM file, as DER.
 pub fn cert_der(path: &Path) -> anyhow::Result<Vec<u8>> {
     use rustls::pki_types::CertificateDer;

@@ -589,3 +589,91 @@ async fn auth_json_gateway_routes_and_authorization_header() {
     assert_eq!(status, 403, "{body}");
     assert!(body.contains(DENIED), "{body}");
 }
+
+#[tokio::test]
+async fn auth_jwt_tokens_carry_the_auth_revision() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (private, public) = etcdrs_testkit::certs::ec_key_pair(dir.path(), "jwt").expect("keys");
+    let spec = format!(
+        "jwt,pub-key={},priv-key={},sign-method=ES256",
+        public.display(),
+        private.display()
+    );
+    let member = start_with_auth(&[("auth-token", spec.as_str())]).await;
+    let reader = member.etcdctl().with_user("reader:readerpw");
+    assert_eq!(reader.ok(&["get", "/app/k"]).await, "/app/k\nv0\n");
+
+    let (status, body) = post(
+        &member,
+        "/v3/auth/authenticate",
+        r#"{"name":"reader","password":"readerpw"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let token = json["token"].as_str().expect("token").to_string();
+    assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+    let (status, body) = post(
+        &member,
+        "/v3/kv/range",
+        r#"{"key":"L2FwcC9r"}"#,
+        Some(&token),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // A forged token is refused.
+    let (status, body) = post(
+        &member,
+        "/v3/kv/range",
+        r#"{"key":"L2FwcC9r"}"#,
+        Some(&format!("{token}x")),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("etcdserver: invalid auth token"), "{body}");
+    // Any auth change makes tokens issued before it stale.
+    member
+        .etcdctl()
+        .with_user(ROOT)
+        .ok(&["role", "add", "another"])
+        .await;
+    let (status, body) = post(
+        &member,
+        "/v3/kv/range",
+        r#"{"key":"L2FwcC9r"}"#,
+        Some(&token),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("etcdserver: revision of auth store is old"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn auth_bad_token_options_fail_start_up() {
+    let mut member = Member::spawn(opts().setting("auth-token", "nonsense")).expect("spawn");
+    let status = member
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("exits");
+    assert!(!status.success());
+    assert!(
+        member.log_contains("auth: invalid auth options"),
+        "{}",
+        member.log_tail(10)
+    );
+    let mut member =
+        Member::spawn(opts().setting("auth-token", "jwt,sign-method=RS256")).expect("spawn");
+    member
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("exits");
+    assert!(
+        member.log_contains("auth: missing key data"),
+        "{}",
+        member.log_tail(10)
+    );
+}
