@@ -262,3 +262,62 @@ async fn tls_auto_tls_serves_a_self_signed_certificate() {
     assert!(member.data_dir().join("fixtures/client/cert.pem").exists());
     assert!(member.is_running());
 }
+
+#[tokio::test]
+async fn tls_client_crl_refuses_revoked_certificates() {
+    let pki = pki();
+    let revoked = pki
+        .ca
+        .issue(
+            "revoked",
+            "revoked",
+            &[],
+            etcdrs_testkit::certs::Usage::Client,
+        )
+        .expect("cert");
+    let crl = pki.ca.crl("crl", &[&revoked]).expect("CRL");
+    let member = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, true))
+            .setting("client-crl-file", crl.display().to_string()),
+    )
+    .await
+    .expect("member starts");
+    assert_eq!(member.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
+    let refused = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), Some(&revoked))
+        .with_arg("--dial-timeout=2s");
+    let err = refused.fail(&["put", "k", "revoked"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    assert_eq!(member.etcdctl().ok(&["get", "k"]).await, "k\nv\n");
+}
+
+#[tokio::test]
+async fn tls_peer_cert_allowed_cn_refuses_other_members() {
+    // The member accepts only peers whose certificate's common name is "m-allowed": a peer
+    // with another name (same CA) is cut off after the handshake and gets no answer.
+    let pki = pki();
+    let allowed = pki.ca.issue_loopback("allowed", "m-allowed").expect("cert");
+    let member = Member::start(
+        opts()
+            .peer_tls(PeerTls {
+                ca_file: pki.ca.ca_file(),
+                cert: allowed.clone(),
+                client_cert_auth: true,
+            })
+            .setting("peer-cert-allowed-cn", "m-allowed"),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("{}:{}", member.host(), member.peer_port());
+    // A peer with the allowed CN completes a request; another CN is cut off.
+    let ok = served_certificate(&addr, &pki.ca.ca_file(), Some(&allowed)).await;
+    assert!(ok.is_ok(), "{ok:?}");
+    let other = pki.ca.issue_loopback("other", "m-other").expect("cert");
+    let refused =
+        etcdrs_testkit::https_get(&addr, "/version", &pki.ca.ca_file(), Some(&other)).await;
+    assert!(
+        !refused.is_ok_and(|r| r.status == 200),
+        "a peer with another CN was served"
+    );
+}
