@@ -677,3 +677,44 @@ async fn auth_bad_token_options_fail_start_up() {
         member.log_tail(10)
     );
 }
+
+#[tokio::test]
+async fn auth_lock_and_election_act_with_the_callers_permissions() {
+    let member = start_with_auth(&[]).await;
+    let mut root = client_as(&member, "root", "rootpw").await;
+    let lease = root.lease_grant(30, None).await.expect("grant").id();
+    let held = root
+        .lock(
+            "/app/lock",
+            Some(etcd_client::LockOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("root locks");
+    root.unlock(held.key()).await.expect("root unlocks");
+
+    // The reader may only read /app/: taking a lock writes a key, which it may not.
+    let mut reader = client_as(&member, "reader", "readerpw").await;
+    let err = reader
+        .lock(
+            "/app/lock",
+            Some(etcd_client::LockOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect_err("the reader cannot lock");
+    assert!(err.to_string().contains(DENIED), "{err}");
+    let err = reader
+        .campaign("/app/election", "me", lease)
+        .await
+        .expect_err("the reader cannot campaign");
+    assert!(err.to_string().contains(DENIED), "{err}");
+    // Without credentials at all.
+    let mut anonymous = member.client().await.expect("client");
+    let err = anonymous
+        .lock(
+            "/app/lock",
+            Some(etcd_client::LockOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect_err("anonymous cannot lock");
+    assert!(err.to_string().contains("user name is empty"), "{err}");
+}

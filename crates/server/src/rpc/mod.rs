@@ -17,12 +17,44 @@ use crate::EtcdServer;
 #[derive(Clone)]
 pub struct Rpc {
     pub(crate) server: EtcdServer,
+    /// The credentials of the client a service acts for when it calls other services itself
+    /// (v3lock and v3election over KV, lease and watch, as etcd's run over a client that
+    /// forwards the caller's token).
+    caller: Caller,
+}
+
+/// A client's credentials: its token and its certificate's common name.
+#[derive(Clone, Debug, Default)]
+struct Caller {
+    token: Option<String>,
+    common_name: Option<String>,
 }
 
 impl Rpc {
     /// The services over `server`.
     pub fn new(server: EtcdServer) -> Self {
-        Rpc { server }
+        Rpc {
+            server,
+            caller: Caller::default(),
+        }
+    }
+
+    /// These services, acting with the credentials `request` carries.
+    pub(crate) fn as_caller<T>(&self, request: &tonic::Request<T>) -> Rpc {
+        let metadata = request.metadata();
+        let token = metadata
+            .get("token")
+            .or_else(|| metadata.get("authorization"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let common_name = request
+            .extensions()
+            .get::<crate::http::ClientIdentity>()
+            .and_then(|id| id.common_name.clone());
+        Rpc {
+            server: self.server.clone(),
+            caller: Caller { token, common_name },
+        }
     }
 
     /// Who `request` comes from, when auth is on (etcd's `AuthInfoFromCtx`): the user of its
@@ -36,11 +68,13 @@ impl Rpc {
         let token = metadata
             .get("token")
             .or_else(|| metadata.get("authorization"))
-            .and_then(|v| v.to_str().ok());
+            .and_then(|v| v.to_str().ok())
+            .or(self.caller.token.as_deref());
         let common_name = request
             .extensions()
             .get::<crate::http::ClientIdentity>()
-            .and_then(|id| id.common_name.as_deref());
+            .and_then(|id| id.common_name.as_deref())
+            .or(self.caller.common_name.as_deref());
         Ok(self.server.auth().auth_info(token, common_name)?)
     }
 }
