@@ -296,6 +296,9 @@ impl AuthStore {
         if info.revision < state.revision {
             return Err(etcd(&rpctypes::AUTH_OLD_REVISION));
         }
+        if !state.users.contains_key(&info.username) {
+            return Err(etcd(&rpctypes::USER_NOT_FOUND));
+        }
         if state.is_admin(&info.username) {
             Ok(())
         } else {

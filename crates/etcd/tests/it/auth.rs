@@ -718,3 +718,52 @@ async fn auth_lock_and_election_act_with_the_callers_permissions() {
         .expect_err("anonymous cannot lock");
     assert!(err.to_string().contains("user name is empty"), "{err}");
 }
+
+#[tokio::test]
+async fn auth_maintenance_needs_root_with_etcds_raw_errors() {
+    let member = start_with_auth(&[]).await;
+    let reader = member.etcdctl().with_user("reader:readerpw");
+    let root = member.etcdctl().with_user(ROOT);
+    // etcd's maintenance server returns the auth store's own error: code Unknown, "auth: ...".
+    let out = reader.run(&["defrag"]).await.expect("etcdctl runs");
+    assert!(!out.success());
+    assert!(
+        out.stderr
+            .contains("(rpc error: code = Unknown desc = auth: permission denied)"),
+        "{}",
+        out.stderr
+    );
+    let err = reader.fail(&["endpoint", "hashkv"]).await;
+    assert!(
+        err.contains("Error: rpc error: code = Unknown desc = auth: permission denied"),
+        "{err}"
+    );
+    let snapshot = tempfile::tempdir().expect("dir");
+    let path = snapshot.path().join("snap.db");
+    let path = path.display().to_string();
+    let err = reader.fail(&["snapshot", "save", &path]).await;
+    assert!(
+        err.contains("Error: rpc error: code = Unknown desc = auth: permission denied"),
+        "{err}"
+    );
+    let out = member
+        .etcdctl()
+        .run(&["defrag"])
+        .await
+        .expect("etcdctl runs");
+    assert!(
+        out.stderr
+            .contains("(rpc error: code = Unknown desc = auth: user name is empty)"),
+        "{}",
+        out.stderr
+    );
+    // Root may; status and member list need nothing.
+    assert!(
+        root.ok(&["defrag"])
+            .await
+            .contains("Finished defragmenting")
+    );
+    root.ok(&["snapshot", "save", &path]).await;
+    reader.ok(&["endpoint", "status"]).await;
+    reader.ok(&["member", "list"]).await;
+}

@@ -105,9 +105,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let backend = self.server.store().backend();
         let before = backend.size();
@@ -127,9 +125,7 @@ impl Maintenance for Rpc {
     }
 
     async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
         let (hash, revision) = blocking(move || Ok(server.store().hash()?)).await?;
@@ -143,9 +139,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let rev = request.into_inner().revision;
         let server = self.server.clone();
@@ -164,9 +158,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
         let snapshot =
@@ -195,9 +187,6 @@ impl Maintenance for Rpc {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         self.server
             .move_leader(request.into_inner().target_id)
