@@ -767,3 +767,64 @@ async fn auth_maintenance_needs_root_with_etcds_raw_errors() {
     reader.ok(&["endpoint", "status"]).await;
     reader.ok(&["member", "list"]).await;
 }
+
+#[tokio::test]
+async fn auth_state_and_tokens_reach_every_member() {
+    let opts = etcdrs_testkit::ClusterOpts::new(&crate::bin()).args(["--bcrypt-cost", "4"]);
+    let cluster = etcdrs_testkit::Cluster::start(3, opts)
+        .await
+        .expect("cluster starts");
+    let m0 = cluster.member(0).etcdctl();
+    m0.ok(&["user", "add", ROOT]).await;
+    m0.ok(&["auth", "enable"]).await;
+    let root = m0.clone().with_user(ROOT);
+    root.ok(&["put", "/app/k", "v0"]).await;
+    root.ok(&["role", "add", "ro"]).await;
+    root.ok(&[
+        "role",
+        "grant-permission",
+        "ro",
+        "read",
+        "/app/",
+        "--prefix",
+    ])
+    .await;
+    root.ok(&["user", "add", "reader:readerpw"]).await;
+    root.ok(&["user", "grant-role", "reader", "ro"]).await;
+
+    // Another member knows the users, roles and the enabled flag.
+    let m2 = cluster.member(2).etcdctl();
+    let err = m2.fail(&["get", "/app/k"]).await;
+    assert!(
+        err.contains("Error: etcdserver: user name is empty"),
+        "{err}"
+    );
+    let reader2 = m2.clone().with_user("reader:readerpw");
+    assert_eq!(reader2.ok(&["get", "/app/k"]).await, "/app/k\nv0\n");
+    let err = reader2.fail(&["put", "/app/k", "x"]).await;
+    assert!(err.contains(&format!("Error: {DENIED}")), "{err}");
+
+    // A simple token from one member works on the others: every member applies Authenticate
+    // (a linearizable read waits until the member has applied it).
+    let (status, body) = post(
+        cluster.member(0),
+        "/v3/auth/authenticate",
+        r#"{"name":"reader","password":"readerpw"}"#,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let token = json["token"].as_str().expect("token").to_string();
+    for i in 1..3 {
+        let (status, body) = post(
+            cluster.member(i),
+            "/v3/kv/range",
+            r#"{"key":"L2FwcC9r"}"#,
+            Some(&token),
+        )
+        .await;
+        assert_eq!(status, 200, "member {i}: {body}");
+        assert!(body.contains(r#""value":"djA=""#), "member {i}: {body}");
+    }
+}
