@@ -118,11 +118,22 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
 
     let mut metrics_listeners = Vec::new();
     for url in &config.listen_metrics_urls {
+        // https metrics URLs serve with the client TLS, as etcd's.
+        let tls = if url.scheme() == "https" {
+            listener_tls(
+                url,
+                client_tls.as_ref(),
+                "--cert-file, --key-file",
+                "metrics",
+            )?
+        } else {
+            None
+        };
         let addr = bind_addr(url)?;
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
-        metrics_listeners.push((addr, listener));
+        metrics_listeners.push((addr, listener, tls));
     }
 
     let shutdown = CancellationToken::new();
@@ -145,12 +156,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             report(done)?;
         }
     }
-    for (addr, listener) in metrics_listeners {
+    for (addr, listener, tls) in metrics_listeners {
         let server = server.clone();
         let stop = shutdown.clone();
         tracing::info!(address = %addr, "serving metrics");
         tasks.spawn(async move {
-            let result = etcdrs_server::http::serve_metrics(server, listener, None, stop).await;
+            let result = etcdrs_server::http::serve_metrics(server, listener, tls, stop).await;
             ("metrics listener", result.map_err(|e| e.to_string()))
         });
     }

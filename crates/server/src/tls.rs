@@ -76,6 +76,9 @@ pub struct TlsInfo {
     /// The certificate is self-signed (auto TLS): when dialling, do not verify the other side's
     /// chain (etcd's `InsecureSkipVerify` for auto TLS).
     pub self_signed: bool,
+    /// Certificate and key presented when dialling, if not `cert_file`/`key_file`
+    /// (`--peer-client-cert-file`, `--peer-client-key-file`).
+    pub dial_cert: Option<(PathBuf, PathBuf)>,
 }
 
 /// etcd's Go cipher suite names (`tlsutil.cipherSuites`) and the rustls suite for each one rustls
@@ -200,6 +203,9 @@ impl TlsInfo {
     /// The files whose changes make a rebuild.
     fn watched_files(&self) -> Vec<&Path> {
         let mut files = vec![self.cert_file.as_path(), self.key_file.as_path()];
+        if let Some((cert, key)) = &self.dial_cert {
+            files.extend([cert.as_path(), key.as_path()]);
+        }
         files.extend(self.trusted_ca_file.as_deref());
         files.extend(self.crl_file.as_deref());
         files
@@ -276,8 +282,12 @@ impl TlsInfo {
         } else {
             builder.with_root_certificates(self.roots()?)
         };
+        let (cert_file, key_file) = match &self.dial_cert {
+            Some((cert, key)) => (cert.as_path(), key.as_path()),
+            None => (self.cert_file.as_path(), self.key_file.as_path()),
+        };
         let mut config = builder
-            .with_client_auth_cert(read_certs(&self.cert_file)?, read_key(&self.key_file)?)
+            .with_client_auth_cert(read_certs(cert_file)?, read_key(key_file)?)
             .map_err(|e| tls_error(format!("{}: {e}", self.cert_file.display())))?;
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(config)

@@ -321,3 +321,32 @@ async fn tls_peer_cert_allowed_cn_refuses_other_members() {
         "a peer with another CN was served"
     );
 }
+
+#[tokio::test]
+async fn tls_https_metrics_url_serves_with_the_client_certificate() {
+    let pki = pki();
+    let port = etcdrs_testkit::ports::reserve_on(std::net::Ipv4Addr::LOCALHOST).expect("port");
+    let metrics = format!("https://127.0.0.1:{}", port.port());
+    let member = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("listen-metrics-urls", metrics),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("127.0.0.1:{}", port.port());
+    let served = served_certificate(&addr, &pki.ca.ca_file(), None)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(served, cert_der(&pki.server.cert).expect("der"));
+    let reply = etcdrs_testkit::https_get(&addr, "/metrics", &pki.ca.ca_file(), None)
+        .await
+        .expect("GET /metrics");
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply.body.contains("etcd_server_has_leader"),
+        "{}",
+        &reply.body[..200.min(reply.body.len())]
+    );
+    drop(member);
+}
