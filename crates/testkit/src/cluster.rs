@@ -38,6 +38,7 @@ pub struct ClusterOpts {
     ready_timeout: Duration,
     client_tls: Option<ClientTls>,
     peer_tls: Option<PeerTls>,
+    peer_auto_tls: bool,
 }
 
 impl ClusterOpts {
@@ -54,7 +55,15 @@ impl ClusterOpts {
             ready_timeout: Duration::from_secs(20),
             client_tls: None,
             peer_tls: None,
+            peer_auto_tls: false,
         }
+    }
+
+    /// Members talk to each other over TLS with self-signed certificates
+    /// ([`MemberOpts::peer_auto_tls`]).
+    pub fn peer_auto_tls(mut self) -> Self {
+        self.peer_auto_tls = true;
+        self
     }
 
     /// Every member serves clients over TLS with these files ([`MemberOpts::client_tls`]); the
@@ -201,7 +210,7 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, (_, peer))| {
-                let scheme = if opts.peer_tls.is_some() {
+                let scheme = if opts.peer_tls.is_some() || opts.peer_auto_tls {
                     "https"
                 } else {
                     "http"
@@ -233,6 +242,9 @@ impl Cluster {
             }
             if let Some(tls) = &opts.peer_tls {
                 member_opts = member_opts.peer_tls(tls.clone());
+            }
+            if opts.peer_auto_tls {
+                member_opts = member_opts.peer_auto_tls();
             }
             if opts.via_env {
                 member_opts = member_opts.via_env();

@@ -90,6 +90,7 @@ pub struct MemberOpts {
     ready_timeout: Duration,
     client_tls: Option<ClientTls>,
     peer_tls: Option<PeerTls>,
+    peer_auto_tls: bool,
 }
 
 impl MemberOpts {
@@ -112,7 +113,14 @@ impl MemberOpts {
             ready_timeout: Duration::from_secs(20),
             client_tls: None,
             peer_tls: None,
+            peer_auto_tls: false,
         }
+    }
+
+    /// `https` peer URLs with `--peer-auto-tls`: self-signed peer certificates.
+    pub fn peer_auto_tls(mut self) -> Self {
+        self.peer_auto_tls = true;
+        self
     }
 
     /// Serve clients over TLS (see [`ClientTls`]).
@@ -348,7 +356,7 @@ impl Member {
     /// `http://<host>:<peer port>`: the `--listen-peer-urls` (and, unless overridden, the
     /// advertised peer URL).
     pub fn peer_url(&self) -> String {
-        let scheme = if self.opts.peer_tls.is_some() {
+        let scheme = if self.opts.peer_tls.is_some() || self.opts.peer_auto_tls {
             "https"
         } else {
             "http"
@@ -666,6 +674,9 @@ impl Member {
                 ));
                 config.push(("client-cert-auth".to_owned(), "true".to_owned()));
             }
+        }
+        if self.opts.peer_auto_tls {
+            config.push(("peer-auto-tls".to_owned(), "true".to_owned()));
         }
         if let Some(tls) = &self.opts.peer_tls {
             config.push((

@@ -350,3 +350,22 @@ async fn tls_https_metrics_url_serves_with_the_client_certificate() {
     );
     drop(member);
 }
+
+#[tokio::test]
+async fn tls_three_member_cluster_with_peer_auto_tls() {
+    let cluster = Cluster::start(3, ClusterOpts::new(&bin()).peer_auto_tls())
+        .await
+        .expect("cluster starts");
+    cluster.leader().await.expect("a leader");
+    let ctl = cluster.etcdctl();
+    assert_eq!(ctl.ok(&["put", "k", "auto"]).await, "OK\n");
+    let m1 = cluster.member(1).etcdctl();
+    assert_eq!(m1.ok(&["get", "k"]).await, "k\nauto\n");
+    for i in 0..3 {
+        let dir = cluster.member(i).data_dir().join("fixtures/peer");
+        assert!(
+            dir.join("cert.pem").exists(),
+            "member {i}: no self-signed certificate"
+        );
+    }
+}
