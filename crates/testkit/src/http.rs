@@ -217,6 +217,36 @@ pub async fn served_certificate(
         .with_context(|| format!("TLS handshake with {addr} timed out"))?
 }
 
+/// Whether a TLS 1.2-only client completes a handshake with `addr` (trusting `ca_file`).
+pub async fn tls12_handshake(addr: &str, ca_file: &std::path::Path) -> anyhow::Result<()> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let handshake = async {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_file)? {
+            roots.add(cert?)?;
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS12])?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let tcp = TcpStream::connect(addr).await?;
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
+        connector
+            .connect(name, tcp)
+            .await
+            .context("TLS 1.2 handshake")?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), handshake)
+        .await
+        .with_context(|| format!("TLS handshake with {addr} timed out"))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,7 +64,9 @@ async fn tls_etcdctl_over_https_without_client_cert_auth() {
     let no_cert = Etcdctl::new(member.endpoint()).with_tls(&pki.ca.ca_file(), None);
     assert_eq!(no_cert.ok(&["get", "k"]).await, "k\nv\n");
     // A client that does not trust the server's CA gives up.
-    let untrusting = Etcdctl::new(member.endpoint()).with_arg("--dial-timeout=2s");
+    let untrusting = Etcdctl::new(member.endpoint())
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
     let err = untrusting.fail(&["get", "k"]).await;
     assert!(err.contains("context deadline exceeded"), "{err}");
     // etcd-client over TLS, and /health over https.
@@ -97,13 +99,15 @@ async fn tls_client_cert_auth_refuses_unknown_and_missing_certificates() {
         .expect("cert");
     let refused = Etcdctl::new(member.endpoint())
         .with_tls(&pki.ca.ca_file(), Some(&stranger))
-        .with_arg("--dial-timeout=2s");
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
     let err = refused.fail(&["put", "k", "stranger"]).await;
     assert!(err.contains("context deadline exceeded"), "{err}");
     // No certificate at all: refused too.
     let anonymous = Etcdctl::new(member.endpoint())
         .with_tls(&pki.ca.ca_file(), None)
-        .with_arg("--dial-timeout=2s");
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
     let err = anonymous.fail(&["put", "k", "anonymous"]).await;
     assert!(err.contains("context deadline exceeded"), "{err}");
     // Nothing changed.
@@ -286,7 +290,8 @@ async fn tls_client_crl_refuses_revoked_certificates() {
     assert_eq!(member.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
     let refused = Etcdctl::new(member.endpoint())
         .with_tls(&pki.ca.ca_file(), Some(&revoked))
-        .with_arg("--dial-timeout=2s");
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
     let err = refused.fail(&["put", "k", "revoked"]).await;
     assert!(err.contains("context deadline exceeded"), "{err}");
     assert_eq!(member.etcdctl().ok(&["get", "k"]).await, "k\nv\n");
@@ -368,4 +373,36 @@ async fn tls_three_member_cluster_with_peer_auto_tls() {
             "member {i}: no self-signed certificate"
         );
     }
+}
+
+/// Whether the server under test is our binary (etcd 3.4 has no `--tls-min-version`).
+fn ours() -> bool {
+    std::env::var_os(etcdrs_testkit::EtcdBin::ENV).is_none_or(|v| v.is_empty())
+}
+
+#[tokio::test]
+async fn tls_min_version_refuses_older_clients() {
+    if !ours() {
+        return; // etcd 3.5 flags.
+    }
+    let pki = pki();
+    let default = Member::start(opts().client_tls(client_tls(&pki, false)))
+        .await
+        .expect("member starts");
+    etcdrs_testkit::tls12_handshake(&default.client_addr(), &pki.ca.ca_file())
+        .await
+        .expect("TLS 1.2 accepted by default");
+    let strict = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("tls-min-version", "TLS1.3"),
+    )
+    .await
+    .expect("member starts");
+    let refused = etcdrs_testkit::tls12_handshake(&strict.client_addr(), &pki.ca.ca_file()).await;
+    assert!(
+        refused.is_err(),
+        "TLS 1.2 accepted despite --tls-min-version TLS1.3"
+    );
+    assert_eq!(strict.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
 }
