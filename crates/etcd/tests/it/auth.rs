@@ -828,3 +828,23 @@ async fn auth_state_and_tokens_reach_every_member() {
         assert!(body.contains(r#""value":"djA=""#), "member {i}: {body}");
     }
 }
+
+#[tokio::test]
+async fn auth_survives_a_restart() {
+    let mut member = start_with_auth(&[]).await;
+    member.restart().await.expect("member restarts");
+    let ctl = member.etcdctl();
+    let err = ctl.fail(&["get", "/app/k"]).await;
+    assert!(
+        err.contains("Error: etcdserver: user name is empty"),
+        "{err}"
+    );
+    let reader = ctl.clone().with_user("reader:readerpw");
+    assert_eq!(reader.ok(&["get", "/app/k"]).await, "/app/k\nv0\n");
+    let err = reader.fail(&["get", "/other"]).await;
+    assert!(err.contains(&format!("Error: {DENIED}")), "{err}");
+    assert_eq!(
+        ctl.clone().with_user(ROOT).ok(&["role", "get", "ro"]).await,
+        "Role ro\nKV Read:\n\t[/app/, /app0) (prefix /app/)\nKV Write:\n"
+    );
+}
