@@ -83,6 +83,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         election_timeout: std::time::Duration::from_millis(cfg.election_timeout),
         snapshot_count: cfg.snapshot_count,
         pre_vote: cfg.pre_vote,
+        snapshot_catchup_entries: cfg.experimental_snapshot_catchup_entries,
         listen_metrics_urls: cfg.listen_metrics_urls.clone(),
         watch_progress_notify_interval: cfg.experimental_watch_progress_notify_interval,
         client_tls: client_tls(cfg)?,

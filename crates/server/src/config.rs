@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub snapshot_count: u64,
     /// Pre-vote (`--pre-vote`).
     pub pre_vote: bool,
+    /// Log entries kept after a snapshot for slow followers
+    /// (`--experimental-snapshot-catchup-entries`).
+    pub snapshot_catchup_entries: u64,
     /// Extra URLs serving only `/metrics` and `/health` (`--listen-metrics-urls`).
     pub listen_metrics_urls: Vec<Url>,
     /// How often idle watchers that asked for progress notifications get one
@@ -98,6 +101,7 @@ impl ServerConfig {
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 100_000,
             pre_vote: true,
+            snapshot_catchup_entries: 5000,
             listen_metrics_urls: Vec::new(),
             watch_progress_notify_interval: Duration::from_secs(600),
             client_tls: None,

@@ -218,7 +218,7 @@ impl EtcdServer {
             heartbeat_tick: 1,
             pre_vote: config.pre_vote,
             snapshot_count: config.snapshot_count,
-            catch_up_entries: 5000,
+            catch_up_entries: config.snapshot_catchup_entries.max(1),
         };
         let (raft, starter) = etcdrs_raftnode::start(
             node_config,
