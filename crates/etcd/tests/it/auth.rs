@@ -267,7 +267,11 @@ async fn auth_read_only_prefix_user_cannot_escape_it() {
                 .expect("watch response")
                 .expect("one");
             assert!(first.canceled(), "{first:?}");
-            assert!(first.cancel_reason().contains(DENIED), "{first:?}");
+            assert_eq!(
+                first.cancel_reason(),
+                "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+            );
+            assert_eq!(first.watch_id(), -1);
         }
         Err(e) => assert!(e.to_string().contains(DENIED), "{e}"),
     }
@@ -410,6 +414,19 @@ async fn auth_failures_give_etcds_errors_and_change_nothing() {
         }
     }
     assert!(expired, "the token never expired");
+    // A watch opened with it is cancelled with the error, as etcd does.
+    let mut stream = reader.watch("/app/k", None).await.expect("watch stream");
+    let first = stream
+        .message()
+        .await
+        .expect("watch response")
+        .expect("one");
+    assert!(first.canceled(), "{first:?}");
+    assert_eq!(
+        first.cancel_reason(),
+        "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+    );
+    assert_eq!(first.watch_id(), -1);
     assert_grpc_error(
         reader.put("/app/k", "x", None).await,
         Code::Unauthenticated,

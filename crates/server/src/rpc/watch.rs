@@ -55,8 +55,10 @@ struct StreamState {
     progress_tick: tokio::time::Interval,
     progress_poll: tokio::time::Interval,
     progress_pending: bool,
-    /// Who opened the stream (auth on): every watch it creates must be readable by them.
-    auth: Option<crate::auth::AuthInfo>,
+    /// Who opened the stream (auth on): every watch it creates must be readable by them. An
+    /// invalid token makes every create fail the permission check, as in etcd (the stream
+    /// itself stays open).
+    auth: Result<Option<crate::auth::AuthInfo>, Status>,
 }
 
 impl Drop for StreamState {
@@ -87,17 +89,24 @@ impl StreamState {
 
     fn create(&mut self, req: WatchCreateRequest) {
         let current = self.server.store().current_rev();
-        let permitted =
-            self.server
+        let permitted = match &self.auth {
+            Ok(auth) => self
+                .server
                 .auth()
-                .check_range(self.auth.as_ref(), &req.key, &req.range_end, false);
-        if permitted.is_err() {
+                .check_range(auth.as_ref(), &req.key, &req.range_end, false)
+                .map_err(Status::from),
+            Err(status) => Err(status.clone()),
+        };
+        if let Err(status) = permitted {
             // etcd cancels the watch with the text of its gRPC error, status prefix included.
-            let mut resp = self.control(req.watch_id, current);
+            let mut resp = self.control(INVALID_WATCH_ID, current);
             resp.created = true;
             resp.canceled = true;
-            resp.cancel_reason =
-                "rpc error: code = PermissionDenied desc = etcdserver: permission denied".into();
+            resp.cancel_reason = format!(
+                "rpc error: code = {:?} desc = {}",
+                status.code(),
+                status.message()
+            );
             self.outbox.push_back(resp);
             return;
         }
@@ -355,7 +364,7 @@ impl Watch for Rpc {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.server.check_not_learner()?;
-        let auth = self.auth_info(&request)?;
+        let auth = self.auth_info(&request);
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
         let interval = self
             .server
