@@ -406,3 +406,40 @@ async fn tls_min_version_refuses_older_clients() {
     );
     assert_eq!(strict.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
 }
+
+#[tokio::test]
+async fn tls_peer_cert_allowed_hostname_refuses_other_members() {
+    let pki = pki();
+    let member_cert = pki.ca.issue_loopback("member", "member").expect("cert");
+    let member = Member::start(
+        opts()
+            .peer_tls(PeerTls {
+                ca_file: pki.ca.ca_file(),
+                cert: member_cert.clone(),
+                client_cert_auth: true,
+            })
+            .setting("peer-cert-allowed-hostname", "localhost"),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("{}:{}", member.host(), member.peer_port());
+    // A peer certificate valid for another host name only is cut off after the handshake.
+    let other = pki
+        .ca
+        .issue(
+            "other",
+            "other",
+            &["other.example"],
+            etcdrs_testkit::certs::Usage::Both,
+        )
+        .expect("cert");
+    let refused =
+        etcdrs_testkit::https_get(&addr, "/version", &pki.ca.ca_file(), Some(&other)).await;
+    assert!(
+        !refused.is_ok_and(|r| r.status == 200),
+        "a peer certificate for another host name was served"
+    );
+    // The member's own kind of certificate (valid for localhost) is accepted.
+    let ok = served_certificate(&addr, &pki.ca.ca_file(), Some(&member_cert)).await;
+    assert!(ok.is_ok(), "{ok:?}");
+}
