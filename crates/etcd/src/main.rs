@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::anyhow;
+use etcdrs_server::tls::{TlsInfo, TlsVersion};
 use etcdrs_server::{AutoCompaction, ServerConfig};
 
 use crate::config::{ClusterState, Command, EtcdConfig};
@@ -95,9 +96,109 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         election_timeout: std::time::Duration::from_millis(cfg.election_timeout),
         snapshot_count: cfg.snapshot_count,
         pre_vote: cfg.pre_vote,
+        snapshot_catchup_entries: cfg.experimental_snapshot_catchup_entries,
         listen_metrics_urls: cfg.listen_metrics_urls.clone(),
         watch_progress_notify_interval: cfg.experimental_watch_progress_notify_interval,
+        client_tls: client_tls(cfg)?,
+        peer_tls: peer_tls(cfg)?,
+        auth: etcdrs_server::auth::AuthConfig {
+            token: cfg.auth_token.clone(),
+            bcrypt_cost: u32::try_from(cfg.bcrypt_cost).unwrap_or(u32::MAX),
+            token_ttl: std::time::Duration::from_secs(cfg.auth_token_ttl),
+        },
     })
+}
+
+/// The settings both TLS ports share: cipher suites and protocol versions.
+fn tls_common(cfg: &EtcdConfig) -> anyhow::Result<TlsInfo> {
+    let unsupported = etcdrs_server::tls::check_cipher_suites(&cfg.cipher_suites)?;
+    if !unsupported.is_empty() {
+        tracing::warn!(cipher_suites = ?unsupported, "TLS cipher suites not implemented by rustls are left out");
+    }
+    Ok(TlsInfo {
+        cipher_suites: cfg.cipher_suites.clone(),
+        min_version: TlsVersion::parse(&cfg.tls_min_version)?,
+        max_version: TlsVersion::parse(&cfg.tls_max_version)?,
+        ..TlsInfo::default()
+    })
+}
+
+/// The hosts a self-signed certificate is made for: those of the URLs it serves.
+fn url_hosts(urls: &[url::Url]) -> Vec<String> {
+    let mut hosts: Vec<String> = urls
+        .iter()
+        .filter_map(|u| u.host_str())
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}
+
+/// Client TLS (`--cert-file`, `--key-file`, `--trusted-ca-file`, `--client-cert-auth`,
+/// `--client-crl-file`, `--auto-tls`), or `None` when neither certificates nor auto TLS are set.
+fn client_tls(cfg: &EtcdConfig) -> anyhow::Result<Option<TlsInfo>> {
+    let mut info = tls_common(cfg)?;
+    info.client_cert_auth = cfg.client_cert_auth;
+    info.trusted_ca_file = non_empty_path(&cfg.trusted_ca_file);
+    info.crl_file = non_empty_path(&cfg.client_crl_file);
+    info.allowed_hostname = cfg.client_cert_allowed_hostname.clone();
+    if !cfg.cert_file.is_empty() || !cfg.key_file.is_empty() {
+        if cfg.auto_tls {
+            tracing::warn!("ignoring client auto TLS since certs given");
+        }
+        info.cert_file = PathBuf::from(&cfg.cert_file);
+        info.key_file = PathBuf::from(&cfg.key_file);
+        return Ok(Some(info));
+    }
+    if !cfg.auto_tls {
+        return Ok(None);
+    }
+    let dir = PathBuf::from(&cfg.data_dir).join("fixtures").join("client");
+    let info = info.self_signed_in(
+        &dir,
+        &url_hosts(&cfg.listen_client_urls),
+        cfg.self_signed_cert_validity,
+    )?;
+    Ok(Some(info))
+}
+
+/// Peer TLS (`--peer-*` TLS flags), or `None` when neither certificates nor auto TLS are set.
+fn peer_tls(cfg: &EtcdConfig) -> anyhow::Result<Option<TlsInfo>> {
+    let mut info = tls_common(cfg)?;
+    info.client_cert_auth = cfg.peer_client_cert_auth;
+    info.trusted_ca_file = non_empty_path(&cfg.peer_trusted_ca_file);
+    info.crl_file = non_empty_path(&cfg.peer_crl_file);
+    info.allowed_cn = cfg.peer_cert_allowed_cn.clone();
+    info.allowed_hostname = cfg.peer_cert_allowed_hostname.clone();
+    if !cfg.peer_client_cert_file.is_empty() && !cfg.peer_client_key_file.is_empty() {
+        info.dial_cert = Some((
+            PathBuf::from(&cfg.peer_client_cert_file),
+            PathBuf::from(&cfg.peer_client_key_file),
+        ));
+    }
+    if !cfg.peer_cert_file.is_empty() || !cfg.peer_key_file.is_empty() {
+        if cfg.peer_auto_tls {
+            tracing::warn!("ignoring peer auto TLS since certs given");
+        }
+        info.cert_file = PathBuf::from(&cfg.peer_cert_file);
+        info.key_file = PathBuf::from(&cfg.peer_key_file);
+        return Ok(Some(info));
+    }
+    if !cfg.peer_auto_tls {
+        return Ok(None);
+    }
+    let dir = PathBuf::from(&cfg.data_dir).join("fixtures").join("peer");
+    let info = info.self_signed_in(
+        &dir,
+        &url_hosts(&cfg.listen_peer_urls),
+        cfg.self_signed_cert_validity,
+    )?;
+    Ok(Some(info))
+}
+
+fn non_empty_path(path: &str) -> Option<PathBuf> {
+    (!path.is_empty()).then(|| PathBuf::from(path))
 }
 
 fn main() -> ExitCode {

@@ -2,9 +2,11 @@
 //! order on SIGINT/SIGTERM or when a task fails (etcd `embed/etcd.go`, `etcdmain/etcd.go`).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use etcdrs_server::tls::{TlsClient, TlsServer};
 use etcdrs_server::{EtcdServer, ServerConfig, TaskResult};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -14,8 +16,7 @@ use url::Url;
 /// The address a `http://host:port` URL names, resolved for binding.
 fn bind_addr(url: &Url) -> anyhow::Result<SocketAddr> {
     match url.scheme() {
-        "http" => {}
-        "https" => bail!("TLS listeners are not supported yet: {url}"),
+        "http" | "https" => {}
         "unix" | "unixs" => bail!("unix socket listeners are not supported yet: {url}"),
         other => bail!("unsupported URL scheme {other:?} in {url}"),
     }
@@ -39,6 +40,31 @@ fn bind_addr(url: &Url) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("cannot resolve {url}"))
 }
 
+/// The TLS a listener on `url` serves with: `https` needs certificates (etcd's error when they
+/// are missing); `http` ignores them, with etcd's warning.
+fn listener_tls(
+    url: &Url,
+    tls: Option<&Arc<TlsServer>>,
+    flags: &str,
+    kind: &str,
+) -> anyhow::Result<Option<Arc<TlsServer>>> {
+    match (url.scheme(), tls) {
+        ("https", Some(tls)) => Ok(Some(tls.clone())),
+        ("https", None) => bail!(
+            "TLS key/cert ({flags}) must be provided for {kind} url {} with HTTPS scheme",
+            etcdrs_server::url_string(url)
+        ),
+        (_, Some(_)) => {
+            tracing::warn!(
+                url = %etcdrs_server::url_string(url),
+                "scheme is HTTP while key and cert files are present; ignoring key and cert files"
+            );
+            Ok(None)
+        }
+        (_, None) => Ok(None),
+    }
+}
+
 /// How a member's run ended.
 pub enum Stopped {
     /// By this signal, after a clean shutdown; the process re-raises it, as etcd does.
@@ -53,32 +79,61 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
         advertise_client_urls = ?config.advertise_client_urls.iter().map(etcdrs_server::url_string).collect::<Vec<_>>(),
         "starting an etcd server"
     );
+    // TLS settings load first: a bad certificate fails start-up before anything is bound.
+    let client_tls = config.client_tls.clone().map(TlsServer::new).transpose()?;
+    let peer_tls = config.peer_tls.clone().map(TlsServer::new).transpose()?;
+    if let Some(info) = &config.peer_tls {
+        etcdrs_server::peer::set_client_tls(TlsClient::new(info.clone())?);
+    }
     // Bind first, as etcd does: a port in use fails start-up before anything is written.
     let mut peer_listeners = Vec::new();
     for url in &config.listen_peer_urls {
+        let tls = listener_tls(
+            url,
+            peer_tls.as_ref(),
+            "--peer-cert-file, --peer-key-file",
+            "peer",
+        )?;
         let addr = bind_addr(url)?;
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
         tracing::info!(address = %addr, "starting peer listener");
-        peer_listeners.push(listener);
+        peer_listeners.push((listener, tls));
     }
     let mut client_listeners = Vec::new();
     for url in &config.listen_client_urls {
+        let tls = listener_tls(
+            url,
+            client_tls.as_ref(),
+            "--cert-file, --key-file",
+            "client",
+        )?;
         let addr = bind_addr(url)?;
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
-        client_listeners.push((addr, listener));
+        client_listeners.push((addr, listener, tls));
     }
 
     let mut metrics_listeners = Vec::new();
     for url in &config.listen_metrics_urls {
+        // https metrics URLs serve with the client TLS, as etcd's.
+        let tls = if url.scheme() == "https" {
+            listener_tls(
+                url,
+                client_tls.as_ref(),
+                "--cert-file, --key-file",
+                "metrics",
+            )?
+        } else {
+            None
+        };
         let addr = bind_addr(url)?;
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
-        metrics_listeners.push((addr, listener));
+        metrics_listeners.push((addr, listener, tls));
     }
 
     let shutdown = CancellationToken::new();
@@ -86,11 +141,11 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
     let server = EtcdServer::start(config, &mut tasks, shutdown.clone()).await?;
 
     // Peers must reach us before we can publish: raft needs a quorum for that.
-    for listener in peer_listeners {
+    for (listener, tls) in peer_listeners {
         let server = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
-            let result = etcdrs_server::http::serve_peers(server, listener, stop).await;
+            let result = etcdrs_server::http::serve_peers(server, listener, tls, stop).await;
             ("peer listener", result.map_err(|e| e.to_string()))
         });
     }
@@ -101,27 +156,32 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             report(done)?;
         }
     }
-    for (addr, listener) in metrics_listeners {
+    for (addr, listener, tls) in metrics_listeners {
         let server = server.clone();
         let stop = shutdown.clone();
         tracing::info!(address = %addr, "serving metrics");
         tasks.spawn(async move {
-            let result = etcdrs_server::http::serve_metrics(server, listener, stop).await;
+            let result = etcdrs_server::http::serve_metrics(server, listener, tls, stop).await;
             ("metrics listener", result.map_err(|e| e.to_string()))
         });
     }
-    for (addr, listener) in client_listeners {
+    for (addr, listener, tls) in client_listeners {
         let server = server.clone();
         let stop = shutdown.clone();
+        let secure = tls.is_some();
         tasks.spawn(async move {
-            let result = etcdrs_server::http::serve(server, listener, stop).await;
+            let result = etcdrs_server::http::serve(server, listener, tls, stop).await;
             ("client listener", result.map_err(|e| e.to_string()))
         });
         tracing::info!("ready to serve client requests");
-        tracing::warn!(
-            address = %addr,
-            "serving client traffic insecurely; this is strongly discouraged!"
-        );
+        if secure {
+            tracing::info!(address = %addr, "serving client traffic securely");
+        } else {
+            tracing::warn!(
+                address = %addr,
+                "serving client traffic insecurely; this is strongly discouraged!"
+            );
+        }
     }
 
     let outcome = tokio::select! {

@@ -57,11 +57,21 @@ pub struct ServerConfig {
     pub snapshot_count: u64,
     /// Pre-vote (`--pre-vote`).
     pub pre_vote: bool,
+    /// Log entries kept after a snapshot for slow followers
+    /// (`--experimental-snapshot-catchup-entries`).
+    pub snapshot_catchup_entries: u64,
     /// Extra URLs serving only `/metrics` and `/health` (`--listen-metrics-urls`).
     pub listen_metrics_urls: Vec<Url>,
     /// How often idle watchers that asked for progress notifications get one
     /// (`--experimental-watch-progress-notify-interval`).
     pub watch_progress_notify_interval: Duration,
+    /// TLS of the client port (`--cert-file`, ...); used by `https` client URLs.
+    pub client_tls: Option<crate::tls::TlsInfo>,
+    /// TLS of the peer port (`--peer-cert-file`, ...); used by `https` peer URLs, both to
+    /// serve and to dial.
+    pub peer_tls: Option<crate::tls::TlsInfo>,
+    /// Authentication settings (`--auth-token`, `--bcrypt-cost`, `--auth-token-ttl`).
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -91,8 +101,12 @@ impl ServerConfig {
             election_timeout: Duration::from_millis(1000),
             snapshot_count: 100_000,
             pre_vote: true,
+            snapshot_catchup_entries: 5000,
             listen_metrics_urls: Vec::new(),
             watch_progress_notify_interval: Duration::from_secs(600),
+            client_tls: None,
+            peer_tls: None,
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 

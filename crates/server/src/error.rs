@@ -21,6 +21,13 @@ pub enum ServerError {
     /// A fatal storage failure.
     #[error("fatal: {0}")]
     Fatal(String),
+    /// TLS settings that cannot be used (a bad file, an unknown cipher suite), with etcd's text
+    /// where etcd has one.
+    #[error("{0}")]
+    Tls(String),
+    /// `--auth-token` cannot be used (etcd's "auth: invalid auth options", ...).
+    #[error("{0}")]
+    AuthOptions(&'static str),
 }
 
 impl From<&'static EtcdError> for ServerError {

@@ -90,6 +90,8 @@ pub enum ApplyOutput {
     Published,
     /// A membership change took effect.
     MembersChanged,
+    /// An auth change took effect; Authenticate's token (empty for the others).
+    Auth(String),
 }
 
 type Waiter = oneshot::Sender<Result<ApplyOutput>>;
@@ -129,6 +131,8 @@ struct Inner {
     watch_sync: tokio::sync::Notify,
     leader_changes: AtomicU64,
     request_timeout: Duration,
+    /// Users, roles, permissions and tokens.
+    auth: crate::auth::AuthStore,
 }
 
 /// The member's core. Cheap to clone.
@@ -181,6 +185,7 @@ impl EtcdServer {
         };
         let start_members = load_members(&store)?;
         let alarms = load_alarms(&store)?;
+        let auth = crate::auth::AuthStore::load(&store, config.auth.clone())?;
         let transport = PeerTransport::new(member_id, cluster_id, shutdown.clone());
         let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
             remote_members
@@ -213,7 +218,7 @@ impl EtcdServer {
             heartbeat_tick: 1,
             pre_vote: config.pre_vote,
             snapshot_count: config.snapshot_count,
-            catch_up_entries: 5000,
+            catch_up_entries: config.snapshot_catchup_entries.max(1),
         };
         let (raft, starter) = etcdrs_raftnode::start(
             node_config,
@@ -246,6 +251,7 @@ impl EtcdServer {
                 watch_sync: tokio::sync::Notify::new(),
                 leader_changes: AtomicU64::new(0),
                 request_timeout,
+                auth,
             }),
         };
 
@@ -520,14 +526,37 @@ impl EtcdServer {
             .any(|a| a.alarm == alarm as i32)
     }
 
+    /// The auth store.
+    pub fn auth(&self) -> &crate::auth::AuthStore {
+        &self.inner.auth
+    }
+
     /// Propose a request through raft and wait for its applied result.
     pub async fn propose(&self, op: Op) -> Result<ApplyOutput> {
+        self.propose_as(op, None).await
+    }
+
+    /// Propose a request on behalf of `auth` (checked against its permissions when applied).
+    pub async fn propose_as(
+        &self,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
         let status = self.inner.raft.status();
         if status.commit > status.applied + MAX_GAP_APPLY_COMMIT {
             return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
         }
         let id = self.inner.ids.next();
-        let data = InternalRaftRequest { id, op: Some(op) }.encode_to_vec();
+        let auth = auth.map(|info| crate::request::AuthHeader {
+            username: info.username.clone(),
+            auth_revision: info.revision,
+        });
+        let data = InternalRaftRequest {
+            id,
+            op: Some(op),
+            auth,
+        }
+        .encode_to_vec();
         if data.len() as u64 > self.inner.config.max_request_bytes {
             return Err(ServerError::Etcd(&rpctypes::REQUEST_TOO_LARGE));
         }
@@ -810,6 +839,7 @@ impl EtcdServer {
         batch.commit(true)?;
         *self.inner.members.write() = load_members(store)?;
         *self.inner.alarms.write() = load_alarms(store)?;
+        self.inner.auth.reload(store)?;
         self.refresh_peers();
         self.inner.watch_hub.store_replaced(store.current_rev());
         self.inner.watch_sync.notify_one();
@@ -886,7 +916,11 @@ impl EtcdServer {
                     let request = InternalRaftRequest::decode(entry.data.as_ref())
                         .map_err(|e| ServerError::Fatal(format!("decode raft request: {e}")))?;
                     let Some(op) = request.op else { continue };
-                    let output = self.apply_op(&mut batch, op);
+                    let auth = request.auth.map(|h| crate::auth::AuthInfo {
+                        username: h.username,
+                        revision: h.auth_revision,
+                    });
+                    let output = self.apply_op(&mut batch, op, auth.as_ref());
                     if let Err(ServerError::Mvcc(
                         e @ (etcdrs_mvcc::Error::Backend(_) | etcdrs_mvcc::Error::Corrupt(_)),
                     )) = &output
@@ -1007,10 +1041,44 @@ impl EtcdServer {
         self.has_alarm(AlarmType::Nospace)
     }
 
-    fn apply_op(&self, batch: &mut WriteBatch<'_>, op: Op) -> Result<ApplyOutput> {
+    fn apply_op(
+        &self,
+        batch: &mut WriteBatch<'_>,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
         let store = &self.inner.store;
+        let auth_store = &self.inner.auth;
+        let lease_keys = |id: i64| -> Vec<Vec<u8>> {
+            store
+                .lessor()
+                .get(id)
+                .map(|lease| lease.keys.into_iter().collect())
+                .unwrap_or_default()
+        };
+        let op = match auth_change(op) {
+            Ok(change) => {
+                return auth_store
+                    .apply(batch, &change, auth)
+                    .map(ApplyOutput::Auth);
+            }
+            Err(op) => op,
+        };
         match op {
+            Op::AuthEnable(_)
+            | Op::AuthDisable(_)
+            | Op::Authenticate(_)
+            | Op::UserAdd(_)
+            | Op::UserDelete(_)
+            | Op::UserChangePassword(_)
+            | Op::UserGrantRole(_)
+            | Op::UserRevokeRole(_)
+            | Op::RoleAdd(_)
+            | Op::RoleDelete(_)
+            | Op::RoleGrantPermission(_)
+            | Op::RoleRevokePermission(_) => Ok(ApplyOutput::Auth(String::new())),
             Op::Put(req) => {
+                auth_store.check_put(auth, &req, &lease_keys(req.lease))?;
                 if self.capped() {
                     return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
                 }
@@ -1020,12 +1088,14 @@ impl EtcdServer {
                 result.map(ApplyOutput::Put)
             }
             Op::DeleteRange(req) => {
+                auth_store.check_delete(auth, &req)?;
                 let mut txn = batch.txn();
                 let result = apply::delete_range(&mut txn, &req);
                 txn.end();
                 result.map(ApplyOutput::DeleteRange)
             }
             Op::Txn(req) => {
+                auth_store.check_txn(auth, &req)?;
                 if self.capped() && !apply::txn_is_read_only(&req) {
                     return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
                 }
@@ -1070,6 +1140,7 @@ impl EtcdServer {
                 }))
             }
             Op::LeaseRevoke(req) => {
+                auth_store.check_lease_keys(auth, &lease_keys(req.id))?;
                 match batch.lease_revoke(req.id) {
                     Ok(()) => {}
                     Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {
@@ -1471,6 +1542,29 @@ async fn join_existing(
         .map(|m| (m.id, m.peer_ur_ls.clone()))
         .collect();
     Ok((member_id, cluster_id, Start::Join { metadata }, peers))
+}
+
+/// The auth change an entry carries, or the entry back when it is something else.
+fn auth_change(op: Op) -> std::result::Result<crate::auth::AuthChange, Op> {
+    use crate::auth::AuthChange;
+    Ok(match op {
+        Op::AuthEnable(_) => AuthChange::Enable,
+        Op::AuthDisable(_) => AuthChange::Disable,
+        Op::Authenticate(req) => AuthChange::Authenticate {
+            name: req.name,
+            token_prefix: req.simple_token,
+        },
+        Op::UserAdd(req) => AuthChange::UserAdd(req),
+        Op::UserDelete(req) => AuthChange::UserDelete(req.name),
+        Op::UserChangePassword(req) => AuthChange::UserChangePassword(req),
+        Op::UserGrantRole(req) => AuthChange::UserGrantRole(req),
+        Op::UserRevokeRole(req) => AuthChange::UserRevokeRole(req),
+        Op::RoleAdd(req) => AuthChange::RoleAdd(req.name),
+        Op::RoleDelete(req) => AuthChange::RoleDelete(req.role),
+        Op::RoleGrantPermission(req) => AuthChange::RoleGrantPermission(req),
+        Op::RoleRevokePermission(req) => AuthChange::RoleRevokePermission(req),
+        other => return Err(other),
+    })
 }
 
 fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {

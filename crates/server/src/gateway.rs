@@ -14,8 +14,8 @@
 //!
 //! The v3lock and v3election services are served too, at the paths of their own gateways
 //! (`/v3/lock/lock`, `/v3/election/campaign`, ...); election observe streams like watch.
-//!
-//! Not here: auth routes.
+//! The Auth service is under `/v3/auth/...`; the token from `/v3/auth/authenticate` goes in
+//! the `Authorization` header of later requests.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,6 +26,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
+use etcdrs_proto::etcdserverpb::auth_server::Auth;
 use etcdrs_proto::etcdserverpb::cluster_server::Cluster;
 use etcdrs_proto::etcdserverpb::kv_server::Kv;
 use etcdrs_proto::etcdserverpb::lease_server::Lease;
@@ -127,6 +128,74 @@ fn routes() -> Vec<(&'static str, MethodRouter<Gateway>)> {
         (
             "/cluster/member/promote",
             unary(|rpc, r| async move { Cluster::member_promote(&rpc, r).await }),
+        ),
+        (
+            "/auth/enable",
+            unary(|rpc, r| async move { Auth::auth_enable(&rpc, r).await }),
+        ),
+        (
+            "/auth/disable",
+            unary(|rpc, r| async move { Auth::auth_disable(&rpc, r).await }),
+        ),
+        (
+            "/auth/status",
+            unary(|rpc, r| async move { Auth::auth_status(&rpc, r).await }),
+        ),
+        (
+            "/auth/authenticate",
+            unary(|rpc, r| async move { Auth::authenticate(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/add",
+            unary(|rpc, r| async move { Auth::user_add(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/get",
+            unary(|rpc, r| async move { Auth::user_get(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/list",
+            unary(|rpc, r| async move { Auth::user_list(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/delete",
+            unary(|rpc, r| async move { Auth::user_delete(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/changepw",
+            unary(|rpc, r| async move { Auth::user_change_password(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/grant",
+            unary(|rpc, r| async move { Auth::user_grant_role(&rpc, r).await }),
+        ),
+        (
+            "/auth/user/revoke",
+            unary(|rpc, r| async move { Auth::user_revoke_role(&rpc, r).await }),
+        ),
+        (
+            "/auth/role/add",
+            unary(|rpc, r| async move { Auth::role_add(&rpc, r).await }),
+        ),
+        (
+            "/auth/role/get",
+            unary(|rpc, r| async move { Auth::role_get(&rpc, r).await }),
+        ),
+        (
+            "/auth/role/list",
+            unary(|rpc, r| async move { Auth::role_list(&rpc, r).await }),
+        ),
+        (
+            "/auth/role/delete",
+            unary(|rpc, r| async move { Auth::role_delete(&rpc, r).await }),
+        ),
+        (
+            "/auth/role/grant",
+            unary(|rpc, r| async move { Auth::role_grant_permission(&rpc, r).await }),
+        ),
+        (
+            "/auth/role/revoke",
+            unary(|rpc, r| async move { Auth::role_revoke_permission(&rpc, r).await }),
         ),
         (
             "/maintenance/alarm",

@@ -1,6 +1,7 @@
 //! The client port: gRPC and etcd's plain HTTP endpoints (`/health`, `/livez`, `/readyz`,
 //! `/version`, `/metrics`) served on one listener, as etcd's cmux does (etcd `embed/serve.go`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -8,6 +9,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
+use etcdrs_proto::etcdserverpb::auth_server::AuthServer;
 use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
 use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
@@ -24,6 +26,7 @@ use crate::EtcdServer;
 use crate::h2authority::LenientAuthority;
 use crate::metrics;
 use crate::rpc::Rpc;
+use crate::tls::TlsServer;
 use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
 
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
@@ -41,6 +44,7 @@ pub fn router(server: EtcdServer) -> Router {
         tonic::service::Routes::new(KvServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(AuthServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(LockServer::new(rpc.clone()).max_decoding_message_size(max))
             .add_service(ElectionServer::new(rpc.clone()).max_decoding_message_size(max))
@@ -110,15 +114,16 @@ async fn grpc_size_error(mut response: axum::response::Response) -> axum::respon
     response
 }
 
-/// Serve clients on `listener` until `shutdown`: HTTP/1.1 and HTTP/2 (gRPC) on one port.
-/// Each connection runs on this function's own task set; on shutdown, connections get a
-/// graceful close and a short grace period.
+/// Serve clients on `listener` until `shutdown`: HTTP/1.1 and HTTP/2 (gRPC) on one port,
+/// over TLS when `tls` is given. Each connection runs on this function's own task set; on
+/// shutdown, connections get a graceful close and a short grace period.
 pub async fn serve(
     server: EtcdServer,
     listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_router(router(server), listener, shutdown).await
+    serve_router(router(server), listener, tls, shutdown).await
 }
 
 /// The router of the peer port: the peer service, plus etcd's `/version` and `/health`.
@@ -151,24 +156,39 @@ pub fn metrics_router(server: EtcdServer) -> Router {
 pub async fn serve_metrics(
     server: EtcdServer,
     listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_router(metrics_router(server), listener, shutdown).await
+    serve_router(metrics_router(server), listener, tls, shutdown).await
 }
 
 /// Serve peers on `listener` until `shutdown`.
 pub async fn serve_peers(
     server: EtcdServer,
     listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_router(peer_router(server), listener, shutdown).await
+    serve_router(peer_router(server), listener, tls, shutdown).await
 }
+
+/// Who is at the other end of a connection, as TLS established it: every request on the
+/// connection carries it as an extension. Auth takes the user from the common name of a
+/// verified client certificate, as etcd does.
+#[derive(Clone, Debug, Default)]
+pub struct ClientIdentity {
+    /// The common name of the client certificate, when one was verified.
+    pub common_name: Option<String>,
+}
+
+/// How long a client has to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serve `router` on `listener` until `shutdown`.
 async fn serve_router(
     router: Router,
     listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -179,7 +199,7 @@ async fn serve_router(
             _ = shutdown.cancelled() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let (tcp, _peer) = match accepted {
+                let (tcp, remote) = match accepted {
                     Ok(conn) => conn,
                     Err(e) => {
                         // Out of descriptors and similar: back off instead of spinning.
@@ -190,14 +210,36 @@ async fn serve_router(
                 };
                 // Small responses (put acks, watch events) must not wait for Nagle's algorithm.
                 let _ = tcp.set_nodelay(true);
-                // etcdctl 3.4 sends a full URL as `:authority` when given http:// endpoints;
-                // etcd accepts that, hyper does not: rewrite it before hyper sees it.
-                let io = TokioIo::new(LenientAuthority::new(tcp));
-                let service = TowerToHyperService::new(router.clone());
-                let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
-                let conn = graceful.watch(conn);
+                let router = router.clone();
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                let tls = tls.clone();
+                // One task per connection: the TLS handshake, then HTTP until either side closes.
                 connections.spawn(async move {
-                    let _ = conn.await;
+                    let Some(tls) = tls else {
+                        serve_connection(tcp, ClientIdentity::default(), router, &builder, watcher)
+                            .await;
+                        return;
+                    };
+                    let acceptor = tls.acceptor();
+                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::warn!(remote_addr = %remote, error = %e, "rejected connection");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let (_, session) = stream.get_ref();
+                    let first = session.peer_certificates().and_then(|certs| certs.first());
+                    if !tls.info().allows(first) {
+                        tracing::warn!(remote_addr = %remote, "rejected connection: client certificate not allowed");
+                        return;
+                    }
+                    let identity = ClientIdentity {
+                        common_name: first.and_then(crate::tls::common_name),
+                    };
+                    serve_connection(stream, identity, router, &builder, watcher).await;
                 });
             }
         }
@@ -210,6 +252,32 @@ async fn serve_router(
         connections.abort_all();
     }
     Ok(())
+}
+
+/// Serve HTTP/1.1 and HTTP/2 on one accepted (and, with TLS, handshaken) connection.
+async fn serve_connection<IO>(
+    io: IO,
+    identity: ClientIdentity,
+    router: Router,
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    // etcdctl 3.4 sends a full URL as `:authority` when given http:// endpoints; etcd accepts
+    // that, hyper does not: rewrite it before hyper sees it.
+    let io = TokioIo::new(LenientAuthority::new(io));
+    let service = tower::ServiceBuilder::new()
+        .map_request(
+            move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(identity.clone());
+                request
+            },
+        )
+        .service(router);
+    let service = TowerToHyperService::new(service);
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    let _ = watcher.watch(conn).await;
 }
 
 /// Decode a `grpc-message` header (percent-encoded, as the gRPC spec says).

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod apply;
+pub mod auth;
 mod compactor;
 pub mod config;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod peer;
 mod request;
 pub mod rpc;
+pub mod tls;
 mod v2keys;
 mod validate;
 pub mod version;

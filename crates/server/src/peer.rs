@@ -30,6 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::EtcdServer;
 use crate::membership::id_hex;
+use crate::tls::TlsClient;
 
 /// Metadata key carrying the sender's cluster id (hex), as etcd's `X-Etcd-Cluster-ID`.
 pub const CLUSTER_ID_HEADER: &str = "x-etcd-cluster-id";
@@ -194,14 +195,53 @@ fn stamp<T>(request: &mut Request<T>, cluster_id: u64, from: u64) {
     }
 }
 
-/// A lazily connected client for a peer URL.
+/// The TLS peers dial `https` peer URLs with (`--peer-cert-file`, ...); set once at start-up,
+/// before any link exists, and shared by every link and one-off peer call.
+static CLIENT_TLS: std::sync::OnceLock<Arc<TlsClient>> = std::sync::OnceLock::new();
+
+/// Use `tls` to dial `https` peer URLs.
+pub fn set_client_tls(tls: Arc<TlsClient>) {
+    let _ = CLIENT_TLS.set(tls);
+}
+
+/// A lazily connected client for a peer URL; `https` URLs are dialled with the peer TLS.
 pub fn peer_client(url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
-    let endpoint = Endpoint::from_shared(url.to_string())?
+    let (endpoint_url, tls) = match url.strip_prefix("https://") {
+        // tonic dials plain TCP through our connector, which adds TLS itself.
+        Some(rest) => (format!("http://{rest}"), CLIENT_TLS.get().cloned()),
+        None => (url.to_string(), None),
+    };
+    let endpoint = Endpoint::from_shared(endpoint_url)?
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
-    Ok(PeerClient::new(endpoint.connect_lazy()))
+    let Some(tls) = tls else {
+        return Ok(PeerClient::new(endpoint.connect_lazy()));
+    };
+    let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
+        let tls = tls.clone();
+        async move {
+            let host = uri.host().unwrap_or_default().to_owned();
+            let port = uri.port_u16().unwrap_or(443);
+            let name = crate::tls::server_name(&host)
+                .ok_or_else(|| std::io::Error::other(format!("invalid host name {host:?}")))?;
+            let connector = tls.connector();
+            let connect = async {
+                let addr = host.trim_start_matches('[').trim_end_matches(']');
+                let tcp = tokio::net::TcpStream::connect((addr, port)).await?;
+                let _ = tcp.set_nodelay(true);
+                connector.connect(name, tcp).await
+            };
+            let stream = tokio::time::timeout(Duration::from_secs(3), connect)
+                .await
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "dial timeout"))??;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    Ok(PeerClient::new(
+        endpoint.connect_with_connector_lazy(connector),
+    ))
 }
 
 struct LinkWorker {

@@ -2,8 +2,11 @@
 //! with the id its proposer waits on.
 
 use etcdrs_proto::etcdserverpb::{
-    AlarmRequest, CompactionRequest, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest,
-    PutRequest, TxnRequest,
+    AlarmRequest, AuthDisableRequest, AuthEnableRequest, AuthRoleAddRequest, AuthRoleDeleteRequest,
+    AuthRoleGrantPermissionRequest, AuthRoleRevokePermissionRequest, AuthUserAddRequest,
+    AuthUserChangePasswordRequest, AuthUserDeleteRequest, AuthUserGrantRoleRequest,
+    AuthUserRevokeRoleRequest, CompactionRequest, DeleteRangeRequest, LeaseGrantRequest,
+    LeaseRevokeRequest, PutRequest, TxnRequest,
 };
 
 /// A replicated request.
@@ -13,8 +16,38 @@ pub struct InternalRaftRequest {
     #[prost(uint64, tag = "1")]
     pub id: u64,
     /// The operation.
-    #[prost(oneof = "Op", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(
+        oneof = "Op",
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22"
+    )]
     pub op: Option<Op>,
+    /// Who proposed it, when auth was on (etcd's `RequestHeader`): the apply step checks
+    /// permissions and the auth revision with it.
+    #[prost(message, optional, tag = "30")]
+    pub auth: Option<AuthHeader>,
+}
+
+/// The proposer's identity.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AuthHeader {
+    /// The user.
+    #[prost(string, tag = "1")]
+    pub username: String,
+    /// The auth revision the request was checked under.
+    #[prost(uint64, tag = "2")]
+    pub auth_revision: u64,
+}
+
+/// Authenticate, as replicated: the user and the random part of the token (etcd's
+/// `InternalAuthenticateRequest`; the password was checked by the proposer).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InternalAuthenticateRequest {
+    /// The user.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// The token prefix.
+    #[prost(string, tag = "2")]
+    pub simple_token: String,
 }
 
 /// A replicated operation.
@@ -47,6 +80,42 @@ pub enum Op {
     /// New peer URLs for a member (etcd's MemberUpdate).
     #[prost(message, tag = "10")]
     UpdatePeerUrls(MemberPeerUrls),
+    /// AuthEnable.
+    #[prost(message, tag = "11")]
+    AuthEnable(AuthEnableRequest),
+    /// AuthDisable.
+    #[prost(message, tag = "12")]
+    AuthDisable(AuthDisableRequest),
+    /// Authenticate.
+    #[prost(message, tag = "13")]
+    Authenticate(InternalAuthenticateRequest),
+    /// UserAdd (password hashed).
+    #[prost(message, tag = "14")]
+    UserAdd(AuthUserAddRequest),
+    /// UserDelete.
+    #[prost(message, tag = "15")]
+    UserDelete(AuthUserDeleteRequest),
+    /// UserChangePassword (password hashed).
+    #[prost(message, tag = "16")]
+    UserChangePassword(AuthUserChangePasswordRequest),
+    /// UserGrantRole.
+    #[prost(message, tag = "17")]
+    UserGrantRole(AuthUserGrantRoleRequest),
+    /// UserRevokeRole.
+    #[prost(message, tag = "18")]
+    UserRevokeRole(AuthUserRevokeRoleRequest),
+    /// RoleAdd.
+    #[prost(message, tag = "19")]
+    RoleAdd(AuthRoleAddRequest),
+    /// RoleDelete.
+    #[prost(message, tag = "20")]
+    RoleDelete(AuthRoleDeleteRequest),
+    /// RoleGrantPermission.
+    #[prost(message, tag = "21")]
+    RoleGrantPermission(AuthRoleGrantPermissionRequest),
+    /// RoleRevokePermission.
+    #[prost(message, tag = "22")]
+    RoleRevokePermission(AuthRoleRevokePermissionRequest),
 }
 
 /// A member's new peer URLs.

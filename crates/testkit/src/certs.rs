@@ -36,6 +36,8 @@ pub struct TestCa {
     dir: PathBuf,
     name: String,
     issuer: CertifiedIssuer<'static, KeyPair>,
+    /// Serial number of each issued certificate, by certificate file (for CRLs).
+    serials: std::sync::Mutex<Vec<(PathBuf, u64)>>,
 }
 
 impl TestCa {
@@ -55,6 +57,7 @@ impl TestCa {
             dir: dir.to_path_buf(),
             name: name.to_string(),
             issuer,
+            serials: std::sync::Mutex::new(Vec::new()),
         };
         std::fs::write(ca.ca_file(), ca.issuer.pem()).context("write CA")?;
         Ok(ca)
@@ -89,6 +92,16 @@ impl TestCa {
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
         };
+        let serial = {
+            let mut serials = self
+                .serials
+                .lock()
+                .map_err(|_| anyhow::anyhow!("serials lock"))?;
+            let serial = 1000 + serials.len() as u64;
+            serials.push((self.dir.join(format!("{file}.crt")), serial));
+            serial
+        };
+        params.serial_number = Some(rcgen::SerialNumber::from(serial));
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         let files = CertFiles {
@@ -100,6 +113,41 @@ impl TestCa {
         Ok(files)
     }
 
+    /// Writes a CRL (PEM) revoking `revoked` (certificates this CA issued) to `<dir>/<file>.crl`
+    /// and returns its path, for `--client-crl-file`.
+    pub fn crl(&self, file: &str, revoked: &[&CertFiles]) -> anyhow::Result<PathBuf> {
+        let serials = self
+            .serials
+            .lock()
+            .map_err(|_| anyhow::anyhow!("serials lock"))?;
+        let mut revoked_certs = Vec::new();
+        for cert in revoked {
+            let serial = serials
+                .iter()
+                .find(|(path, _)| *path == cert.cert)
+                .map(|(_, serial)| *serial)
+                .context("certificate not issued by this CA")?;
+            revoked_certs.push(rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(serial),
+                revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            });
+        }
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2100, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        let crl = params.signed_by(&self.issuer)?;
+        let path = self.dir.join(format!("{file}.crl"));
+        std::fs::write(&path, crl.pem()?).context("write CRL")?;
+        Ok(path)
+    }
+
     /// A server-and-client certificate for loopback use: SANs `127.0.0.1`..`127.0.0.9`, `::1`
     /// and `localhost`.
     pub fn issue_loopback(&self, file: &str, cn: &str) -> anyhow::Result<CertFiles> {
@@ -108,6 +156,26 @@ impl TestCa {
         sans.extend(["::1", "localhost"]);
         self.issue(file, cn, &sans, Usage::Both)
     }
+}
+
+/// A fresh ECDSA P-256 key pair as PEM files `<dir>/<name>.key` (PKCS#8) and
+/// `<dir>/<name>.pub` (SubjectPublicKeyInfo), e.g. for etcd's JWT auth tokens (`ES256`).
+pub fn ec_key_pair(dir: &Path, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let private = dir.join(format!("{name}.key"));
+    let public = dir.join(format!("{name}.pub"));
+    std::fs::write(&private, key.serialize_pem()).context("write key")?;
+    std::fs::write(&public, key.public_key_pem()).context("write public key")?;
+    Ok((private, public))
+}
+
+/// The first certificate of a PEM file, as DER.
+pub fn cert_der(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let cert = CertificateDer::from_pem_file(path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(cert.as_ref().to_vec())
 }
 
 #[cfg(test)]

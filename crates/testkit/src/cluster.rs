@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::Client;
 
 use crate::bin::EtcdBin;
 use crate::etcdctl::Etcdctl;
-use crate::member::{Member, MemberOpts, PORT_ATTEMPTS};
+use crate::member::{ClientTls, Member, MemberOpts, PORT_ATTEMPTS, PeerTls};
 use crate::poll::poll_until;
 use crate::ports::{self, PortLease};
 
@@ -36,6 +36,9 @@ pub struct ClusterOpts {
     args: Vec<String>,
     env: Vec<(String, String)>,
     ready_timeout: Duration,
+    client_tls: Option<ClientTls>,
+    peer_tls: Option<PeerTls>,
+    peer_auto_tls: bool,
 }
 
 impl ClusterOpts {
@@ -50,7 +53,31 @@ impl ClusterOpts {
             args: Vec::new(),
             env: Vec::new(),
             ready_timeout: Duration::from_secs(20),
+            client_tls: None,
+            peer_tls: None,
+            peer_auto_tls: false,
         }
+    }
+
+    /// Members talk to each other over TLS with self-signed certificates
+    /// ([`MemberOpts::peer_auto_tls`]).
+    pub fn peer_auto_tls(mut self) -> Self {
+        self.peer_auto_tls = true;
+        self
+    }
+
+    /// Every member serves clients over TLS with these files ([`MemberOpts::client_tls`]); the
+    /// server certificate must be valid for every member's address (e.g.
+    /// `TestCa::issue_loopback`).
+    pub fn client_tls(mut self, tls: ClientTls) -> Self {
+        self.client_tls = Some(tls);
+        self
+    }
+
+    /// Members talk to each other over TLS with these files ([`MemberOpts::peer_tls`]).
+    pub fn peer_tls(mut self, tls: PeerTls) -> Self {
+        self.peer_tls = Some(tls);
+        self
     }
 
     /// `--initial-cluster-token` for every member (default: unique per [`Cluster::start`]).
@@ -183,7 +210,17 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, (_, peer))| {
-                format!("{}=http://{}:{}", Self::name(i), Self::host(i), peer.port())
+                let scheme = if opts.peer_tls.is_some() || opts.peer_auto_tls {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!(
+                    "{}={scheme}://{}:{}",
+                    Self::name(i),
+                    Self::host(i),
+                    peer.port()
+                )
             })
             .collect::<Vec<_>>()
             .join(",");
@@ -199,6 +236,15 @@ impl Cluster {
                 .args(opts.args.iter().cloned());
             if opts.fast_timers {
                 member_opts = member_opts.fast_timers();
+            }
+            if let Some(tls) = &opts.client_tls {
+                member_opts = member_opts.client_tls(tls.clone());
+            }
+            if let Some(tls) = &opts.peer_tls {
+                member_opts = member_opts.peer_tls(tls.clone());
+            }
+            if opts.peer_auto_tls {
+                member_opts = member_opts.peer_auto_tls();
             }
             if opts.via_env {
                 member_opts = member_opts.via_env();
@@ -323,9 +369,7 @@ impl Cluster {
     /// An `etcd_client::Client` connected to every member's endpoint (connect timeout 5 s,
     /// per-request timeout 10 s).
     pub async fn client(&self) -> anyhow::Result<Client> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(10));
+        let opts = self.members[0].connect_options(None);
         Client::connect(self.endpoints(), Some(opts))
             .await
             .with_context(|| format!("connecting etcd-client to {:?}", self.endpoints()))
@@ -333,7 +377,11 @@ impl Cluster {
 
     /// An [`Etcdctl`] runner with `--endpoints` listing every member.
     pub fn etcdctl(&self) -> Etcdctl {
-        Etcdctl::new(self.endpoints().join(","))
+        let ctl = Etcdctl::new(self.endpoints().join(","));
+        match &self.opts.client_tls {
+            Some(tls) => ctl.with_tls(&tls.ca_file, tls.client.as_ref()),
+            None => ctl,
+        }
     }
 
     /// The last lines of every member's log, each under a header, for failure messages.
@@ -348,7 +396,8 @@ impl Cluster {
 
 /// `(member_id, leader)` from one member's Maintenance `Status` (1 s timeouts).
 async fn member_status(m: &Member) -> anyhow::Result<(u64, u64)> {
-    let opts = ConnectOptions::new()
+    let opts = m
+        .connect_options(None)
         .with_connect_timeout(Duration::from_secs(1))
         .with_timeout(Duration::from_secs(1));
     let status = async {

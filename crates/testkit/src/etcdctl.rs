@@ -41,6 +41,8 @@ impl CtlOutput {
 pub struct Etcdctl {
     bin: PathBuf,
     endpoints: String,
+    /// Global flags given to every run after `--endpoints` (TLS files, `--user`).
+    global: Vec<String>,
 }
 
 impl Etcdctl {
@@ -57,7 +59,30 @@ impl Etcdctl {
         Self {
             bin,
             endpoints: endpoints.into(),
+            global: Vec::new(),
         }
+    }
+
+    /// Every run trusts `ca_file` (`--cacert`) and presents `client` (`--cert`, `--key`).
+    pub fn with_tls(mut self, ca_file: &Path, client: Option<&crate::certs::CertFiles>) -> Self {
+        self.global.push(format!("--cacert={}", ca_file.display()));
+        if let Some(files) = client {
+            self.global.push(format!("--cert={}", files.cert.display()));
+            self.global.push(format!("--key={}", files.key.display()));
+        }
+        self
+    }
+
+    /// Every run authenticates as `user` (`name:password`, etcdctl's `--user`).
+    pub fn with_user(mut self, user: &str) -> Self {
+        self.global.push(format!("--user={user}"));
+        self
+    }
+
+    /// Every run gets `arg` as a global flag, after `--endpoints`.
+    pub fn with_arg(mut self, arg: impl Into<String>) -> Self {
+        self.global.push(arg.into());
+        self
     }
 
     /// The `etcdctl` binary in use.
@@ -123,6 +148,7 @@ impl Etcdctl {
         }
         cmd.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.endpoints))
+            .args(&self.global)
             .args(args)
             .stdin(if stdin.is_some() {
                 Stdio::piped()

@@ -43,15 +43,83 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<HttpResponse> {
 }
 
 async fn get_inner(addr: &str, path: &str) -> anyhow::Result<HttpResponse> {
-    let mut stream = TcpStream::connect(addr)
+    let stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to {addr}"))?;
+    exchange(stream, addr, path).await
+}
+
+async fn exchange<S>(mut stream: S, addr: &str, path: &str) -> anyhow::Result<HttpResponse>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let request =
         format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await?;
+    // A TLS peer may close without close_notify once the body is sent.
+    if let Err(e) = stream.read_to_end(&mut raw).await
+        && raw.is_empty()
+    {
+        return Err(e.into());
+    }
     parse(&raw)
+}
+
+/// `GET path` over TLS from `host:port`, trusting `ca_file` and presenting `client` (certificate
+/// and key PEM files) when given; 5 s overall timeout.
+pub async fn https_get(
+    addr: &str,
+    path: &str,
+    ca_file: &std::path::Path,
+    client: Option<&crate::certs::CertFiles>,
+) -> anyhow::Result<HttpResponse> {
+    let get = async {
+        let connector = tls_connector(ca_file, client, &[b"http/1.1"])?;
+        let tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
+        let stream = connector
+            .connect(name, tcp)
+            .await
+            .context("TLS handshake")?;
+        exchange(stream, addr, path).await
+    };
+    tokio::time::timeout(Duration::from_secs(5), get)
+        .await
+        .with_context(|| format!("GET https://{addr}{path} timed out"))?
+}
+
+/// A rustls connector trusting `ca_file`, presenting `client` when given, offering `alpn`.
+pub fn tls_connector(
+    ca_file: &std::path::Path,
+    client: Option<&crate::certs::CertFiles>,
+    alpn: &[&[u8]],
+) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_file)? {
+        roots.add(cert?)?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut config = match client {
+        Some(files) => {
+            let certs =
+                CertificateDer::pem_file_iter(&files.cert)?.collect::<Result<Vec<_>, _>>()?;
+            builder.with_client_auth_cert(certs, PrivateKeyDer::from_pem_file(&files.key)?)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        config,
+    )))
 }
 
 fn parse(raw: &[u8]) -> anyhow::Result<HttpResponse> {
@@ -117,6 +185,66 @@ fn dechunk(mut rest: &[u8]) -> anyhow::Result<Vec<u8>> {
         out.extend_from_slice(rest.get(..size).context("truncated chunk")?);
         rest = rest.get(size + 2..).context("truncated chunk trailer")?;
     }
+}
+
+/// The certificate (DER) a TLS server at `addr` presents to a new connection that trusts
+/// `ca_file` and presents `client` when given.
+pub async fn served_certificate(
+    addr: &str,
+    ca_file: &std::path::Path,
+    client: Option<&crate::certs::CertFiles>,
+) -> anyhow::Result<Vec<u8>> {
+    let handshake = async {
+        let connector = tls_connector(ca_file, client, &[b"h2"])?;
+        let tcp = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
+        let stream = connector
+            .connect(name, tcp)
+            .await
+            .context("TLS handshake")?;
+        let (_, session) = stream.get_ref();
+        let cert = session
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .context("no server certificate")?;
+        anyhow::Ok(cert.as_ref().to_vec())
+    };
+    tokio::time::timeout(Duration::from_secs(5), handshake)
+        .await
+        .with_context(|| format!("TLS handshake with {addr} timed out"))?
+}
+
+/// Whether a TLS 1.2-only client completes a handshake with `addr` (trusting `ca_file`).
+pub async fn tls12_handshake(addr: &str, ca_file: &std::path::Path) -> anyhow::Result<()> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let handshake = async {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_file)? {
+            roots.add(cert?)?;
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS12])?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let tcp = TcpStream::connect(addr).await?;
+        let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
+        connector
+            .connect(name, tcp)
+            .await
+            .context("TLS 1.2 handshake")?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), handshake)
+        .await
+        .with_context(|| format!("TLS handshake with {addr} timed out"))?
 }
 
 #[cfg(test)]

@@ -78,8 +78,10 @@ pub use bin::EtcdBin;
 pub use cluster::{Cluster, ClusterOpts};
 pub use etcdctl::{CtlOutput, Etcdctl};
 pub use grpc::{Code, assert_grpc_error, grpc_error};
-pub use http::{HttpResponse, http_get};
-pub use member::{FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts};
+pub use http::{
+    HttpResponse, http_get, https_get, served_certificate, tls_connector, tls12_handshake,
+};
+pub use member::{ClientTls, FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts, PeerTls};
 pub use poll::poll_until;
 pub use relay::Relay;
 pub use relayed::RelayedCluster;

@@ -8,13 +8,14 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::bin::EtcdBin;
+use crate::certs::CertFiles;
 use crate::etcdctl::Etcdctl;
-use crate::http::{HttpResponse, http_get};
+use crate::http::{HttpResponse, http_get, https_get};
 use crate::ports::{self, PortLease};
 
 /// Lines of log included in readiness errors.
@@ -36,6 +37,33 @@ enum InitialCluster {
     WithPeers(Vec<(String, String)>),
     /// Exactly this string.
     Exact(String),
+}
+
+/// TLS on a member's client port: `https` client URLs with `--cert-file` and `--key-file`. The testkit's probes, its
+/// `etcd-client` connections and its etcdctl runners trust `ca_file` and present `client`.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    /// The CA that signed the server certificate (and, for client-cert auth, the clients').
+    pub ca_file: PathBuf,
+    /// The server's certificate and key.
+    pub server: CertFiles,
+    /// The certificate the testkit presents as a client, if any.
+    pub client: Option<CertFiles>,
+    /// Pass `--client-cert-auth` and `--trusted-ca-file` (etcd requires client certificates as
+    /// soon as it has a trusted CA, so the CA goes with client-certificate auth only).
+    pub client_cert_auth: bool,
+}
+
+/// TLS on a member's peer port: `https` peer URLs with `--peer-cert-file`, `--peer-key-file`,
+/// `--peer-trusted-ca-file` (and `--peer-client-cert-auth` when set).
+#[derive(Clone, Debug)]
+pub struct PeerTls {
+    /// The CA that signed the peer certificates.
+    pub ca_file: PathBuf,
+    /// The member's peer certificate (used to serve and to dial).
+    pub cert: CertFiles,
+    /// Pass `--peer-client-cert-auth`.
+    pub client_cert_auth: bool,
 }
 
 /// How to start a [`Member`]. Built with chained setters:
@@ -60,6 +88,9 @@ pub struct MemberOpts {
     args: Vec<String>,
     env: Vec<(String, String)>,
     ready_timeout: Duration,
+    client_tls: Option<ClientTls>,
+    peer_tls: Option<PeerTls>,
+    peer_auto_tls: bool,
 }
 
 impl MemberOpts {
@@ -80,7 +111,33 @@ impl MemberOpts {
             args: Vec::new(),
             env: Vec::new(),
             ready_timeout: Duration::from_secs(20),
+            client_tls: None,
+            peer_tls: None,
+            peer_auto_tls: false,
         }
+    }
+
+    /// `https` peer URLs with `--peer-auto-tls`: self-signed peer certificates.
+    pub fn peer_auto_tls(mut self) -> Self {
+        self.peer_auto_tls = true;
+        self
+    }
+
+    /// Serve clients over TLS (see [`ClientTls`]).
+    pub fn client_tls(mut self, tls: ClientTls) -> Self {
+        self.client_tls = Some(tls);
+        self
+    }
+
+    /// Talk to peers over TLS (see [`PeerTls`]).
+    pub fn peer_tls(mut self, tls: PeerTls) -> Self {
+        self.peer_tls = Some(tls);
+        self
+    }
+
+    /// The client TLS settings, if any.
+    pub fn client_tls_settings(&self) -> Option<&ClientTls> {
+        self.client_tls.as_ref()
     }
 
     /// Member name passed as `--name` and used in `--initial-cluster`.
@@ -275,9 +332,20 @@ impl Member {
         Ok(member)
     }
 
-    /// `http://<host>:<client port>` (host `127.0.0.1` unless set with [`MemberOpts::host`]).
+    /// `http://<host>:<client port>` (host `127.0.0.1` unless set with [`MemberOpts::host`]);
+    /// `https://` with [`MemberOpts::client_tls`].
     pub fn endpoint(&self) -> String {
-        format!("http://{}:{}", self.opts.host, self.client_port.port())
+        let scheme = if self.opts.client_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}:{}", self.opts.host, self.client_port.port())
+    }
+
+    /// The client TLS the member runs with, if any.
+    pub fn client_tls(&self) -> Option<&ClientTls> {
+        self.opts.client_tls.as_ref()
     }
 
     /// `<host>:<client port>`.
@@ -288,7 +356,12 @@ impl Member {
     /// `http://<host>:<peer port>`: the `--listen-peer-urls` (and, unless overridden, the
     /// advertised peer URL).
     pub fn peer_url(&self) -> String {
-        format!("http://{}:{}", self.opts.host, self.peer_port.port())
+        let scheme = if self.opts.peer_tls.is_some() || self.opts.peer_auto_tls {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}:{}", self.opts.host, self.peer_port.port())
     }
 
     /// The loopback address the member listens on.
@@ -366,24 +439,48 @@ impl Member {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// A connected `etcd_client::Client` (connect timeout 5 s, per-request timeout 10 s).
+    /// A connected `etcd_client::Client` (connect timeout 5 s, per-request timeout 10 s; over
+    /// TLS with [`MemberOpts::client_tls`]).
     pub async fn client(&self) -> anyhow::Result<Client> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(10));
+        let opts = self.connect_options(None);
         Client::connect([self.endpoint()], Some(opts))
             .await
             .with_context(|| format!("connecting etcd-client to {}", self.endpoint()))
     }
 
-    /// An [`Etcdctl`] runner pointed at this member.
-    pub fn etcdctl(&self) -> Etcdctl {
-        Etcdctl::new(self.endpoint())
+    /// Connect options for this member: 5 s connect and 10 s request timeouts, the member's
+    /// client TLS, and `user` (name, password) when given.
+    pub fn connect_options(&self, user: Option<(&str, &str)>) -> ConnectOptions {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(10));
+        if let Some(tls) = &self.opts.client_tls {
+            opts = opts.with_tls(client_tls_options(tls));
+        }
+        if let Some((name, password)) = user {
+            opts = opts.with_user(name, password);
+        }
+        opts
     }
 
-    /// Plain HTTP `GET path` on the client port.
+    /// An [`Etcdctl`] runner pointed at this member (with `--cacert`, `--cert` and `--key` for
+    /// a TLS member).
+    pub fn etcdctl(&self) -> Etcdctl {
+        let ctl = Etcdctl::new(self.endpoint());
+        match &self.opts.client_tls {
+            Some(tls) => ctl.with_tls(&tls.ca_file, tls.client.as_ref()),
+            None => ctl,
+        }
+    }
+
+    /// `GET path` on the client port: plain HTTP, or HTTPS for a TLS member.
     pub async fn http_get(&self, path: &str) -> anyhow::Result<HttpResponse> {
-        http_get(&self.client_addr(), path).await
+        match &self.opts.client_tls {
+            Some(tls) => {
+                https_get(&self.client_addr(), path, &tls.ca_file, tls.client.as_ref()).await
+            }
+            None => http_get(&self.client_addr(), path).await,
+        }
     }
 
     /// Polls until the member serves: HTTP `GET /health` answers `"health":"true"`, or (for
@@ -438,9 +535,12 @@ impl Member {
         if self.opts.require_health {
             return Err(http_err);
         }
-        let opts = ConnectOptions::new()
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(1));
+        if let Some(tls) = &self.opts.client_tls {
+            opts = opts.with_tls(client_tls_options(tls));
+        }
         let grpc = async {
             let mut client = Client::connect([self.endpoint()], Some(opts)).await?;
             let status = client.status().await?;
@@ -559,6 +659,42 @@ impl Member {
         if let Some(token) = &self.opts.token {
             config.push(("initial-cluster-token".to_owned(), token.clone()));
         }
+        if let Some(tls) = &self.opts.client_tls {
+            config.push((
+                "cert-file".to_owned(),
+                tls.server.cert.display().to_string(),
+            ));
+            config.push(("key-file".to_owned(), tls.server.key.display().to_string()));
+            // etcd requires client certificates whenever it has a trusted CA: pass it only
+            // with client-certificate auth.
+            if tls.client_cert_auth {
+                config.push((
+                    "trusted-ca-file".to_owned(),
+                    tls.ca_file.display().to_string(),
+                ));
+                config.push(("client-cert-auth".to_owned(), "true".to_owned()));
+            }
+        }
+        if self.opts.peer_auto_tls {
+            config.push(("peer-auto-tls".to_owned(), "true".to_owned()));
+        }
+        if let Some(tls) = &self.opts.peer_tls {
+            config.push((
+                "peer-cert-file".to_owned(),
+                tls.cert.cert.display().to_string(),
+            ));
+            config.push((
+                "peer-key-file".to_owned(),
+                tls.cert.key.display().to_string(),
+            ));
+            config.push((
+                "peer-trusted-ca-file".to_owned(),
+                tls.ca_file.display().to_string(),
+            ));
+            if tls.client_cert_auth {
+                config.push(("peer-client-cert-auth".to_owned(), "true".to_owned()));
+            }
+        }
         config.extend(self.opts.settings.iter().cloned());
         config
     }
@@ -572,6 +708,9 @@ impl Member {
                     format!("ETCD_{}", flag.replace('-', "_").to_uppercase()),
                     value,
                 ));
+            } else if value == "true" || value == "false" {
+                // Go's boolean flags take their value only in the `--flag=value` form.
+                args.push(format!("--{flag}={value}"));
             } else {
                 args.extend([format!("--{flag}"), value]);
             }
@@ -617,6 +756,20 @@ impl Member {
         self.child = Some(child);
         Ok(())
     }
+}
+
+/// etcd-client TLS options for a member's [`ClientTls`].
+fn client_tls_options(tls: &ClientTls) -> TlsOptions {
+    let mut options = TlsOptions::new();
+    if let Ok(ca) = std::fs::read(&tls.ca_file) {
+        options = options.ca_certificate(Certificate::from_pem(ca));
+    }
+    if let Some(client) = &tls.client
+        && let (Ok(cert), Ok(key)) = (std::fs::read(&client.cert), std::fs::read(&client.key))
+    {
+        options = options.identity(Identity::from_pem(cert, key));
+    }
+    options
 }
 
 impl Drop for Member {

@@ -11,6 +11,7 @@
 //! The expected values were validated against etcd 3.4.23. We target etcd 3.5 behaviour; where
 //! the two differ, the test accepts both forms and says so in a comment.
 
+mod auth;
 mod cluster;
 mod compaction;
 mod crash;
@@ -28,6 +29,7 @@ mod maintenance;
 mod metrics;
 mod reconfig;
 mod startup;
+mod tls;
 mod txn;
 mod watch;
 

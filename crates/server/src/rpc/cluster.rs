@@ -54,6 +54,9 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         let req = request.into_inner();
         let urls = check_urls(&req.peer_ur_ls)?;
@@ -69,6 +72,9 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         self.server.remove_member(request.into_inner().id).await?;
         Ok(Response::new(MemberRemoveResponse {
@@ -81,6 +87,9 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         let req = request.into_inner();
         let urls = check_urls(&req.peer_ur_ls)?;
@@ -109,6 +118,9 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(&request)?.as_ref())?;
         self.server.check_not_learner()?;
         self.server.promote_member(request.into_inner().id).await?;
         Ok(Response::new(MemberPromoteResponse {

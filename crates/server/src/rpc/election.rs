@@ -195,12 +195,14 @@ impl Election for Rpc {
         &self,
         request: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
-        let lease = session_lease(self, req.lease).await?;
+        let lease = session_lease(&caller, req.lease).await?;
         let prefix = contender_prefix(&req.name);
         let key = contender_key(&prefix, lease);
         let resp = txn(
-            self,
+            &caller,
             TxnRequest {
                 compare: vec![create_revision_is(&key, 0)],
                 success: vec![put_op(&key, &req.value, lease)],
@@ -219,15 +221,15 @@ impl Election for Rpc {
                 .map_or((0, Vec::new()), |kv| (kv.create_revision, kv.value.clone()));
             rev = create_revision;
             if value != req.value
-                && let Err(status) = proclaim(self, &key, rev, lease, &req.value).await
+                && let Err(status) = proclaim(&caller, &key, rev, lease, &req.value).await
             {
-                let _ = txn(self, resign_txn(&key, rev)).await;
+                let _ = txn(&caller, resign_txn(&key, rev)).await;
                 return Err(status);
             }
         }
         // Canceled while waiting: resign, as etcd does. Another error leaves the key.
-        let resign = CleanupOnDrop::new(self, resign_txn(&key, rev));
-        let waited = wait_deletes(self, &prefix, rev - 1).await;
+        let resign = CleanupOnDrop::new(&caller, resign_txn(&key, rev));
+        let waited = wait_deletes(&caller, &prefix, rev - 1).await;
         resign.disarm();
         waited?;
         Ok(Response::new(CampaignResponse {
@@ -245,10 +247,12 @@ impl Election for Rpc {
         &self,
         request: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
         let leader = req.leader.ok_or_else(missing_leader_key)?;
-        let lease = session_lease(self, leader.lease).await?;
-        let header = proclaim(self, &leader.key, leader.rev, lease, &req.value).await?;
+        let lease = session_lease(&caller, leader.lease).await?;
+        let header = proclaim(&caller, &leader.key, leader.rev, lease, &req.value).await?;
         Ok(Response::new(ProclaimResponse { header }))
     }
 
@@ -256,9 +260,11 @@ impl Election for Rpc {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
         let prefix = contender_prefix(&req.name);
-        let resp = range_by_create(self, &prefix, true, 0).await?;
+        let resp = range_by_create(&caller, &prefix, true, 0).await?;
         let kv = resp.kvs.into_iter().next().ok_or_else(no_leader)?;
         Ok(Response::new(LeaderResponse {
             header: resp.header,
@@ -270,9 +276,11 @@ impl Election for Rpc {
         &self,
         request: Request<LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
         let state = ObserveState {
-            rpc: self.clone(),
+            rpc: caller.clone(),
             prefix: contender_prefix(&req.name),
             phase: ObservePhase::FindLeader,
             outbox: VecDeque::new(),
@@ -288,9 +296,11 @@ impl Election for Rpc {
         &self,
         request: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
         let leader = req.leader.ok_or_else(missing_leader_key)?;
-        let resp = txn(self, resign_txn(&leader.key, leader.rev)).await?;
+        let resp = txn(&caller, resign_txn(&leader.key, leader.rev)).await?;
         Ok(Response::new(ResignResponse {
             header: resp.header,
         }))

@@ -37,25 +37,32 @@ impl Kv for Rpc {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
-        let req = request.into_inner();
-        validate::range(&req).map_err(|e| e.to_status())?;
-        if !req.serializable {
+        validate::range(request.get_ref()).map_err(|e| e.to_status())?;
+        if !request.get_ref().serializable {
             self.server.check_not_learner()?;
             self.server.linearizable_barrier().await?;
         }
+        // After the barrier, as etcd: a token or permission change applied before the read
+        // index is in force for this read.
+        let auth = self.auth_info(&request)?;
+        let req = request.into_inner();
+        self.server
+            .auth()
+            .check_range_request(auth.as_ref(), &req)?;
         let mut resp = apply::range(self.server.store(), &req)?;
         self.server.fill_header(&mut resp.header);
         Ok(Response::new(resp))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
         self.server.check_not_learner()?;
         validate::put(&req).map_err(|e| e.to_status())?;
         self.server
             .check_quota((req.key.len() + req.value.len()) as u64)
             .await?;
-        match self.server.propose(Op::Put(req)).await? {
+        match self.server.propose_as(Op::Put(req), auth.as_ref()).await? {
             ApplyOutput::Put(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))
@@ -68,10 +75,15 @@ impl Kv for Rpc {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
         self.server.check_not_learner()?;
         validate::delete_range(&req).map_err(|e| e.to_status())?;
-        match self.server.propose(Op::DeleteRange(req)).await? {
+        match self
+            .server
+            .propose_as(Op::DeleteRange(req), auth.as_ref())
+            .await?
+        {
             ApplyOutput::DeleteRange(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))
@@ -81,11 +93,18 @@ impl Kv for Rpc {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let req = request.into_inner();
         self.server.check_not_learner()?;
-        validate::txn(&req, self.server.config().max_txn_ops).map_err(|e| e.to_status())?;
-        if apply::txn_is_read_only(&req) {
+        validate::txn(request.get_ref(), self.server.config().max_txn_ops)
+            .map_err(|e| e.to_status())?;
+        let read_only = apply::txn_is_read_only(request.get_ref());
+        if read_only {
+            // Checked after the barrier, as a range is.
             self.server.linearizable_barrier().await?;
+        }
+        let auth = self.auth_info(&request)?;
+        let req = request.into_inner();
+        if read_only {
+            self.server.auth().check_txn(auth.as_ref(), &req)?;
             let mut resp = apply::txn_read(self.server.store(), &req)?;
             self.server.fill_header(&mut resp.header);
             return Ok(Response::new(resp));
@@ -94,7 +113,7 @@ impl Kv for Rpc {
         if put_bytes > 0 {
             self.server.check_quota(put_bytes).await?;
         }
-        match self.server.propose(Op::Txn(req)).await? {
+        match self.server.propose_as(Op::Txn(req), auth.as_ref()).await? {
             ApplyOutput::Txn(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))

@@ -177,8 +177,13 @@ impl Lease for Rpc {
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
         self.server.check_not_learner()?;
+        let auth = self.auth_info(&request)?;
         let req = request.into_inner();
-        match self.server.propose(Op::LeaseRevoke(req)).await? {
+        match self
+            .server
+            .propose_as(Op::LeaseRevoke(req), auth.as_ref())
+            .await?
+        {
             ApplyOutput::LeaseRevoke(mut resp) => {
                 self.server.fill_header(&mut resp.header);
                 Ok(Response::new(resp))

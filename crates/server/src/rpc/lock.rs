@@ -303,15 +303,17 @@ impl Drop for CleanupOnDrop {
 #[tonic::async_trait]
 impl Lock for Rpc {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
-        let lease = session_lease(self, req.lease).await?;
+        let lease = session_lease(&caller, req.lease).await?;
         let prefix = contender_prefix(&req.name);
         let key = contender_key(&prefix, lease);
         // Join the waiters unless this lease already did (then reuse its key), and read the
         // holder in the same txn so that the uncontended path takes one round trip.
         let owner = range_op(by_create_request(&prefix, true, 0));
         let resp = txn(
-            self,
+            &caller,
             TxnRequest {
                 compare: vec![create_revision_is(&key, 0)],
                 success: vec![put_op(&key, &[], lease), owner.clone()],
@@ -342,7 +344,7 @@ impl Lock for Rpc {
             }));
         }
         let unlock = CleanupOnDrop::new(
-            self,
+            &caller,
             TxnRequest {
                 success: vec![delete_op(&key)],
                 ..TxnRequest::default()
@@ -350,7 +352,7 @@ impl Lock for Rpc {
         );
         // On an error, as when the request is canceled, dropping `unlock` deletes the key
         // (etcd unlocks when the wait fails).
-        let header = wait_deletes(self, &prefix, my_rev - 1).await?;
+        let header = wait_deletes(&caller, &prefix, my_rev - 1).await?;
         unlock.disarm();
         Ok(Response::new(LockResponse { header, key }))
     }
@@ -359,12 +361,14 @@ impl Lock for Rpc {
         &self,
         request: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
+        // The KV, lease and watch calls below act with the caller's credentials.
+        let caller = self.as_caller(&request);
         let req = request.into_inner();
         let delete = DeleteRangeRequest {
             key: req.key,
             ..DeleteRangeRequest::default()
         };
-        let resp = <Rpc as Kv>::delete_range(self, Request::new(delete))
+        let resp = <Rpc as Kv>::delete_range(&caller, Request::new(delete))
             .await
             .map_err(client_error)?;
         Ok(Response::new(UnlockResponse {

@@ -103,8 +103,9 @@ impl Maintenance for Rpc {
 
     async fn defragment(
         &self,
-        _request: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let backend = self.server.store().backend();
         let before = backend.size();
@@ -123,7 +124,8 @@ impl Maintenance for Rpc {
         }))
     }
 
-    async fn hash(&self, _request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, request: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
         let (hash, revision) = blocking(move || Ok(server.store().hash()?)).await?;
@@ -137,6 +139,7 @@ impl Maintenance for Rpc {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let rev = request.into_inner().revision;
         let server = self.server.clone();
@@ -153,8 +156,9 @@ impl Maintenance for Rpc {
 
     async fn snapshot(
         &self,
-        _request: Request<SnapshotRequest>,
+        request: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
         let snapshot =

@@ -55,6 +55,10 @@ struct StreamState {
     progress_tick: tokio::time::Interval,
     progress_poll: tokio::time::Interval,
     progress_pending: bool,
+    /// Who opened the stream (auth on): every watch it creates must be readable by them. An
+    /// invalid token makes every create fail the permission check, as in etcd (the stream
+    /// itself stays open).
+    auth: Result<Option<crate::auth::AuthInfo>, Status>,
 }
 
 impl Drop for StreamState {
@@ -85,6 +89,27 @@ impl StreamState {
 
     fn create(&mut self, req: WatchCreateRequest) {
         let current = self.server.store().current_rev();
+        let permitted = match &self.auth {
+            Ok(auth) => self
+                .server
+                .auth()
+                .check_range(auth.as_ref(), &req.key, &req.range_end, false)
+                .map_err(Status::from),
+            Err(status) => Err(status.clone()),
+        };
+        if let Err(status) = permitted {
+            // etcd cancels the watch with the text of its gRPC error, status prefix included.
+            let mut resp = self.control(INVALID_WATCH_ID, current);
+            resp.created = true;
+            resp.canceled = true;
+            resp.cancel_reason = format!(
+                "rpc error: code = {:?} desc = {}",
+                status.code(),
+                status.message()
+            );
+            self.outbox.push_back(resp);
+            return;
+        }
         let key = if req.key.is_empty() { vec![0] } else { req.key };
         let range = WatchRange {
             key,
@@ -339,6 +364,7 @@ impl Watch for Rpc {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.server.check_not_learner()?;
+        let auth = self.auth_info(&request);
         let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
         let interval = self
             .server
@@ -362,6 +388,7 @@ impl Watch for Rpc {
             progress_tick,
             progress_poll,
             progress_pending: false,
+            auth,
         };
         let stream = futures::stream::unfold(state, |mut state| async move {
             let item = state.next_response().await?;

@@ -1,0 +1,445 @@
+//! TLS on the client and peer ports, with certificates made per test (`TestCa`): etcdctl over
+//! https with and without `--client-cert-auth`, an unknown or missing client certificate
+//! refused, certificate rotation without restart, a 3-member cluster with peer TLS, and etcd's
+//! start-up errors for bad TLS settings. Everything here passes against etcd 3.4 too.
+
+use std::time::Duration;
+
+use etcdrs_testkit::certs::{CertFiles, TestCa, cert_der};
+use etcdrs_testkit::{
+    ClientTls, Cluster, ClusterOpts, Etcdctl, Member, PeerTls, poll_until, served_certificate,
+};
+
+use crate::{bin, opts};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A CA with a loopback server certificate and a client certificate (CN `client`).
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: TestCa,
+    server: CertFiles,
+    client: CertFiles,
+}
+
+fn pki() -> Pki {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new(dir.path(), "ca").expect("CA");
+    let server = ca.issue_loopback("server", "server").expect("server cert");
+    let client = ca
+        .issue(
+            "client",
+            "client",
+            &[],
+            etcdrs_testkit::certs::Usage::Client,
+        )
+        .expect("client cert");
+    Pki {
+        dir,
+        ca,
+        server,
+        client,
+    }
+}
+
+fn client_tls(pki: &Pki, client_cert_auth: bool) -> ClientTls {
+    ClientTls {
+        ca_file: pki.ca.ca_file(),
+        server: pki.server.clone(),
+        client: Some(pki.client.clone()),
+        client_cert_auth,
+    }
+}
+
+#[tokio::test]
+async fn tls_etcdctl_over_https_without_client_cert_auth() {
+    let pki = pki();
+    let member = Member::start(opts().client_tls(client_tls(&pki, false)))
+        .await
+        .expect("member starts");
+    assert!(member.endpoint().starts_with("https://"));
+    let ctl = member.etcdctl();
+    assert_eq!(ctl.ok(&["put", "k", "v"]).await, "OK\n");
+    // Without --client-cert-auth no certificate is needed: only the CA.
+    let no_cert = Etcdctl::new(member.endpoint()).with_tls(&pki.ca.ca_file(), None);
+    assert_eq!(no_cert.ok(&["get", "k"]).await, "k\nv\n");
+    // A client that does not trust the server's CA gives up.
+    let untrusting = Etcdctl::new(member.endpoint())
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    let err = untrusting.fail(&["get", "k"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    // etcd-client over TLS, and /health over https.
+    let mut client = member.client().await.expect("client");
+    let got = client.get("k", None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"v");
+    let health = member.http_get("/health").await.expect("health");
+    assert_eq!(health.status, 200);
+}
+
+#[tokio::test]
+async fn tls_client_cert_auth_refuses_unknown_and_missing_certificates() {
+    let pki = pki();
+    let member = Member::start(opts().client_tls(client_tls(&pki, true)))
+        .await
+        .expect("member starts");
+    let ctl = member.etcdctl();
+    assert_eq!(ctl.ok(&["put", "k", "v"]).await, "OK\n");
+    assert_eq!(ctl.ok(&["get", "k"]).await, "k\nv\n");
+
+    // A certificate from another CA is refused at the handshake.
+    let other = TestCa::new(&pki.dir.path().join("other"), "other").expect("CA");
+    let stranger = other
+        .issue(
+            "stranger",
+            "client",
+            &[],
+            etcdrs_testkit::certs::Usage::Client,
+        )
+        .expect("cert");
+    let refused = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), Some(&stranger))
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    let err = refused.fail(&["put", "k", "stranger"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    // No certificate at all: refused too.
+    let anonymous = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), None)
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    let err = anonymous.fail(&["put", "k", "anonymous"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    // Nothing changed.
+    assert_eq!(ctl.ok(&["get", "k"]).await, "k\nv\n");
+}
+
+#[tokio::test]
+async fn tls_certificate_rotation_reaches_new_connections() {
+    let pki = pki();
+    let member = Member::start(opts().client_tls(client_tls(&pki, false)))
+        .await
+        .expect("member starts");
+    let addr = member.client_addr();
+    let ca_file = pki.ca.ca_file();
+    let first = served_certificate(&addr, &ca_file, None)
+        .await
+        .expect("handshake");
+    assert_eq!(first, cert_der(&pki.server.cert).expect("der"));
+
+    // Rewrite the files in place with a new certificate from the same CA.
+    let fresh = pki.ca.issue_loopback("fresh", "server-2").expect("cert");
+    std::fs::copy(&fresh.key, &pki.server.key).expect("copy key");
+    std::fs::copy(&fresh.cert, &pki.server.cert).expect("copy cert");
+    let expected = cert_der(&fresh.cert).expect("der");
+    poll_until(WAIT, || async {
+        match served_certificate(&addr, &ca_file, None).await {
+            Ok(der) if der == expected => Ok(()),
+            Ok(_) => Err("still the old certificate".to_string()),
+            Err(e) => Err(format!("{e:#}")),
+        }
+    })
+    .await
+    .expect("new connections see the new certificate");
+    // The rotated server still serves.
+    assert_eq!(member.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
+}
+
+#[tokio::test]
+async fn tls_three_member_cluster_with_peer_tls() {
+    let pki = pki();
+    let peer = pki.ca.issue_loopback("peer", "peer").expect("peer cert");
+    let opts = ClusterOpts::new(&bin())
+        .client_tls(client_tls(&pki, true))
+        .peer_tls(PeerTls {
+            ca_file: pki.ca.ca_file(),
+            cert: peer,
+            client_cert_auth: true,
+        });
+    let cluster = Cluster::start(3, opts).await.expect("cluster starts");
+    cluster.leader().await.expect("a leader");
+    let m0 = cluster.member(0).etcdctl();
+    assert_eq!(m0.ok(&["put", "k", "over-tls"]).await, "OK\n");
+    let m2 = cluster.member(2).etcdctl();
+    assert_eq!(m2.ok(&["get", "k"]).await, "k\nover-tls\n");
+    let members = m2.ok(&["member", "list"]).await;
+    assert_eq!(members.matches("https://").count(), 6, "{members}");
+}
+
+#[tokio::test]
+async fn tls_peer_port_refuses_a_plain_member() {
+    // A member whose peer port speaks TLS cannot be reached over plain HTTP: /version on the
+    // peer URL over plain HTTP gets no 200.
+    let pki = pki();
+    let peer_files = pki.ca.issue_loopback("peer", "peer").expect("peer cert");
+    let member = Member::start(opts().peer_tls(PeerTls {
+        ca_file: pki.ca.ca_file(),
+        cert: peer_files.clone(),
+        client_cert_auth: true,
+    }))
+    .await
+    .expect("member starts");
+    assert!(member.peer_url().starts_with("https://"));
+    let addr = format!("{}:{}", member.host(), member.peer_port());
+    let plain = etcdrs_testkit::http_get(&addr, "/version").await;
+    assert!(
+        !plain.is_ok_and(|r| r.status == 200),
+        "plain HTTP reached a TLS peer port"
+    );
+    // Over TLS, with a peer certificate, the port presents the member's peer certificate.
+    let peer_client = pki.ca.issue_loopback("peer2", "peer2").expect("cert");
+    let served = served_certificate(&addr, &pki.ca.ca_file(), Some(&peer_client))
+        .await
+        .expect("TLS handshake");
+    assert_eq!(served, cert_der(&peer_files.cert).expect("der"));
+}
+
+#[tokio::test]
+async fn tls_bad_settings_fail_start_up_with_etcds_errors() {
+    let pki = pki();
+    // An https client URL without certificates.
+    let port = etcdrs_testkit::ports::reserve_on(std::net::Ipv4Addr::LOCALHOST).expect("port");
+    let url = format!("https://127.0.0.1:{}", port.port());
+    let mut member = Member::spawn(
+        opts()
+            .setting("listen-client-urls", url.clone())
+            .setting("advertise-client-urls", url.clone()),
+    )
+    .expect("spawn");
+    let status = member.wait_exit(WAIT).await.expect("exits");
+    assert!(!status.success());
+    let expected = format!(
+        "TLS key/cert (--cert-file, --key-file) must be provided for client url {url} with HTTPS scheme"
+    );
+    assert!(member.log_contains(&expected), "{}", member.log_tail(20));
+
+    // An unknown cipher suite.
+    let mut member = Member::spawn(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("cipher-suites", "TLS_NOT_A_SUITE"),
+    )
+    .expect("spawn");
+    let status = member.wait_exit(WAIT).await.expect("exits");
+    assert!(!status.success());
+    assert!(
+        member.log_contains(r#"unexpected TLS cipher suite"#)
+            && member.log_contains("TLS_NOT_A_SUITE"),
+        "{}",
+        member.log_tail(20)
+    );
+
+    // A known suite works.
+    let member = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("cipher-suites", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"),
+    )
+    .await
+    .expect("member starts");
+    assert_eq!(member.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
+}
+
+#[tokio::test]
+async fn tls_auto_tls_serves_a_self_signed_certificate() {
+    let port = etcdrs_testkit::ports::reserve_on(std::net::Ipv4Addr::LOCALHOST).expect("port");
+    let url = format!("https://127.0.0.1:{}", port.port());
+    let mut member = Member::spawn(
+        opts()
+            .setting("listen-client-urls", url.clone())
+            .setting("advertise-client-urls", url.clone())
+            .setting("auto-tls", "true"),
+    )
+    .expect("spawn");
+    let ctl = Etcdctl::new(url.clone())
+        .with_arg("--insecure-transport=false")
+        .with_arg("--insecure-skip-tls-verify");
+    poll_until(WAIT, || async {
+        match ctl.run(&["put", "k", "v"]).await {
+            Ok(out) if out.success() => Ok(()),
+            Ok(out) => Err(out.stderr),
+            Err(e) => Err(format!("{e:#}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", member.log_tail(20)));
+    assert!(member.data_dir().join("fixtures/client/cert.pem").exists());
+    assert!(member.is_running());
+}
+
+#[tokio::test]
+async fn tls_client_crl_refuses_revoked_certificates() {
+    let pki = pki();
+    let revoked = pki
+        .ca
+        .issue(
+            "revoked",
+            "revoked",
+            &[],
+            etcdrs_testkit::certs::Usage::Client,
+        )
+        .expect("cert");
+    let crl = pki.ca.crl("crl", &[&revoked]).expect("CRL");
+    let member = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, true))
+            .setting("client-crl-file", crl.display().to_string()),
+    )
+    .await
+    .expect("member starts");
+    assert_eq!(member.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
+    let refused = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), Some(&revoked))
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    let err = refused.fail(&["put", "k", "revoked"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    assert_eq!(member.etcdctl().ok(&["get", "k"]).await, "k\nv\n");
+}
+
+#[tokio::test]
+async fn tls_peer_cert_allowed_cn_refuses_other_members() {
+    // The member accepts only peers whose certificate's common name is "m-allowed": a peer
+    // with another name (same CA) is cut off after the handshake and gets no answer.
+    let pki = pki();
+    let allowed = pki.ca.issue_loopback("allowed", "m-allowed").expect("cert");
+    let member = Member::start(
+        opts()
+            .peer_tls(PeerTls {
+                ca_file: pki.ca.ca_file(),
+                cert: allowed.clone(),
+                client_cert_auth: true,
+            })
+            .setting("peer-cert-allowed-cn", "m-allowed"),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("{}:{}", member.host(), member.peer_port());
+    // A peer with the allowed CN completes a request; another CN is cut off.
+    let ok = served_certificate(&addr, &pki.ca.ca_file(), Some(&allowed)).await;
+    assert!(ok.is_ok(), "{ok:?}");
+    let other = pki.ca.issue_loopback("other", "m-other").expect("cert");
+    let refused =
+        etcdrs_testkit::https_get(&addr, "/version", &pki.ca.ca_file(), Some(&other)).await;
+    assert!(
+        !refused.is_ok_and(|r| r.status == 200),
+        "a peer with another CN was served"
+    );
+}
+
+#[tokio::test]
+async fn tls_https_metrics_url_serves_with_the_client_certificate() {
+    let pki = pki();
+    let port = etcdrs_testkit::ports::reserve_on(std::net::Ipv4Addr::LOCALHOST).expect("port");
+    let metrics = format!("https://127.0.0.1:{}", port.port());
+    let member = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("listen-metrics-urls", metrics),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("127.0.0.1:{}", port.port());
+    let served = served_certificate(&addr, &pki.ca.ca_file(), None)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(served, cert_der(&pki.server.cert).expect("der"));
+    let reply = etcdrs_testkit::https_get(&addr, "/metrics", &pki.ca.ca_file(), None)
+        .await
+        .expect("GET /metrics");
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply.body.contains("etcd_server_has_leader"),
+        "{}",
+        &reply.body[..200.min(reply.body.len())]
+    );
+    drop(member);
+}
+
+#[tokio::test]
+async fn tls_three_member_cluster_with_peer_auto_tls() {
+    let cluster = Cluster::start(3, ClusterOpts::new(&bin()).peer_auto_tls())
+        .await
+        .expect("cluster starts");
+    cluster.leader().await.expect("a leader");
+    let ctl = cluster.etcdctl();
+    assert_eq!(ctl.ok(&["put", "k", "auto"]).await, "OK\n");
+    let m1 = cluster.member(1).etcdctl();
+    assert_eq!(m1.ok(&["get", "k"]).await, "k\nauto\n");
+    for i in 0..3 {
+        let dir = cluster.member(i).data_dir().join("fixtures/peer");
+        assert!(
+            dir.join("cert.pem").exists(),
+            "member {i}: no self-signed certificate"
+        );
+    }
+}
+
+/// Whether the server under test is our binary (etcd 3.4 has no `--tls-min-version`).
+fn ours() -> bool {
+    std::env::var_os(etcdrs_testkit::EtcdBin::ENV).is_none_or(|v| v.is_empty())
+}
+
+#[tokio::test]
+async fn tls_min_version_refuses_older_clients() {
+    if !ours() {
+        return; // etcd 3.5 flags.
+    }
+    let pki = pki();
+    let default = Member::start(opts().client_tls(client_tls(&pki, false)))
+        .await
+        .expect("member starts");
+    etcdrs_testkit::tls12_handshake(&default.client_addr(), &pki.ca.ca_file())
+        .await
+        .expect("TLS 1.2 accepted by default");
+    let strict = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("tls-min-version", "TLS1.3"),
+    )
+    .await
+    .expect("member starts");
+    let refused = etcdrs_testkit::tls12_handshake(&strict.client_addr(), &pki.ca.ca_file()).await;
+    assert!(
+        refused.is_err(),
+        "TLS 1.2 accepted despite --tls-min-version TLS1.3"
+    );
+    assert_eq!(strict.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
+}
+
+#[tokio::test]
+async fn tls_peer_cert_allowed_hostname_refuses_other_members() {
+    let pki = pki();
+    let member_cert = pki.ca.issue_loopback("member", "member").expect("cert");
+    let member = Member::start(
+        opts()
+            .peer_tls(PeerTls {
+                ca_file: pki.ca.ca_file(),
+                cert: member_cert.clone(),
+                client_cert_auth: true,
+            })
+            .setting("peer-cert-allowed-hostname", "localhost"),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("{}:{}", member.host(), member.peer_port());
+    // A peer certificate valid for another host name only is cut off after the handshake.
+    let other = pki
+        .ca
+        .issue(
+            "other",
+            "other",
+            &["other.example"],
+            etcdrs_testkit::certs::Usage::Both,
+        )
+        .expect("cert");
+    let refused =
+        etcdrs_testkit::https_get(&addr, "/version", &pki.ca.ca_file(), Some(&other)).await;
+    assert!(
+        !refused.is_ok_and(|r| r.status == 200),
+        "a peer certificate for another host name was served"
+    );
+    // The member's own kind of certificate (valid for localhost) is accepted.
+    let ok = served_certificate(&addr, &pki.ca.ca_file(), Some(&member_cert)).await;
+    assert!(ok.is_ok(), "{ok:?}");
+}
