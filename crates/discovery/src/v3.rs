@@ -243,10 +243,8 @@ impl Discovery {
         });
         match tokio::time::timeout(self.dial_timeout, KvClient::new(channel).range(probe)).await {
             Err(_) => Err(Error::Service("context deadline exceeded".to_owned())),
-            Ok(Err(status)) if matches!(status.code(), Code::Unavailable | Code::Unknown) => {
-                Err(Error::Service(status.message().to_owned()))
-            }
-            Ok(_) => Ok(()),
+            Ok(Err(status)) => Err(Error::Service(status.message().to_owned())),
+            Ok(Ok(_)) => Ok(()),
         }
     }
 
@@ -393,6 +391,9 @@ impl Discovery {
                 Ok(0) => return Err((Error::BadSizeKey, None)),
                 Ok(size) => size,
                 Err(None) => return Err((Error::SizeNotFound, None)),
+                Err(Some(status)) if !transient(&status) => {
+                    return Err((Error::Service(status.message().to_owned()), None));
+                }
                 Err(Some(_)) => {
                     self.backoff("cluster status check").await;
                     continue;
@@ -400,6 +401,9 @@ impl Discovery {
             };
             let (registry, rev) = match self.cluster_members().await {
                 Ok(found) => found,
+                Err(status) if !transient(&status) => {
+                    return Err((Error::Service(status.message().to_owned()), None));
+                }
                 Err(_) => {
                     self.backoff("cluster status check").await;
                     continue;
@@ -436,9 +440,7 @@ impl Discovery {
                     tracing::info!(memberKey = %key, memberInfo = %entry, "register member itself successfully");
                     return Ok(());
                 }
-                Err(status)
-                    if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) =>
-                {
+                Err(status) if transient(&status) => {
                     tracing::warn!(memberKey = %key, error = %status.message(), "failed to register members itself to the discovery service");
                     self.backoff("register member itself").await;
                 }
@@ -536,6 +538,22 @@ impl Discovery {
         }
         Err(Status::unavailable("watch stream ended"))
     }
+}
+
+/// Whether a failed call is worth retrying: the service unreachable or busy. Refusals
+/// (permission denied, no user, bad request) would fail again the same way, so discovery
+/// stops at once (etcd retries every error here, for ever).
+fn transient(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::Internal
+    )
 }
 
 fn add_member(registry: &mut Registry, key: &[u8], value: &[u8], created: i64) {

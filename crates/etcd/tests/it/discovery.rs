@@ -585,12 +585,53 @@ async fn v3_discovery_over_tls_with_client_certificates() {
 }
 
 #[tokio::test]
-async fn v3_discovery_with_user_and_password() {
+async fn v3_discovery_over_tls_to_our_server_with_client_certificates() {
     if !ours() {
         return; // etcd 3.4 members have no v3 discovery.
     }
-    // etcd 3.4 with auth on is the discovery service (our server's auth is another issue).
-    let service = service(true).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = etcdrs_testkit::certs::TestCa::new(dir.path(), "ca").expect("ca");
+    let server = ca.issue_loopback("server", "server").expect("server cert");
+    let client = ca
+        .issue_loopback("client", "discovery")
+        .expect("client cert");
+    let service = Member::start(
+        MemberOpts::new(&etcdrs())
+            .name("disc")
+            .fast_timers()
+            .client_tls(etcdrs_testkit::ClientTls {
+                ca_file: ca.ca_file(),
+                server,
+                client: Some(client.clone()),
+                client_cert_auth: true,
+            }),
+    )
+    .await
+    .expect("TLS discovery service starts");
+    assert!(service.endpoint().starts_with("https://"));
+    let token = format!("tls-ours-{}", std::process::id());
+    let size_key = format!("/_etcd/registry/{token}/_config/size");
+    service.etcdctl().ok(&["put", &size_key, "3"]).await;
+    let flags = vec![
+        format!("--discovery-token={token}"),
+        format!("--discovery-endpoints={}", service.endpoint()),
+        format!("--discovery-cacert={}", ca.ca_file().display()),
+        format!("--discovery-cert={}", client.cert.display()),
+        format!("--discovery-key={}", client.key.display()),
+    ];
+    let (members, took) = bootstrap(3, &flags).await;
+    eprintln!(
+        "bootstrap time, 3 members, v3 discovery over mutual TLS on etcd-rs: {} ms",
+        took.as_millis()
+    );
+    check_cluster(&members).await;
+}
+
+async fn v3_user_and_password(reference: bool) {
+    if !ours() {
+        return; // etcd 3.4 members have no v3 discovery.
+    }
+    let service = service(reference).await;
     let ctl = service.etcdctl();
     ctl.ok(&["user", "add", "root:secret"]).await;
     ctl.ok(&["auth", "enable"]).await;
@@ -611,13 +652,27 @@ async fn v3_discovery_with_user_and_password() {
         ],
     )
     .await;
+    // Without credentials the registry cannot be read: refused too.
+    expect_refused(
+        member_opts(3, &base),
+        &["failed to bootstrap; discovery token was already used"],
+    )
+    .await;
     let mut flags = base;
-    flags.extend([
-        "--discovery-user=root".to_owned(),
-        "--discovery-password=secret".to_owned(),
-    ]);
+    // `--discovery-user user:password` is accepted as well (etcd's "username[:password]").
+    flags.push("--discovery-user=root:secret".to_owned());
     let (members, _) = bootstrap(3, &flags).await;
     check_cluster(&members).await;
+}
+
+#[tokio::test]
+async fn v3_discovery_with_user_and_password_on_etcd34() {
+    v3_user_and_password(true).await;
+}
+
+#[tokio::test]
+async fn v3_discovery_with_user_and_password_on_our_server() {
+    v3_user_and_password(false).await;
 }
 
 /// A plain HTTP forward proxy on a loopback port (what `--discovery-proxy` points at): each
