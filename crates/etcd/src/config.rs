@@ -19,8 +19,8 @@
 
 mod file;
 mod flags;
-mod goparse;
-mod gourl;
+pub(crate) mod goparse;
+pub(crate) mod gourl;
 mod help;
 
 use std::collections::BTreeMap;
