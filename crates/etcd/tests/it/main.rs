@@ -20,6 +20,7 @@ mod gateway;
 mod health;
 mod http;
 mod kv;
+mod l4gateway;
 mod lease;
 mod lock;
 mod maintenance;
