@@ -273,8 +273,9 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
     {
         // Task: health monitor (probes due endpoints, marks them up or down).
         let (pool, prober, stop) = (pool.clone(), prober.clone(), background.clone());
+        let metrics = metrics.clone();
         tasks.spawn(async move {
-            health_monitor(pool, prober, stop).await;
+            health_monitor(pool, prober, metrics, stop).await;
             "health monitor"
         });
     }
@@ -395,7 +396,12 @@ async fn relay(client: TcpStream, pool: &Pool, metrics: &Metrics, dial_timeout: 
 
 /// Probes every endpoint that is due (see `Pool::due`), at most [`MAX_PARALLEL_PROBES`] at a
 /// time, until `stop`.
-async fn health_monitor(pool: Arc<Pool>, prober: Prober, stop: CancellationToken) {
+async fn health_monitor(
+    pool: Arc<Pool>,
+    prober: Prober,
+    metrics: Metrics,
+    stop: CancellationToken,
+) {
     let mut probes: JoinSet<(String, Result<(), String>)> = JoinSet::new();
     loop {
         let now = Instant::now();
@@ -403,7 +409,7 @@ async fn health_monitor(pool: Arc<Pool>, prober: Prober, stop: CancellationToken
         for check in due {
             while probes.len() >= MAX_PARALLEL_PROBES {
                 if let Some(Ok((key, result))) = probes.join_next().await {
-                    apply(&pool, &key, result);
+                    apply(&pool, &metrics, &key, result);
                 }
             }
             let prober = prober.clone();
@@ -423,7 +429,7 @@ async fn health_monitor(pool: Arc<Pool>, prober: Prober, stop: CancellationToken
         tokio::select! {
             _ = stop.cancelled() => break,
             Some(Ok((key, result))) = probes.join_next(), if !probes.is_empty() => {
-                apply(&pool, &key, result);
+                apply(&pool, &metrics, &key, result);
             }
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
@@ -431,7 +437,9 @@ async fn health_monitor(pool: Arc<Pool>, prober: Prober, stop: CancellationToken
     probes.shutdown().await;
 }
 
-fn apply(pool: &Pool, key: &str, result: Result<(), String>) {
+fn apply(pool: &Pool, metrics: &Metrics, key: &str, result: Result<(), String>) {
+    let label = if result.is_ok() { "ok" } else { "fail" };
+    metrics.probes.with_label_values(&[label]).inc();
     match result {
         Ok(()) => pool.mark_up(key),
         Err(e) => {

@@ -23,6 +23,7 @@ pub(crate) struct Metrics {
     pub(crate) refused: IntCounter,
     pub(crate) dial_failures: IntCounterVec,
     pub(crate) bytes: IntCounterVec,
+    pub(crate) probes: IntCounterVec,
     endpoint_up: IntGaugeVec,
 }
 
@@ -52,6 +53,13 @@ impl Metrics {
             ),
             &["direction"],
         )?;
+        let probes = IntCounterVec::new(
+            opts(
+                "health_probes_total",
+                "Active health probes by result (ok, fail).",
+            ),
+            &["result"],
+        )?;
         let endpoint_up = IntGaugeVec::new(
             opts(
                 "endpoint_up",
@@ -64,6 +72,7 @@ impl Metrics {
         registry.register(Box::new(refused.clone()))?;
         registry.register(Box::new(dial_failures.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(probes.clone()))?;
         registry.register(Box::new(endpoint_up.clone()))?;
         Ok(Metrics {
             registry,
@@ -72,6 +81,7 @@ impl Metrics {
             refused,
             dial_failures,
             bytes,
+            probes,
             endpoint_up,
         })
     }

@@ -522,6 +522,42 @@ async fn srv_tls_validation_and_passthrough() {
         ])
         .await;
 
+    // A TLS-only endpoint given as plain --endpoints: the health probe's plain request is
+    // dropped by the TLS server, the TLS hello that follows is answered, so it stays up.
+    let static_tls = format!("127.0.0.1:{}", secure.client_port());
+    let gw2 = Gateway::start(
+        &[
+            "--endpoints",
+            &static_tls,
+            "--health-check-interval",
+            "100ms",
+        ],
+        &[],
+    )
+    .await;
+    poll_until(WAIT, || async {
+        match gw2
+            .metric("etcd_gateway_health_probes_total{result=\"ok\"}")
+            .await
+        {
+            Some(n) if n >= 3.0 => Ok(()),
+            other => Err(format!("ok probes: {other:?}\n{}", gw2.log())),
+        }
+    })
+    .await
+    .expect("probes succeed");
+    assert_eq!(
+        gw2.metric("etcd_gateway_health_probes_total{result=\"fail\"}")
+            .await,
+        None
+    );
+    assert_eq!(gw2.metric(&endpoint_up(&static_tls)).await, Some(1.0));
+    let tls_ctl2 = Etcdctl::new(format!("https://{}", gw2.addr));
+    let got = tls_ctl2
+        .ok(&["--cacert", &ca_file, "get", "tls-key", "--print-value-only"])
+        .await;
+    assert_eq!(got.trim(), "through");
+
     // Nothing verifies (wrong CA) and no --endpoints: etcd would fall back to 127.0.0.1:2379
     // without a word; ours says why and exits non-zero.
     let other = TestCa::new(dir.path(), "other").expect("CA");
