@@ -43,6 +43,9 @@ use crate::probe::Prober;
 
 /// Buffer per direction of a relayed connection.
 const RELAY_BUFFER: usize = 32 * 1024;
+/// The most client connections relayed at once; more wait in the kernel's accept backlog.
+/// Each costs two relay buffers, so this bounds the gateway's memory (about 1 GiB of buffers).
+const MAX_CONNECTIONS: usize = 16 * 1024;
 /// The most endpoints probed at once by the health monitor.
 const MAX_PARALLEL_PROBES: usize = 64;
 
@@ -302,7 +305,14 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
     // The accept loop.
     let connections = TaskTracker::new();
     let cut = CancellationToken::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let slot = tokio::select! {
+            _ = stop.cancelled() => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        // The semaphore is never closed.
+        let Ok(slot) = slot else { break };
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => accepted,
@@ -327,6 +337,7 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
                 _ = cut.cancelled() => {}
             }
             metrics.active.dec();
+            drop(slot);
         });
     }
     drop(listener);

@@ -240,6 +240,12 @@ async fn cluster_through_gateway(bin: EtcdBin) {
         "v"
     );
 
+    let health = http_get(&gw.metrics, "/health").await.expect("/health");
+    assert_eq!(
+        (health.status, health.body.as_str()),
+        (200, r#"{"health":"true"}"#)
+    );
+
     // A hung member (stopped process: its kernel still accepts) leaves rotation, then every
     // new connection is served; it comes back once it answers again, after --retry-delay.
     let leader = cluster.leader().await.expect("leader");
