@@ -81,7 +81,7 @@ static FLAGS: &[FlagDef] = &[
         name: "health-check-interval",
         kind: Kind::Duration,
         default: "5s",
-        usage: "how often endpoints in rotation are probed (GET /health, or a TLS handshake); 0 disables the active check (etcd-rs)",
+        usage: "how often endpoints in rotation are probed (GET /version, or a TLS handshake); 0 disables the active check (etcd-rs)",
     },
     FlagDef {
         name: "health-check-timeout",

@@ -373,14 +373,14 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
 async fn relay(client: TcpStream, pool: &Pool, metrics: &Metrics, dial_timeout: Duration) {
     let _ = client.set_nodelay(true);
     let mut tried: Vec<String> = Vec::new();
-    let mut upstream = loop {
+    let (mut upstream, picked_key) = loop {
         let Some(picked) = pool.pick(&tried) else {
             metrics.refused.inc();
             tracing::warn!(tried = ?tried, "no endpoint available for a client connection");
             return;
         };
         match probe::dial(&picked.addrs, dial_timeout).await {
-            Ok(stream) => break stream,
+            Ok(stream) => break (stream, picked.key),
             Err(e) => {
                 metrics
                     .dial_failures
@@ -391,6 +391,7 @@ async fn relay(client: TcpStream, pool: &Pool, metrics: &Metrics, dial_timeout: 
             }
         }
     };
+    tracing::debug!(endpoint = %picked_key, "relaying a client connection");
     let _ = upstream.set_nodelay(true);
     let mut client = client;
     let copied = tokio::io::copy_bidirectional_with_sizes(

@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 /// How an endpoint is probed for health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProbeKind {
-    /// A plain endpoint, or one whose protocol is unknown (`--endpoints`): HTTP `GET /health`,
+    /// A plain endpoint, or one whose protocol is unknown (`--endpoints`): HTTP `GET /version`,
     /// falling back to a TLS hello if the endpoint closes without a byte.
     Plain,
     /// A TLS endpoint found through `_etcd-client-ssl`: a full TLS handshake against

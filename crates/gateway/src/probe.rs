@@ -4,8 +4,12 @@
 //! never answers (a stopped process, a hung machine whose kernel still completes handshakes)
 //! keeps getting clients (etcd issue #7593). The probe here asks for an answer:
 //!
-//! - plain endpoints: dial with a timeout, send `GET /health` (etcd and etcd-rs both answer it on
-//!   the client port) and wait for the first byte of any answer. An endpoint that closes without
+//! - plain endpoints: dial with a timeout, send `GET /version` (etcd and etcd-rs both answer it on
+//!   the client port) and wait for the first byte of any answer. `/version` rather than `/health`:
+//!   it is answered by the member's HTTP stack without a raft round trip, so it tells a hung
+//!   process from a live one without taking every member out of rotation while the cluster is
+//!   busy or between leaders (a member's `/health` then takes a second or more, or fails; clients
+//!   with `RequireLeader` handle that case, and a gateway could not help them). An endpoint that closes without
 //!   a byte gets a second chance as a TLS endpoint (`--endpoints` does not say which endpoints
 //!   speak TLS, and a TLS server drops a plain request): a TLS hello that is answered proves a
 //!   live server. Nothing of that handshake is trusted or kept;
@@ -67,7 +71,7 @@ impl Prober {
             return handshake(stream, config.clone(), name.clone(), self.answer_timeout).await;
         }
         let mut stream = dial(addrs, self.dial_timeout).await?;
-        let request = b"GET /health HTTP/1.1\r\nHost: etcd\r\nUser-Agent: etcd-gateway\r\nConnection: close\r\n\r\n";
+        let request = b"GET /version HTTP/1.1\r\nHost: etcd\r\nUser-Agent: etcd-gateway\r\nConnection: close\r\n\r\n";
         let mut answer = [0u8; ANSWER_BYTES];
         let exchange = async {
             stream.write_all(request).await?;
