@@ -77,19 +77,18 @@ impl Prober {
             stream.write_all(request).await?;
             stream.read(&mut answer).await
         };
-        match tokio::time::timeout(self.answer_timeout, exchange).await {
-            Err(_) => Err(format!("no answer within {:?}", self.answer_timeout)),
-            Ok(Err(e)) => Err(e.to_string()),
-            Ok(Ok(n)) if n > 0 => Ok(()),
-            Ok(Ok(_)) => {
-                // Closed without a byte: perhaps a TLS-only endpoint.
-                let stream = dial(addrs, self.dial_timeout).await?;
-                let name = ServerName::try_from("etcd").map_err(|e| e.to_string())?;
-                handshake(stream, self.liveness.clone(), name, self.answer_timeout)
-                    .await
-                    .map_err(|e| format!("closed without answering (TLS hello: {e})"))
-            }
-        }
+        let first = match tokio::time::timeout(self.answer_timeout, exchange).await {
+            Err(_) => return Err(format!("no answer within {:?}", self.answer_timeout)),
+            Ok(Ok(n)) if n > 0 => return Ok(()),
+            Ok(Ok(_)) => "closed".to_string(),
+            Ok(Err(e)) => e.to_string(),
+        };
+        // Closed or reset without a byte: perhaps a TLS-only endpoint dropping plain text.
+        let stream = dial(addrs, self.dial_timeout).await?;
+        let name = ServerName::try_from("etcd").map_err(|e| e.to_string())?;
+        handshake(stream, self.liveness.clone(), name, self.answer_timeout)
+            .await
+            .map_err(|e| format!("closed without answering ({first}; TLS hello: {e})"))
     }
 }
 
@@ -179,4 +178,67 @@ pub(crate) fn trusted_ca_config(path: &std::path::Path) -> Result<Arc<ClientConf
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    fn prober() -> Prober {
+        Prober::new(Duration::from_millis(500), Duration::from_millis(300), None).expect("prober")
+    }
+
+    /// A listener whose accepted connections get `behaviour` applied; returns its address.
+    async fn server(behaviour: &'static str) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Task: the test server; ends with the test's runtime.
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                match behaviour {
+                    "answer" => {
+                        let mut buf = [0u8; 256];
+                        let _ = conn.read(&mut buf).await;
+                        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+                    }
+                    "close" => drop(conn),
+                    _ => held.push(conn),
+                }
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn answering_endpoint_is_alive() {
+        let addr = server("answer").await;
+        assert_eq!(prober().probe(&[addr], false).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn silent_endpoint_is_down() {
+        let addr = server("hang").await;
+        let err = prober().probe(&[addr], false).await.expect_err("down");
+        assert!(err.contains("no answer"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn endpoint_that_closes_at_once_is_down() {
+        let addr = server("close").await;
+        let err = prober().probe(&[addr], false).await.expect_err("down");
+        assert!(err.contains("closed without answering"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn refused_dial_is_down() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let err = dial(&[addr], Duration::from_millis(500))
+            .await
+            .expect_err("refused");
+        assert!(err.starts_with(&format!("dial tcp {addr}")), "{err}");
+    }
 }
