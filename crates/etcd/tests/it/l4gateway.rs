@@ -246,6 +246,18 @@ async fn cluster_through_gateway(bin: EtcdBin) {
         "v"
     );
 
+    gw.wait_metric("etcd_gateway_active_connections", 0.0).await;
+    let to_endpoint = gw
+        .metric("etcd_gateway_bytes_total{direction=\"to_endpoint\"}")
+        .await;
+    let to_client = gw
+        .metric("etcd_gateway_bytes_total{direction=\"to_client\"}")
+        .await;
+    assert!(
+        to_endpoint > Some(0.0) && to_client > Some(0.0),
+        "{to_endpoint:?} {to_client:?}"
+    );
+    assert!(gw.metric("etcd_gateway_connections_total").await >= Some(2.0));
     let health = http_get(&gw.metrics, "/health").await.expect("/health");
     assert_eq!(
         (health.status, health.body.as_str()),
@@ -375,7 +387,11 @@ async fn srv_priorities_weights_and_new_records() {
     for name in names {
         dns.add_a(name, Ipv4Addr::LOCALHOST).await.expect("A");
     }
-    let srv = "_etcd-client._tcp";
+    // With --discovery-srv-name prod, etcd looks up `_etcd-client-prod._tcp`.
+    let srv = "_etcd-client-prod._tcp";
+    dns.add_srv("_etcd-client._tcp", 0, 0, members[3].client_port(), "d")
+        .await
+        .expect("SRV");
     dns.add_srv(srv, 10, 3, members[0].client_port(), "a")
         .await
         .expect("SRV");
@@ -389,6 +405,8 @@ async fn srv_priorities_weights_and_new_records() {
         &[
             "--discovery-srv",
             "example.test",
+            "--discovery-srv-name",
+            "prod",
             "--insecure-discovery",
             "--discovery-srv-refresh",
             "200ms",
@@ -407,6 +425,11 @@ async fn srv_priorities_weights_and_new_records() {
     assert_eq!(count(&members[0], "w/").await, 30);
     assert_eq!(count(&members[1], "w/").await, 10);
     assert_eq!(count(&members[2], "w/").await, 0);
+    assert_eq!(
+        count(&members[3], "w/").await,
+        0,
+        "unsuffixed records are not used"
+    );
 
     // The best group dies: the backup takes every connection, no client sees a failure.
     let mut members = members;
