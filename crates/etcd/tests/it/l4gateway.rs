@@ -12,6 +12,7 @@
 //! - `srv_tls_validation_and_passthrough`: etcd's SRV rules for TLS targets, TLS carried end to
 //!   end through the gateway, and the non-zero exit where etcd silently falls back.
 //! - `bad_flags_fail_like_etcd`: flag errors compared with etcd 3.4's own.
+//! - `startup_refusals`: an endpoint that is the gateway itself, SRV names that do not exist.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -698,4 +699,46 @@ async fn bad_flags_fail_like_etcd() {
             "missing from our help: {line:?}\n{our_help}"
         );
     }
+}
+
+/// Startup checks that need a running process: an endpoint that is the gateway itself, and SRV
+/// names that do not exist (etcd: `dns lookup errors: ... and ...`, exit 1).
+#[tokio::test]
+async fn startup_refusals() {
+    let port = ports::reserve().expect("port");
+    let addr = format!("127.0.0.1:{}", port.port());
+    let out = Command::new(our_etcd())
+        .args([
+            "gateway",
+            "start",
+            "--listen-addr",
+            &addr,
+            "--endpoints",
+            &addr,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("should not resolve to the gateway listen addr"),
+        "{err}"
+    );
+
+    let dns = DnsServer::start("example.test").expect("dns");
+    let env = [("ETCDRS_DNS_SERVER", dns.addr().to_string())];
+    let mut gw = Gateway::spawn(
+        &["--discovery-srv", "example.test", "--insecure-discovery"],
+        &env,
+    );
+    let status = gw.wait_exit(WAIT).await;
+    assert_eq!(status.code(), Some(1));
+    let log = gw.log();
+    assert!(
+        log.contains("dns lookup errors")
+            && log.contains("_etcd-client-ssl._tcp.example.test.")
+            && log.contains("_etcd-client._tcp.example.test."),
+        "{log}"
+    );
 }
