@@ -3,3 +3,4 @@
 //! protocols).
 //!
 //! Owns name resolution and the discovery protocols; it knows nothing of Raft or the store.
+pub mod srv;

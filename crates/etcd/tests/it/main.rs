@@ -22,6 +22,7 @@ mod grpcproxy;
 mod health;
 mod http;
 mod kv;
+mod l4gateway;
 mod lease;
 mod lock;
 mod maintenance;
