@@ -6,6 +6,8 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`srv`] | SRV lookups with etcd's naming rules (`_etcd-server[-ssl]`, `_etcd-client[-ssl]`) |
+//! | [`srv_cluster`] | DNS SRV bootstrap of a member: the initial cluster from `_etcd-server*` |
 //! | [`v3`] | etcd 3.6's v3 discovery: a registry in another cluster's v3 keyspace, over gRPC |
 //! | [`v2`] | etcd's v2 discovery: a registry in a v2 keys API, over HTTP (`--discovery <url>`) |
 //! | [`registry`] | what both protocols share: ordering, "cluster is full", the cluster string |
@@ -14,6 +16,8 @@
 
 pub mod error;
 pub mod registry;
+pub mod srv;
+pub mod srv_cluster;
 pub mod tls;
 pub mod v2;
 pub mod v3;

@@ -20,7 +20,7 @@
 mod file;
 mod flags;
 pub(crate) mod goparse;
-mod gourl;
+pub(crate) mod gourl;
 mod help;
 
 use std::collections::BTreeMap;

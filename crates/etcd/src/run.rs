@@ -203,7 +203,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
     outcome
 }
 
-fn signal_name(signal: i32) -> &'static str {
+pub(crate) fn signal_name(signal: i32) -> &'static str {
     match signal {
         signal_hook::consts::SIGTERM => "terminated",
         signal_hook::consts::SIGINT => "interrupt",
@@ -219,7 +219,7 @@ fn report(done: Result<TaskResult, tokio::task::JoinError>) -> anyhow::Result<()
     }
 }
 
-async fn shutdown_signal() -> i32 {
+pub(crate) async fn shutdown_signal() -> i32 {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -65,6 +65,7 @@
 mod bin;
 pub mod certs;
 mod cluster;
+pub mod dns;
 mod etcdctl;
 mod grpc;
 mod http;

@@ -23,6 +23,7 @@ mod grpcproxy;
 mod health;
 mod http;
 mod kv;
+mod l4gateway;
 mod lease;
 mod lock;
 mod maintenance;
