@@ -13,18 +13,24 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use etcdrs_discovery::error::Error as DiscoveryError;
+use etcdrs_discovery::srv::SrvResolver;
 use etcdrs_discovery::tls::TlsFiles;
-use etcdrs_discovery::{v2, v3};
+use etcdrs_discovery::{srv_cluster, v2, v3};
 
 use crate::config::EtcdConfig;
 
-/// Whether this member bootstraps through a discovery service.
+/// Whether this member bootstraps through a discovery service or DNS SRV records.
 pub fn wanted(cfg: &EtcdConfig) -> bool {
-    !cfg.discovery.is_empty() || !cfg.discovery_endpoints.is_empty()
+    !cfg.discovery.is_empty()
+        || !cfg.discovery_endpoints.is_empty()
+        || !cfg.discovery_srv.is_empty()
 }
 
-/// `cfg` with `initial_cluster` set from the discovery service.
+/// `cfg` with `initial_cluster` set from the discovery service or the SRV records.
 pub fn bootstrap(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
+    if cfg.discovery.is_empty() && cfg.discovery_endpoints.is_empty() {
+        return bootstrap_srv(cfg);
+    }
     let peer_urls: Vec<String> = cfg
         .initial_advertise_peer_urls
         .iter()
@@ -78,6 +84,41 @@ pub fn bootstrap(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
     let mut out = cfg.clone();
     out.initial_cluster = cluster;
     out.initial_cluster_token = token;
+    Ok(out)
+}
+
+/// DNS SRV bootstrap (`--discovery-srv`, `--discovery-srv-name`): the cluster from the
+/// `_etcd-server-ssl` and `_etcd-server` records; ids use `--initial-cluster-token`, as etcd.
+fn bootstrap_srv(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let found = runtime.block_on(async {
+        let resolver = SrvResolver::from_env().map_err(|e| e.to_string())?;
+        srv_cluster::get_cluster(
+            &resolver,
+            &cfg.discovery_srv,
+            &cfg.discovery_srv_name,
+            &cfg.name,
+            &cfg.initial_advertise_peer_urls,
+        )
+        .await
+    });
+    drop(runtime);
+    let found = found.map_err(|e| {
+        tracing::warn!(error = %e, "failed to resolve during SRV discovery");
+        anyhow!(e)
+    })?;
+    if found.tls && cfg.peer_trusted_ca_file.is_empty() {
+        // etcd then checks peer certificates against the SRV domain (etcd PR #6084); our
+        // peer transport does not take a server name override yet.
+        tracing::warn!(
+            discovery_srv = %cfg.discovery_srv,
+            "https peers from SRV records are verified against their own host names, not the SRV domain"
+        );
+    }
+    let mut out = cfg.clone();
+    out.initial_cluster = found.entries.join(",");
     Ok(out)
 }
 

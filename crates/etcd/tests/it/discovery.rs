@@ -790,3 +790,163 @@ async fn v2_discovery_through_an_http_proxy() {
         assert!(members[0].log_contains("running proxy with discovery"));
     }
 }
+
+/// Members for DNS SRV bootstrap: ports reserved first so that the records can name them.
+struct SrvMembers {
+    opts: Vec<MemberOpts>,
+    ports: Vec<(
+        etcdrs_testkit::ports::PortLease,
+        etcdrs_testkit::ports::PortLease,
+    )>,
+}
+
+fn srv_members(n: usize, dns: &etcdrs_testkit::dns::DnsServer, srv_flags: &[String]) -> SrvMembers {
+    let mut opts = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..n {
+        let host = std::net::Ipv4Addr::new(127, 0, 0, u8::try_from(i + 2).expect("small"));
+        let client = etcdrs_testkit::ports::reserve_on(host).expect("port");
+        let peer = etcdrs_testkit::ports::reserve_on(host).expect("port");
+        opts.push(
+            member_opts(i, srv_flags).env(etcdrs_discovery_dns_env(), dns.addr().to_string()),
+        );
+        ports.push((client, peer));
+    }
+    SrvMembers { opts, ports }
+}
+
+/// The variable that points our resolver at the test DNS server.
+fn etcdrs_discovery_dns_env() -> &'static str {
+    "ETCDRS_DNS_SERVER"
+}
+
+impl SrvMembers {
+    fn peer_port(&self, i: usize) -> u16 {
+        self.ports[i].1.port()
+    }
+
+    /// SRV records `name` (relative to the zone) for every member: target `127.0.0.<i+2>.`
+    /// (an address-shaped name, so that peers dial it without DNS) on its peer port.
+    async fn publish(&self, dns: &etcdrs_testkit::dns::DnsServer, name: &str) {
+        for i in 0..self.opts.len() {
+            dns.add_srv(
+                name,
+                0,
+                0,
+                self.peer_port(i),
+                &format!("127.0.0.{}.", i + 2),
+            )
+            .await
+            .expect("SRV record");
+        }
+    }
+
+    async fn start(self) -> (Vec<Member>, Duration) {
+        let started = Instant::now();
+        let mut members = Vec::new();
+        for (opts, (client, peer)) in self.opts.into_iter().zip(self.ports) {
+            members.push(Member::spawn_on(opts, client, peer).expect("spawn"));
+        }
+        for m in &mut members {
+            m.wait_ready().await.expect("member becomes ready");
+        }
+        (members, started.elapsed())
+    }
+}
+
+#[tokio::test]
+async fn dns_srv_bootstrap_with_only_the_plain_record() {
+    // etcd 3.4 failed here without an _etcd-server-ssl record (#11321); 3.5 and we do not.
+    if !ours() {
+        return;
+    }
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    let members = srv_members(3, &dns, &["--discovery-srv=etcd.test".to_owned()]);
+    members.publish(&dns, "_etcd-server._tcp").await;
+    let (members, took) = members.start().await;
+    eprintln!(
+        "bootstrap time, 3 members, DNS SRV: {} ms",
+        took.as_millis()
+    );
+    check_cluster(&members).await;
+    assert!(members[0].log_contains("got bootstrap from DNS for etcd-server"));
+}
+
+#[tokio::test]
+async fn dns_srv_bootstrap_with_a_service_name() {
+    if !ours() {
+        return;
+    }
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    let flags = [
+        "--discovery-srv=etcd.test".to_owned(),
+        "--discovery-srv-name=prod".to_owned(),
+    ];
+    let members = srv_members(3, &dns, &flags);
+    // A decoy under the unsuffixed name must not be used.
+    dns.add_srv("_etcd-server._tcp", 0, 0, 1, "127.0.0.9.")
+        .await
+        .expect("decoy");
+    members.publish(&dns, "_etcd-server-prod._tcp").await;
+    let (members, _) = members.start().await;
+    check_cluster(&members).await;
+}
+
+#[tokio::test]
+async fn dns_srv_member_not_in_the_records_fails_clearly() {
+    if !ours() {
+        return;
+    }
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    let members = srv_members(4, &dns, &["--discovery-srv=etcd.test".to_owned()]);
+    // Records for the first three only.
+    for i in 0..3 {
+        dns.add_srv(
+            "_etcd-server._tcp",
+            0,
+            0,
+            members.peer_port(i),
+            &format!("127.0.0.{}.", i + 2),
+        )
+        .await
+        .expect("SRV record");
+    }
+    let SrvMembers {
+        mut opts,
+        mut ports,
+    } = members;
+    let opts = opts.pop().expect("fourth");
+    let (client, peer) = ports.pop().expect("fourth");
+    let mut member = Member::spawn_on(opts, client, peer).expect("spawn");
+    let status = member.wait_exit(WAIT).await.expect("exits");
+    let log = member.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(r#"cannot find local etcd member \"m3\" in SRV records"#),
+        "{log}"
+    );
+    assert!(!member.data_dir().join("member").exists());
+}
+
+#[tokio::test]
+async fn dns_srv_ssl_record_for_a_plain_member_is_a_scheme_mismatch() {
+    // The _etcd-server-ssl targets are https peers: a member advertising http at one of them
+    // is refused (etcd's "scheme mismatch"), and nothing is bootstrapped.
+    if !ours() {
+        return;
+    }
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    let members = srv_members(1, &dns, &["--discovery-srv=etcd.test".to_owned()]);
+    members.publish(&dns, "_etcd-server-ssl._tcp").await;
+    let SrvMembers {
+        mut opts,
+        mut ports,
+    } = members;
+    let (client, peer) = ports.pop().expect("one");
+    let mut member = Member::spawn_on(opts.pop().expect("one"), client, peer).expect("spawn");
+    let status = member.wait_exit(WAIT).await.expect("exits");
+    let log = member.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("scheme mismatch"), "{log}");
+    assert!(!member.data_dir().join("member").exists());
+}
