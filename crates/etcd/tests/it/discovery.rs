@@ -950,3 +950,43 @@ async fn dns_srv_ssl_record_for_a_plain_member_is_a_scheme_mismatch() {
     assert!(log.contains("scheme mismatch"), "{log}");
     assert!(!member.data_dir().join("member").exists());
 }
+
+#[tokio::test]
+async fn dns_srv_bootstrap_over_peer_tls_with_the_ssl_record() {
+    // Only `_etcd-server-ssl._tcp` exists: the peers are https, with certificates from a test
+    // CA (given as --peer-trusted-ca-file, so they are verified against their own addresses).
+    if !ours() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = etcdrs_testkit::certs::TestCa::new(dir.path(), "ca").expect("ca");
+    let cert = ca.issue_loopback("peer", "peer").expect("peer cert");
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    let mut members = srv_members(3, &dns, &["--discovery-srv=etcd.test".to_owned()]);
+    let tls = etcdrs_testkit::PeerTls {
+        ca_file: ca.ca_file(),
+        cert,
+        client_cert_auth: true,
+    };
+    members.opts = members
+        .opts
+        .into_iter()
+        .map(|o| o.peer_tls(tls.clone()))
+        .collect();
+    members.publish(&dns, "_etcd-server-ssl._tcp").await;
+    let (members, took) = members.start().await;
+    eprintln!(
+        "bootstrap time, 3 members, DNS SRV with peer TLS: {} ms",
+        took.as_millis()
+    );
+    check_cluster(&members).await;
+    let mut client = members[0].client().await.expect("client");
+    let list = client.member_list().await.expect("member list");
+    assert!(
+        list.members()
+            .iter()
+            .all(|m| m.peer_urls().iter().all(|u| u.starts_with("https://"))),
+        "{:?}",
+        list.members()
+    );
+}
