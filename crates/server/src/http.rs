@@ -315,6 +315,11 @@ async fn health(
     }
     let query = HealthQuery::parse(query.as_deref());
     let (healthy, reason) = check_health(&server, &query).await;
+    if healthy {
+        crate::metrics::HEALTH_SUCCESS.inc();
+    } else {
+        crate::metrics::HEALTH_FAILURES.inc();
+    }
     let body =
         serde_json::json!({ "health": if healthy { "true" } else { "false" }, "reason": reason })
             .to_string();

@@ -26,6 +26,22 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(metric: prometheus
     metric
 }
 
+/// `etcd_server_health_success`: `/health` checks that found the member healthy.
+pub static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(IntCounter::new(
+        "etcd_server_health_success",
+        "The total number of successful health checks",
+    ))
+});
+
+/// `etcd_server_health_failures`: `/health` checks that found the member unhealthy.
+pub static HEALTH_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(IntCounter::new(
+        "etcd_server_health_failures",
+        "The total number of failed health checks",
+    ))
+});
+
 /// `etcd_server_proposals_pending`: proposals waiting to be committed.
 pub static PROPOSALS_PENDING: LazyLock<IntGauge> = LazyLock::new(|| {
     register(IntGauge::new(
@@ -547,6 +563,8 @@ pub fn render(server: &EtcdServer) -> String {
     // Touch the event series so they are present (at zero) before the first event.
     LazyLock::force(&PROPOSALS_PENDING);
     LazyLock::force(&PROPOSALS_FAILED);
+    LazyLock::force(&HEALTH_SUCCESS);
+    LazyLock::force(&HEALTH_FAILURES);
     init_grpc_series();
     LazyLock::force(&etcdrs_raftnode::metrics::WAL_FSYNC_SECONDS);
     let mut families = registry.gather();

@@ -712,3 +712,38 @@ async fn lock_and_election() {
         error_body(r#"\"leader\" field must be provided"#, 2)
     );
 }
+
+/// A Python client of the JSON gateway (etcd3gw, as OpenStack uses it): put, get, prefix,
+/// create/replace (txns), lease grant/keys/refresh/revoke, watch, delete, members. The expected
+/// output is what the same script prints against etcd 3.4.
+#[tokio::test]
+async fn python_etcd3gw_client() {
+    let (m, _c) = start().await;
+    let addr = m.client_addr();
+    let (host, port) = addr.rsplit_once(':').expect("host:port");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/py/etcd3gw_calls.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("python3")
+            .args([script, host, port])
+            .output(),
+    )
+    .await
+    .expect("the script finishes")
+    .expect("python3 runs (scripts/test installs etcd3gw with pip)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        concat!(
+            r#"{"api_path": "/v3/", "create_existing": false, "create_new": true, "delete": true, "#,
+            r#""delete_missing": false, "get": ["bar"], "get_prefix": [["1", "dir/a"], ["2", "dir/b"]], "#,
+            r#""lease_keys": ["leased"], "lease_ttl_ok": true, "leased_after_revoke": [], "members": 1, "#,
+            r#""put": true, "refresh": true, "replace_ok": true, "replace_stale": false, "revoke": true, "#,
+            r#""watch": [["watched", "PUT"], ["watched", "PUT"]]}"#
+        )
+    );
+}

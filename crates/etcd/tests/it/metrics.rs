@@ -129,3 +129,25 @@ async fn etcd_series_are_present_and_move() {
     assert_eq!(after.value("etcd_server_proposals_pending", None), 0.0);
     assert!(after.value("process_resident_memory_bytes", None) > 0.0);
 }
+
+#[tokio::test]
+async fn health_checks_are_counted() {
+    let (m, _c) = start().await;
+    let before = Scrape::of(&m).await;
+    assert_eq!(before.kind("etcd_server_health_success"), Some("counter"));
+    assert_eq!(before.kind("etcd_server_health_failures"), Some("counter"));
+    for _ in 0..3 {
+        let health = m.http_get("/health").await.expect("GET /health");
+        assert_eq!(health.status, 200, "{}", health.body);
+    }
+    let after = Scrape::of(&m).await;
+    assert_eq!(
+        after.value("etcd_server_health_success", None)
+            - before.value("etcd_server_health_success", None),
+        3.0
+    );
+    assert_eq!(
+        after.value("etcd_server_health_failures", None),
+        before.value("etcd_server_health_failures", None)
+    );
+}
