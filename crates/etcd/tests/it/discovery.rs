@@ -1008,3 +1008,36 @@ async fn dns_srv_bootstrap_over_peer_tls_with_the_ssl_record() {
         list.members()
     );
 }
+
+#[tokio::test]
+async fn v2_discovery_refuses_a_missing_size_and_duplicate_names() {
+    let service = service(false).await;
+    let base = format!("{}/v2/keys/discovery", service.endpoint());
+    // No _config/size under the token.
+    expect_refused(
+        member_opts(0, &v2_flags(&format!("{base}/nosize"))),
+        &["discovery: size key not found"],
+    )
+    .await;
+    // Two members named alike fill a 2-member token: neither can start.
+    let url = format!("{base}/dup-names");
+    curl(&["-X", "PUT", &format!("{url}/_config/size"), "-d", "value=2"]);
+    let mut twins: Vec<Member> = (0..2)
+        .map(|i| Member::spawn(member_opts(i, &v2_flags(&url)).name("twin")).expect("spawn"))
+        .collect();
+    for twin in &mut twins {
+        let status = twin.wait_exit(WAIT).await.expect("exits");
+        assert_eq!(status.code(), Some(1));
+        if ours() {
+            let log = twin.log();
+            for message in [
+                "discovery: found duplicate name",
+                "member with duplicated name has already been registered",
+                "cURL the discovery token URL for details",
+            ] {
+                assert!(log.contains(message), "log lacks {message:?}:\n{log}");
+            }
+            assert!(!twin.data_dir().join("member").exists());
+        }
+    }
+}
