@@ -844,3 +844,64 @@ async fn tls_to_clients_and_to_an_etcd_34_cluster() {
         .expect("run");
     assert!(!out.success());
 }
+
+/// A client that stops reading while events pour in is not cut off and loses nothing: its
+/// watchers pause when its queue is full, catch up from the cluster's history when it reads
+/// again, and then share the live cluster watcher again.
+#[tokio::test]
+async fn a_slow_reader_catches_up_without_gaps_and_rejoins() {
+    const WATCHERS: usize = 50;
+    const PUTS: usize = 300;
+    let member = start_member(&backends()[0]).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    let mut stream = client.watch("slow", None).await.expect("watch");
+    assert!(next(&mut stream).await.created());
+    for _ in 1..WATCHERS {
+        stream.watch("slow", None).await.expect("watch");
+        assert!(next(&mut stream).await.created());
+    }
+    // Nobody reads while the events come.
+    let mut direct = member.client().await.expect("direct");
+    let value = "x".repeat(2048);
+    let first = direct
+        .put("slow", value.as_str(), None)
+        .await
+        .expect("put")
+        .header()
+        .expect("h")
+        .revision();
+    for _ in 1..PUTS {
+        direct.put("slow", value.as_str(), None).await.expect("put");
+    }
+    let mut seen: std::collections::HashMap<i64, Vec<i64>> = std::collections::HashMap::new();
+    while seen.values().map(Vec::len).sum::<usize>() < WATCHERS * PUTS {
+        let resp = next(&mut stream).await;
+        assert!(!resp.canceled(), "{resp:?}");
+        let revs = seen.entry(resp.watch_id()).or_default();
+        revs.extend(
+            resp.events()
+                .iter()
+                .map(|e| e.kv().expect("kv").mod_revision()),
+        );
+    }
+    let want: Vec<i64> = (first..first + PUTS as i64).collect();
+    assert_eq!(seen.len(), WATCHERS);
+    for (id, revs) in &seen {
+        assert_eq!(revs, &want, "watcher {id}");
+    }
+    // Caught up: they all share one cluster watcher again (after the next event).
+    direct.put("slow", "last", None).await.expect("put");
+    poll_until(Duration::from_secs(5), || async {
+        let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
+        if n == 2.0 {
+            Ok(())
+        } else {
+            Err(format!("{n} watchers"))
+        }
+    })
+    .await
+    .expect("merged back into the live watcher");
+}
