@@ -757,6 +757,14 @@ async fn flags_help_and_errors_read_as_etcds() {
         let etcd = run(Path::new("/usr/bin/etcd"), args).await;
         assert_eq!(ours, etcd, "etcd {args:?}");
     }
+    // A taken port: a plain error and exit 1, before anything else.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = format!("--listen-addr={}", taken.local_addr().expect("addr"));
+    let args = ["grpc-proxy", "start", addr.as_str()];
+    let ours = run(&proxy_bin(), &args).await;
+    let etcd = run(Path::new("/usr/bin/etcd"), &args).await;
+    assert_eq!(ours, etcd);
+    assert_eq!(ours.0, Some(1));
 }
 
 /// TLS end to end against etcd 3.4 requiring client certificates: the proxy presents its
