@@ -503,6 +503,18 @@ impl Hub {
         if resp.watch_id == -1 && !resp.canceled && resp.events.is_empty() {
             // The answer to RequestProgress: everything up to this revision was delivered.
             let waiters: Vec<ClientId> = stream.progress_waiters.drain(..).collect();
+            // A client with paused watchers has not received everything up to this revision:
+            // it waits until they are back on the cluster stream (see `resume`).
+            let (deferred, waiters): (Vec<ClientId>, Vec<ClientId>) =
+                waiters.into_iter().partition(|client| {
+                    state
+                        .clients
+                        .get(client)
+                        .is_some_and(|c| !c.paused.is_empty())
+                });
+            if let Some(stream) = state.streams.get_mut(token) {
+                stream.progress_waiters.extend(deferred);
+            }
             for client in waiters {
                 let reply = WatchResponse {
                     header: Some(header),
@@ -677,6 +689,13 @@ impl Hub {
             sw.paused = false;
             let token = sw.group.token.clone();
             state.start_sw(self, &token, id);
+        }
+        // A progress request deferred for this client is asked again, behind the catch-up.
+        let token = state.clients.get(&client).map(|c| c.token.clone());
+        if let Some(stream) = token.and_then(|t| state.streams.get(&t))
+            && stream.progress_waiters.contains(&client)
+        {
+            stream.send(progress_request());
         }
     }
 
