@@ -63,10 +63,13 @@ use crate::namespace::Namespace;
 use crate::upstream::{Upstream, token_of, with_token};
 
 /// Responses a client stream may have queued and not yet read.
-pub const CLIENT_QUEUE: usize = 1024;
+pub const CLIENT_QUEUE: usize = 128;
 /// Room kept in a client's queue for control responses (created, canceled, progress): events
 /// stop being queued for a client once less than this is free.
-const CONTROL_RESERVE: usize = 64;
+const CONTROL_RESERVE: usize = 16;
+/// How long the cluster stream waits for full client queues to make room before the
+/// c-watchers that still have none are paused (etcd's proxy waits 50 ms, then cancels).
+const CONGESTION_WAIT: Duration = Duration::from_millis(100);
 /// A lagging client's watchers resume once its queue holds fewer responses than this.
 const RESUME_BELOW: usize = CLIENT_QUEUE / 4;
 /// Progress requests a cluster stream keeps waiting for answers.
@@ -341,20 +344,29 @@ impl State {
         }
     }
 
-    /// Takes c-watcher `member` off s-watcher `sw_id` (whose next event for it is at
-    /// `resume_rev`) and parks it on a paused private s-watcher until its client has room.
-    fn pause(&mut self, hub: &Arc<Hub>, sw_id: SwId, member: Member, resume_rev: i64) {
+    /// Parks `members` (c-watchers of `client` taken off s-watcher `sw_id`, whose next event
+    /// is at `resume_rev`) on one paused private s-watcher until their client has room.
+    fn pause(
+        &mut self,
+        hub: &Arc<Hub>,
+        sw_id: SwId,
+        client: ClientId,
+        members: Vec<Member>,
+        resume_rev: i64,
+    ) {
         let Some(sw) = self.sws.get(&sw_id) else {
             return;
         };
         let group = sw.group.clone();
         let mergeable = sw.live || sw.mergeable;
-        if sw.live && !sw.members.is_empty() {
-            hub.metrics.add_watchers_coalescing(-1);
-        }
-        let (client, watch_id) = (member.client, member.watch_id);
-        let mut member = member;
-        member.min_rev = member.min_rev.max(resume_rev);
+        let watch_ids: Vec<i64> = members.iter().map(|m| m.watch_id).collect();
+        let members = members
+            .into_iter()
+            .map(|mut m| {
+                m.min_rev = m.min_rev.max(resume_rev);
+                m
+            })
+            .collect();
         let paused = SWatcher {
             group,
             start_rev: resume_rev,
@@ -364,16 +376,17 @@ impl State {
             upstream_id: None,
             next_rev: 0,
             header: ResponseHeader::default(),
-            members: vec![member],
+            members,
             waiting: Vec::new(),
         };
         let paused_id = self.add_sw(hub, paused);
         if let Some(c) = self.clients.get_mut(&client) {
-            c.watchers.insert(watch_id, paused_id);
+            for watch_id in watch_ids {
+                c.watchers.insert(watch_id, paused_id);
+            }
             c.paused.push(paused_id);
             c.lagging.store(true, std::sync::atomic::Ordering::Release);
         }
-        self.release_if_unused(sw_id);
     }
 
     /// Forgets an s-watcher and cancels it on the cluster.
@@ -646,6 +659,43 @@ impl Hub {
         }
     }
 
+    /// The queues of the clients an event response of the cluster stream of `token` goes to
+    /// that have no room for it now, with the room each needs (its responses to this one, and
+    /// the room kept for control responses).
+    fn congested(
+        &self,
+        token: &str,
+        generation: u64,
+        resp: &WatchResponse,
+    ) -> Vec<(ClientTx, usize)> {
+        let state = self.state.lock();
+        let Some(stream) = state.streams.get(token) else {
+            return Vec::new();
+        };
+        if stream.generation != generation {
+            return Vec::new();
+        }
+        let Some(sw) = stream
+            .ids
+            .get(&resp.watch_id)
+            .and_then(|id| state.sws.get(id))
+        else {
+            return Vec::new();
+        };
+        let mut per_client: HashMap<ClientId, usize> = HashMap::new();
+        for m in &sw.members {
+            *per_client.entry(m.client).or_default() += 1;
+        }
+        per_client
+            .into_iter()
+            .filter_map(|(client, n)| {
+                let c = state.clients.get(&client)?;
+                let needed = n.min(CLIENT_QUEUE - CONTROL_RESERVE) + CONTROL_RESERVE;
+                (c.tx.capacity() < needed).then(|| (c.tx.clone(), needed))
+            })
+            .collect()
+    }
+
     /// Pauses the c-watchers of `sw_id` that had no room for their events: `(client,
     /// watch_id, revision of the first event they missed)`.
     fn pause_members(
@@ -654,20 +704,33 @@ impl Hub {
         sw_id: SwId,
         lagging: &[(ClientId, i64, i64)],
     ) {
-        for &(client, watch_id, first) in lagging {
-            let Some(sw) = state.sws.get_mut(&sw_id) else {
-                return;
-            };
-            let Some(pos) = sw
-                .members
-                .iter()
-                .position(|m| m.client == client && m.watch_id == watch_id)
-            else {
-                continue;
-            };
-            let member = sw.members.swap_remove(pos);
-            state.pause(self, sw_id, member, first);
+        let Some(sw) = state.sws.get_mut(&sw_id) else {
+            return;
+        };
+        let first_of: HashMap<(ClientId, i64), i64> = lagging
+            .iter()
+            .map(|&(c, w, first)| ((c, w), first))
+            .collect();
+        let before = sw.members.len();
+        let mut taken: HashMap<(ClientId, i64), Vec<Member>> = HashMap::new();
+        let mut kept = Vec::with_capacity(before);
+        for m in std::mem::take(&mut sw.members) {
+            match first_of.get(&(m.client, m.watch_id)) {
+                Some(&first) => taken.entry((m.client, first)).or_default().push(m),
+                None => kept.push(m),
+            }
         }
+        sw.members = kept;
+        if sw.live {
+            let shared = |n: usize| n.saturating_sub(1) as i64;
+            self.metrics
+                .add_watchers_coalescing(shared(sw.members.len()) - shared(before));
+        }
+        // The c-watchers of one client that stopped at one revision share a paused watcher.
+        for ((client, first), members) in taken {
+            state.pause(self, sw_id, client, members, first);
+        }
+        state.release_if_unused(sw_id);
     }
 
     /// `client` drained its queue: its paused c-watchers catch up from where they stopped.
@@ -1007,6 +1070,17 @@ async fn run_upstream(hub: Arc<Hub>, token: String) {
                     match message {
                         Ok(Some(resp)) => {
                             backoff = Duration::from_millis(50);
+                            if !resp.events.is_empty() {
+                                // Bursts are absorbed by briefly holding the cluster stream
+                                // (its flow control then slows the member down); clients
+                                // still full after that are paused.
+                                let full = hub.congested(&token, generation, &resp);
+                                let deadline = tokio::time::Instant::now() + CONGESTION_WAIT;
+                                for (tx, needed) in full {
+                                    let room = tx.reserve_many(needed);
+                                    let _ = tokio::time::timeout_at(deadline, room).await;
+                                }
+                            }
                             hub.on_response(&token, generation, resp);
                         }
                         Ok(None) => break,
