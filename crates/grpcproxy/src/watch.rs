@@ -81,7 +81,9 @@ pub const EXACT_METADATA: &str = "etcdrs-watch-exact";
 
 type ClientId = u64;
 type SwId = u64;
-type ClientTx = mpsc::Sender<Result<WatchResponse, Status>>;
+/// A client's queue of responses (errors travel on its `kill` token instead, which keeps
+/// the queue's slots small).
+type ClientTx = mpsc::Sender<WatchResponse>;
 
 /// The Watch service of the proxy.
 #[derive(Clone)]
@@ -246,7 +248,7 @@ impl State {
         let Some(c) = self.clients.get(&client) else {
             return false;
         };
-        match c.tx.try_send(Ok(resp)) {
+        match c.tx.try_send(resp) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 c.kill.cancel();
@@ -1112,7 +1114,7 @@ async fn run_upstream(hub: Arc<Hub>, token: String) {
 /// A client's stream of watch responses. It ends with an error when the client was cut off
 /// for not reading; dropping it (the client went away) cancels the client's watchers.
 struct ClientStream {
-    rx: mpsc::Receiver<Result<WatchResponse, Status>>,
+    rx: mpsc::Receiver<WatchResponse>,
     kill: CancellationToken,
     killed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     done: bool,
@@ -1134,7 +1136,7 @@ impl Stream for ClientStream {
                 "etcdserver: watch stream is too slow (gRPC proxy client queue is full)",
             ))));
         }
-        let item = self.rx.poll_recv(cx);
+        let item = self.rx.poll_recv(cx).map(|r| r.map(Ok));
         if item.is_ready()
             && self.lagging.load(std::sync::atomic::Ordering::Acquire)
             && self.rx.len() < RESUME_BELOW
@@ -1212,11 +1214,11 @@ async fn read_client(
                 let header = current_header(&hub, id).await;
                 let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
                 if let (Some(tx), Some(header)) = (tx, header) {
-                    let _ = tx.try_send(Ok(WatchResponse {
+                    let _ = tx.try_send(WatchResponse {
                         header: Some(header),
                         watch_id: -1,
                         ..Default::default()
-                    }));
+                    });
                 }
             }
             Some(watch_request::RequestUnion::ProgressRequest(_)) => {}
