@@ -1195,6 +1195,17 @@ async fn read_client(
             // A client that closes its side keeps receiving, as from a member.
             Ok(None) | Err(_) => return,
         };
+        // A request is handled only once its answer has room in the client's queue: a client
+        // that sends and does not read is slowed down, not cut off (as a member stops reading
+        // from a client that does not read).
+        let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
+        if let Some(tx) = tx {
+            tokio::select! {
+                _ = kill.cancelled() => return,
+                _ = hub.shutdown.cancelled() => return,
+                _ = tx.reserve_many(CONTROL_RESERVE + 1) => {}
+            }
+        }
         match request.request_union {
             Some(watch_request::RequestUnion::CreateRequest(create)) => {
                 if let Some(wait) = hub.create(id, create) {

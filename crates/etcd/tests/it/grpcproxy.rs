@@ -556,6 +556,28 @@ async fn namespace_confines_clients_to_the_prefix() {
         ),
         ["b"]
     );
+    // A lease's attached keys: only those inside the namespace, without the prefix.
+    let lease = client.lease_grant(60, None).await.expect("grant").id();
+    client
+        .put("leased", "1", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .expect("put");
+    direct
+        .put(
+            "leased-outside",
+            "1",
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("put");
+    let ttl = client
+        .lease_time_to_live(
+            lease,
+            Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+        )
+        .await
+        .expect("ttl");
+    assert_eq!(ttl.keys(), [b"leased".to_vec()]);
     // Deleting everything deletes only the namespace.
     client
         .delete(
@@ -567,6 +589,7 @@ async fn namespace_confines_clients_to_the_prefix() {
     assert_eq!(
         crate::dump(&mut direct).await,
         [
+            ("leased-outside".to_owned(), "1".to_owned()),
             ("ns0".to_owned(), "just past the prefix".to_owned()),
             ("secret".to_owned(), "changed".to_owned())
         ]
