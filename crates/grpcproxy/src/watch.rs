@@ -391,6 +391,33 @@ impl State {
         }
     }
 
+    /// Puts `client`'s paused c-watchers back on the cluster stream, from where they stopped.
+    fn resume(&mut self, hub: &Arc<Hub>, client: ClientId) {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return;
+        };
+        let paused = std::mem::take(&mut c.paused);
+        c.lagging.store(false, std::sync::atomic::Ordering::Release);
+        for id in paused {
+            let Some(sw) = self.sws.get_mut(&id) else {
+                continue;
+            };
+            if !sw.paused {
+                continue;
+            }
+            sw.paused = false;
+            let token = sw.group.token.clone();
+            self.start_sw(hub, &token, id);
+        }
+        // A progress request deferred for this client is asked again, behind the catch-up.
+        let token = self.clients.get(&client).map(|c| c.token.clone());
+        if let Some(stream) = token.and_then(|t| self.streams.get(&t))
+            && stream.progress_waiters.contains(&client)
+        {
+            stream.send(progress_request());
+        }
+    }
+
     /// Forgets an s-watcher and cancels it on the cluster.
     fn remove_sw(&mut self, id: SwId) -> Option<SWatcher> {
         let sw = self.sws.remove(&id)?;
@@ -729,39 +756,30 @@ impl Hub {
                 .add_watchers_coalescing(shared(sw.members.len()) - shared(before));
         }
         // The c-watchers of one client that stopped at one revision share a paused watcher.
+        let mut clients = HashSet::new();
         for ((client, first), members) in taken {
             state.pause(self, sw_id, client, members, first);
+            clients.insert(client);
         }
         state.release_if_unused(sw_id);
+        // A client that already drained its queue will not read again to wake its paused
+        // watchers: resume them now. (The flag was set first, so a client still reading
+        // sees it.)
+        for client in clients {
+            let drained = state
+                .clients
+                .get(&client)
+                .is_some_and(|c| c.tx.max_capacity() - c.tx.capacity() < RESUME_BELOW);
+            if drained {
+                state.resume(self, client);
+            }
+        }
     }
 
     /// `client` drained its queue: its paused c-watchers catch up from where they stopped.
     fn resume(self: &Arc<Self>, client: ClientId) {
-        let mut guard = self.state.lock();
-        let state = &mut *guard;
-        let Some(c) = state.clients.get_mut(&client) else {
-            return;
-        };
-        let paused = std::mem::take(&mut c.paused);
-        c.lagging.store(false, std::sync::atomic::Ordering::Release);
-        for id in paused {
-            let Some(sw) = state.sws.get_mut(&id) else {
-                continue;
-            };
-            if !sw.paused {
-                continue;
-            }
-            sw.paused = false;
-            let token = sw.group.token.clone();
-            state.start_sw(self, &token, id);
-        }
-        // A progress request deferred for this client is asked again, behind the catch-up.
-        let token = state.clients.get(&client).map(|c| c.token.clone());
-        if let Some(stream) = token.and_then(|t| state.streams.get(&t))
-            && stream.progress_waiters.contains(&client)
-        {
-            stream.send(progress_request());
-        }
+        let mut state = self.state.lock();
+        state.resume(self, client);
     }
 
     /// Hands a private s-watcher's c-watchers to the live one when no event can be lost or

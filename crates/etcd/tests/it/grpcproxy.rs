@@ -936,3 +936,42 @@ async fn a_slow_reader_catches_up_without_gaps_and_rejoins() {
     .await
     .expect("merged back into the live watcher");
 }
+
+/// More watchers of one key on one stream than the stream's queue holds: one event still
+/// reaches every one of them (those without room catch up right after).
+#[tokio::test]
+async fn one_event_reaches_more_watchers_than_a_queue_holds() {
+    const WATCHERS: usize = 300;
+    let member = start_member(&backends()[0]).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    let mut stream = client.watch("wide", None).await.expect("watch");
+    assert!(next(&mut stream).await.created());
+    for _ in 1..WATCHERS {
+        stream.watch("wide", None).await.expect("watch");
+        assert!(next(&mut stream).await.created());
+    }
+    let rev = member
+        .client()
+        .await
+        .expect("direct")
+        .put("wide", "v", None)
+        .await
+        .expect("put")
+        .header()
+        .expect("h")
+        .revision();
+    let mut ids = std::collections::HashSet::new();
+    while ids.len() < WATCHERS {
+        let resp = next(&mut stream).await;
+        for event in resp.events() {
+            assert_eq!(event.kv().expect("kv").mod_revision(), rev);
+        }
+        assert!(
+            ids.insert(resp.watch_id()),
+            "one event per watcher: {resp:?}"
+        );
+    }
+}
