@@ -22,12 +22,10 @@ fn proxy_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_etcd"))
 }
 
-/// The two clusters the proxy must work in front of.
+/// The two clusters the proxy must work in front of: the server under test (ours, unless
+/// `ETCDRS_TEST_ETCD_BIN` names another) and etcd 3.4.
 fn backends() -> [EtcdBin; 2] {
-    [
-        EtcdBin::at(env!("CARGO_BIN_EXE_etcd")),
-        EtcdBin::at("/usr/bin/etcd"),
-    ]
+    [crate::bin(), EtcdBin::at("/usr/bin/etcd")]
 }
 
 /// A running `etcd grpc-proxy start` process.
