@@ -7,11 +7,15 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use etcdrs_grpcproxy::{CacheConfig, Listeners, ProxyConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::goparse;
+
+/// The signal that stopped the proxy (0: none).
+static STOPPED_BY: AtomicI32 = AtomicI32::new(0);
 
 /// `etcd grpc-proxy --help` (and `etcd grpc-proxy` with no or an unknown subcommand).
 const GROUP_HELP: &str = "grpc-proxy related command
@@ -388,7 +392,15 @@ pub fn main(args: &[String]) -> ExitCode {
         }
     };
     match runtime.block_on(run(flags, main_listener, metrics_listener)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            drop(runtime);
+            // Die by the signal that stopped us, as etcd's proxy does (Go's default handling).
+            let signal = STOPPED_BY.load(Ordering::Relaxed);
+            if signal != 0 {
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "gRPC proxy failed");
             ExitCode::FAILURE
@@ -502,8 +514,8 @@ async fn run(
                 Err(_) => return,
             };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => STOPPED_BY.store(signal_hook::consts::SIGINT, Ordering::Relaxed),
+            _ = term.recv() => STOPPED_BY.store(signal_hook::consts::SIGTERM, Ordering::Relaxed),
         }
         signals.cancel();
     });
