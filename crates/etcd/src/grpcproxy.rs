@@ -7,11 +7,15 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use etcdrs_grpcproxy::{CacheConfig, Listeners, ProxyConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::goparse;
+
+/// The signal that stopped the proxy (0: none).
+static STOPPED_BY: AtomicI32 = AtomicI32::new(0);
 
 /// `etcd grpc-proxy --help` (and `etcd grpc-proxy` with no or an unknown subcommand).
 const GROUP_HELP: &str = "grpc-proxy related command
@@ -357,6 +361,25 @@ pub fn main(args: &[String]) -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(1);
     }
+    // Listeners are bound first, as etcd does: a taken port is reported plainly and exits 1.
+    let main_listener = match bind(&flags.listen_addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let metrics_listener = if flags.metrics_addr.is_empty() {
+        None
+    } else {
+        match metrics_host(&flags.metrics_addr).and_then(|host| bind(&host)) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(1);
+            }
+        }
+    };
     crate::logging::init(if flags.debug { "debug" } else { "info" }, &[]);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -368,8 +391,16 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(flags)) {
-        Ok(()) => ExitCode::SUCCESS,
+    match runtime.block_on(run(flags, main_listener, metrics_listener)) {
+        Ok(()) => {
+            drop(runtime);
+            // Die by the signal that stopped us, as etcd's proxy does (Go's default handling).
+            let signal = STOPPED_BY.load(Ordering::Relaxed);
+            if signal != 0 {
+                let _ = signal_hook::low_level::emulate_default_handler(signal);
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "gRPC proxy failed");
             ExitCode::FAILURE
@@ -381,7 +412,32 @@ fn optional(path: &str) -> Option<&Path> {
     (!path.is_empty()).then(|| Path::new(path))
 }
 
-async fn run(flags: StartFlags) -> anyhow::Result<()> {
+/// Binds `addr` (`host:port`), with Go's error text (`listen tcp <addr>: bind: <reason>`).
+fn bind(addr: &str) -> Result<std::net::TcpListener, String> {
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        let text = e.to_string();
+        let text = text.split(" (os error").next().unwrap_or_default();
+        let mut reason = text.to_owned();
+        if let Some(first) = reason.get(..1) {
+            reason = first.to_lowercase() + &reason[1..];
+        }
+        if e.raw_os_error().is_some() {
+            format!("listen tcp {addr}: bind: {reason}")
+        } else {
+            format!("listen tcp: address {addr}: {reason}")
+        }
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listen tcp {addr}: {e}"))?;
+    Ok(listener)
+}
+
+async fn run(
+    flags: StartFlags,
+    main_listener: std::net::TcpListener,
+    metrics_listener: Option<std::net::TcpListener>,
+) -> anyhow::Result<()> {
     if !flags.discovery_srv.is_empty() {
         tracing::warn!(
             discovery_srv = %flags.discovery_srv,
@@ -428,19 +484,14 @@ async fn run(flags: StartFlags) -> anyhow::Result<()> {
     } else {
         None
     };
-    let main = tokio::net::TcpListener::bind(&flags.listen_addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("listen tcp {}: {e}", flags.listen_addr))?;
+    let main = tokio::net::TcpListener::from_std(main_listener)?;
     tracing::info!(address = %flags.listen_addr, "listening for gRPC proxy client requests");
-    let metrics = if flags.metrics_addr.is_empty() {
-        None
-    } else {
-        let host = metrics_host(&flags.metrics_addr).map_err(|e| anyhow::anyhow!(e))?;
-        let listener = tokio::net::TcpListener::bind(&host)
-            .await
-            .map_err(|e| anyhow::anyhow!("listen tcp {host}: {e}"))?;
-        tracing::info!(address = %flags.metrics_addr, "gRPC proxy listening for metrics");
-        Some(listener)
+    let metrics = match metrics_listener {
+        None => None,
+        Some(listener) => {
+            tracing::info!(address = %flags.metrics_addr, "gRPC proxy listening for metrics");
+            Some(tokio::net::TcpListener::from_std(listener)?)
+        }
     };
     let config = ProxyConfig {
         endpoints: flags.endpoints.clone(),
@@ -463,8 +514,8 @@ async fn run(flags: StartFlags) -> anyhow::Result<()> {
                 Err(_) => return,
             };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => STOPPED_BY.store(signal_hook::consts::SIGINT, Ordering::Relaxed),
+            _ = term.recv() => STOPPED_BY.store(signal_hook::consts::SIGTERM, Ordering::Relaxed),
         }
         signals.cancel();
     });

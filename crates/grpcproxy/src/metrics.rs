@@ -24,6 +24,8 @@ struct Inner {
     watchers_coalescing: IntGauge,
     /// `etcd_grpc_proxy_events_coalescing_total`.
     events_coalescing: IntCounter,
+    /// `process_resident_memory_bytes`, read at scrape time.
+    resident_memory: IntGauge,
 }
 
 impl Default for Metrics {
@@ -66,8 +68,13 @@ impl Metrics {
             "etcd_grpc_proxy_events_coalescing_total",
             "Total number of events coalescing",
         );
+        let resident_memory = gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+        );
         Metrics {
             inner: Arc::new(Inner {
+                resident_memory,
                 registry,
                 cache_hits,
                 cache_misses,
@@ -105,8 +112,18 @@ impl Metrics {
 
     /// The Prometheus text exposition of every series.
     pub fn render(&self) -> String {
+        if let Some(bytes) = resident_bytes() {
+            self.inner.resident_memory.set(bytes);
+        }
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.inner.registry.gather(), &mut out);
         String::from_utf8_lossy(&out).into_owned()
     }
+}
+
+/// This process's resident set size, from `/proc/self/statm` (pages of 4 KiB).
+fn resident_bytes() -> Option<i64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
 }

@@ -29,6 +29,9 @@ use crate::Proxy;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
+/// Bytes h2 may buffer per stream for a client that is slower than we produce.
+const SEND_BUFFER_BYTES: usize = 64 * 1024;
+
 /// The router of the main listener: every v3 service plus the HTTP endpoints.
 pub fn router(proxy: &Proxy) -> Router {
     let max_recv = proxy.max_recv_bytes;
@@ -148,9 +151,12 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // h2 buffers up to this much of a stream's responses beyond the client's flow-control
+    // window; watch streams are already bounded by their own queues, so keep this small.
     builder
         .http2()
-        .max_concurrent_streams(max_concurrent_streams);
+        .max_concurrent_streams(max_concurrent_streams)
+        .max_send_buf_size(SEND_BUFFER_BYTES);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut connections = tokio::task::JoinSet::new();

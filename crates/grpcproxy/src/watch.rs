@@ -29,9 +29,14 @@
 //! cancel from the cluster (compaction, permission) is passed to every member with its
 //! compact revision and reason.
 //!
-//! **Bounds.** Each client stream has a queue of [`CLIENT_QUEUE`] responses. A client that
-//! lets it fill up is cut off with an error (its watchers are cancelled; etcd clients resume
-//! from their last revision), so a slow reader never holds memory or slows others down.
+//! **Bounds.** Each client stream has a queue of [`CLIENT_QUEUE`] responses. When a client
+//! reads too slowly for its queue, each of its c-watchers that cannot take an event leaves
+//! its s-watcher and is *paused* at the revision of the first event it missed (as etcd's
+//! server turns a slow watcher into an unsynced one); once the client has drained its queue,
+//! the paused c-watchers get private s-watchers from that revision, catch up from the
+//! cluster's history and join the live one again. A slow reader thus holds a bounded amount of
+//! memory and never slows the others down. Only a client that lets even the room kept for
+//! control responses fill up is cut off with an error.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
@@ -58,7 +63,15 @@ use crate::namespace::Namespace;
 use crate::upstream::{Upstream, token_of, with_token};
 
 /// Responses a client stream may have queued and not yet read.
-pub const CLIENT_QUEUE: usize = 1024;
+pub const CLIENT_QUEUE: usize = 128;
+/// Room kept in a client's queue for control responses (created, canceled, progress): events
+/// stop being queued for a client once less than this is free.
+const CONTROL_RESERVE: usize = 16;
+/// How long the cluster stream waits for full client queues to make room before the
+/// c-watchers that still have none are paused (etcd's proxy waits 50 ms, then cancels).
+const CONGESTION_WAIT: Duration = Duration::from_millis(100);
+/// A lagging client's watchers resume once its queue holds fewer responses than this.
+const RESUME_BELOW: usize = CLIENT_QUEUE / 4;
 /// Progress requests a cluster stream keeps waiting for answers.
 const PROGRESS_WAITERS: usize = 1024;
 /// Watchers one client stream may hold.
@@ -68,7 +81,9 @@ pub const EXACT_METADATA: &str = "etcdrs-watch-exact";
 
 type ClientId = u64;
 type SwId = u64;
-type ClientTx = mpsc::Sender<Result<WatchResponse, Status>>;
+/// A client's queue of responses (errors travel on its `kill` token instead, which keeps
+/// the queue's slots small).
+type ClientTx = mpsc::Sender<WatchResponse>;
 
 /// The Watch service of the proxy.
 #[derive(Clone)]
@@ -101,6 +116,9 @@ struct State {
     next_sw: SwId,
     /// The live (start "now") s-watcher of each group.
     live: HashMap<GroupKey, SwId>,
+    /// Per group, the private s-watchers that will hand their c-watchers to the live one: the
+    /// live one stays (even without members) while there are any.
+    followers: HashMap<GroupKey, usize>,
     /// One cluster stream per identity.
     streams: HashMap<String, UpStream>,
 }
@@ -114,6 +132,10 @@ struct ClientState {
     /// c-watcher id → its s-watcher.
     watchers: HashMap<i64, SwId>,
     next_watch_id: i64,
+    /// Paused s-watchers of this client's lagging c-watchers.
+    paused: Vec<SwId>,
+    /// Set while `paused` is not empty: the client stream resumes them as it drains.
+    lagging: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A c-watcher, as its s-watcher holds it.
@@ -142,6 +164,8 @@ struct SWatcher {
     live: bool,
     /// A private s-watcher that may hand its c-watcher to the live one.
     mergeable: bool,
+    /// Not asked of the cluster yet: its c-watcher lags and waits for room in its queue.
+    paused: bool,
     /// The cluster's id for it on the current stream connection, once created.
     upstream_id: Option<i64>,
     /// Every event below this revision has been delivered (0: not created yet).
@@ -224,7 +248,7 @@ impl State {
         let Some(c) = self.clients.get(&client) else {
             return false;
         };
-        match c.tx.try_send(Ok(resp)) {
+        match c.tx.try_send(resp) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 c.kill.cancel();
@@ -234,7 +258,14 @@ impl State {
         }
     }
 
-    /// Registers a new s-watcher and asks the cluster for it.
+    /// Whether `client`'s queue has room for events (beyond the room kept for control).
+    fn has_room(&self, client: ClientId) -> bool {
+        self.clients
+            .get(&client)
+            .is_some_and(|c| c.tx.capacity() > CONTROL_RESERVE)
+    }
+
+    /// Registers a new s-watcher and asks the cluster for it (unless it is paused).
     fn add_sw(&mut self, hub: &Arc<Hub>, sw: SWatcher) -> SwId {
         let id = self.next_sw;
         self.next_sw += 1;
@@ -242,8 +273,51 @@ impl State {
         if sw.live {
             self.live.insert(sw.group.clone(), id);
         }
-        let request = sw.create_request();
+        let paused = sw.paused;
+        let follower = sw.mergeable.then(|| sw.group.clone());
         self.sws.insert(id, sw);
+        if !paused {
+            self.start_sw(hub, &token, id);
+        }
+        if let Some(group) = follower {
+            *self.followers.entry(group.clone()).or_default() += 1;
+            if !self.live.contains_key(&group) {
+                // Somewhere to merge into once caught up.
+                let live = SWatcher {
+                    group,
+                    start_rev: 0,
+                    live: true,
+                    mergeable: false,
+                    paused: false,
+                    upstream_id: None,
+                    next_rev: 0,
+                    header: ResponseHeader::default(),
+                    members: Vec::new(),
+                    waiting: Vec::new(),
+                };
+                self.add_sw(hub, live);
+            }
+        }
+        id
+    }
+
+    /// Drops s-watcher `id` if nobody needs it any more.
+    fn release_if_unused(&mut self, id: SwId) {
+        let Some(sw) = self.sws.get(&id) else {
+            return;
+        };
+        let followed = sw.live && self.followers.get(&sw.group).is_some_and(|n| *n > 0);
+        if sw.members.is_empty() && sw.waiting.is_empty() && !followed {
+            self.remove_sw(id);
+        }
+    }
+
+    /// Asks the cluster for s-watcher `id` on the stream of `token` (opened if needed).
+    fn start_sw(&mut self, hub: &Arc<Hub>, token: &str, id: SwId) {
+        let Some(request) = self.sws.get(&id).map(SWatcher::create_request) else {
+            return;
+        };
+        let token = token.to_owned();
         let stream = match self.streams.get_mut(&token) {
             Some(stream) => stream,
             None => {
@@ -270,7 +344,78 @@ impl State {
             stream.send(request);
             stream.pending.push_back(id);
         }
-        id
+    }
+
+    /// Parks `members` (c-watchers of `client` taken off s-watcher `sw_id`, whose next event
+    /// is at `resume_rev`) on one paused private s-watcher until their client has room.
+    fn pause(
+        &mut self,
+        hub: &Arc<Hub>,
+        sw_id: SwId,
+        client: ClientId,
+        members: Vec<Member>,
+        resume_rev: i64,
+    ) {
+        let Some(sw) = self.sws.get(&sw_id) else {
+            return;
+        };
+        let group = sw.group.clone();
+        let mergeable = sw.live || sw.mergeable;
+        let watch_ids: Vec<i64> = members.iter().map(|m| m.watch_id).collect();
+        let members = members
+            .into_iter()
+            .map(|mut m| {
+                m.min_rev = m.min_rev.max(resume_rev);
+                m
+            })
+            .collect();
+        let paused = SWatcher {
+            group,
+            start_rev: resume_rev,
+            live: false,
+            mergeable,
+            paused: true,
+            upstream_id: None,
+            next_rev: 0,
+            header: ResponseHeader::default(),
+            members,
+            waiting: Vec::new(),
+        };
+        let paused_id = self.add_sw(hub, paused);
+        if let Some(c) = self.clients.get_mut(&client) {
+            for watch_id in watch_ids {
+                c.watchers.insert(watch_id, paused_id);
+            }
+            c.paused.push(paused_id);
+            c.lagging.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Puts `client`'s paused c-watchers back on the cluster stream, from where they stopped.
+    fn resume(&mut self, hub: &Arc<Hub>, client: ClientId) {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return;
+        };
+        let paused = std::mem::take(&mut c.paused);
+        c.lagging.store(false, std::sync::atomic::Ordering::Release);
+        for id in paused {
+            let Some(sw) = self.sws.get_mut(&id) else {
+                continue;
+            };
+            if !sw.paused {
+                continue;
+            }
+            sw.paused = false;
+            let token = sw.group.token.clone();
+            self.start_sw(hub, &token, id);
+        }
+        // A progress request deferred for this client is asked again, behind the catch-up.
+        let token = self.clients.get(&client).map(|c| c.token.clone());
+        if let Some(stream) = token.and_then(|t| self.streams.get(&t))
+            && stream.progress_waiters.contains(&client)
+        {
+            stream.send(progress_request());
+        }
     }
 
     /// Forgets an s-watcher and cancels it on the cluster.
@@ -278,6 +423,17 @@ impl State {
         let sw = self.sws.remove(&id)?;
         if sw.live && self.live.get(&sw.group) == Some(&id) {
             self.live.remove(&sw.group);
+        }
+        if sw.mergeable
+            && let Some(n) = self.followers.get_mut(&sw.group)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.followers.remove(&sw.group);
+                if let Some(&live) = self.live.get(&sw.group) {
+                    self.release_if_unused(live);
+                }
+            }
         }
         if let Some(stream) = self.streams.get_mut(&sw.group.token) {
             stream.sws.remove(&id);
@@ -304,9 +460,7 @@ impl State {
         if sw.live && sw.members.len() < before && !sw.members.is_empty() {
             metrics.add_watchers_coalescing(-1);
         }
-        if sw.members.is_empty() && sw.waiting.is_empty() {
-            self.remove_sw(sw_id);
-        }
+        self.release_if_unused(sw_id);
         Some(sw_id)
     }
 
@@ -336,7 +490,7 @@ fn created_response(header: &ResponseHeader, watch_id: i64) -> WatchResponse {
 
 impl Hub {
     /// A response of the cluster stream of `token`, connection `generation`.
-    fn on_response(&self, token: &str, generation: u64, mut resp: WatchResponse) {
+    fn on_response(self: &Arc<Self>, token: &str, generation: u64, mut resp: WatchResponse) {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let Some(stream) = state.streams.get_mut(token) else {
@@ -391,6 +545,18 @@ impl Hub {
         if resp.watch_id == -1 && !resp.canceled && resp.events.is_empty() {
             // The answer to RequestProgress: everything up to this revision was delivered.
             let waiters: Vec<ClientId> = stream.progress_waiters.drain(..).collect();
+            // A client with paused watchers has not received everything up to this revision:
+            // it waits until they are back on the cluster stream (see `resume`).
+            let (deferred, waiters): (Vec<ClientId>, Vec<ClientId>) =
+                waiters.into_iter().partition(|client| {
+                    state
+                        .clients
+                        .get(client)
+                        .is_some_and(|c| !c.paused.is_empty())
+                });
+            if let Some(stream) = state.streams.get_mut(token) {
+                stream.progress_waiters.extend(deferred);
+            }
             for client in waiters {
                 let reply = WatchResponse {
                     header: Some(header),
@@ -430,7 +596,7 @@ impl Hub {
     }
 
     fn deliver(
-        &self,
+        self: &Arc<Self>,
         state: &mut State,
         sw_id: SwId,
         resp: &WatchResponse,
@@ -495,12 +661,125 @@ impl Hub {
             self.metrics
                 .add_events_coalescing((resp.events.len() * (out.len() - 1)) as u64);
         }
+        let mut lagging: Vec<(ClientId, i64, i64)> = Vec::new();
         for (client, response) in out {
-            state.send(client, response);
+            if response.events.is_empty() {
+                // A progress notification is advisory: a full queue just skips it.
+                if state.has_room(client) {
+                    state.send(client, response);
+                }
+                continue;
+            }
+            if state.has_room(client) {
+                state.send(client, response);
+            } else {
+                let first = response.events[0]
+                    .kv
+                    .as_ref()
+                    .map_or(next_rev, |kv| kv.mod_revision);
+                lagging.push((client, response.watch_id, first));
+            }
         }
-        if mergeable {
+        if !lagging.is_empty() {
+            self.pause_members(state, sw_id, &lagging);
+        }
+        if mergeable && state.sws.contains_key(&sw_id) {
             self.try_merge(state, sw_id, &group, next_rev);
         }
+    }
+
+    /// The queues of the clients an event response of the cluster stream of `token` goes to
+    /// that have no room for it now, with the room each needs (its responses to this one, and
+    /// the room kept for control responses).
+    fn congested(
+        &self,
+        token: &str,
+        generation: u64,
+        resp: &WatchResponse,
+    ) -> Vec<(ClientTx, usize)> {
+        let state = self.state.lock();
+        let Some(stream) = state.streams.get(token) else {
+            return Vec::new();
+        };
+        if stream.generation != generation {
+            return Vec::new();
+        }
+        let Some(sw) = stream
+            .ids
+            .get(&resp.watch_id)
+            .and_then(|id| state.sws.get(id))
+        else {
+            return Vec::new();
+        };
+        let mut per_client: HashMap<ClientId, usize> = HashMap::new();
+        for m in &sw.members {
+            *per_client.entry(m.client).or_default() += 1;
+        }
+        per_client
+            .into_iter()
+            .filter_map(|(client, n)| {
+                let c = state.clients.get(&client)?;
+                let needed = n.min(CLIENT_QUEUE - CONTROL_RESERVE) + CONTROL_RESERVE;
+                (c.tx.capacity() < needed).then(|| (c.tx.clone(), needed))
+            })
+            .collect()
+    }
+
+    /// Pauses the c-watchers of `sw_id` that had no room for their events: `(client,
+    /// watch_id, revision of the first event they missed)`.
+    fn pause_members(
+        self: &Arc<Self>,
+        state: &mut State,
+        sw_id: SwId,
+        lagging: &[(ClientId, i64, i64)],
+    ) {
+        let Some(sw) = state.sws.get_mut(&sw_id) else {
+            return;
+        };
+        let first_of: HashMap<(ClientId, i64), i64> = lagging
+            .iter()
+            .map(|&(c, w, first)| ((c, w), first))
+            .collect();
+        let before = sw.members.len();
+        let mut taken: HashMap<(ClientId, i64), Vec<Member>> = HashMap::new();
+        let mut kept = Vec::with_capacity(before);
+        for m in std::mem::take(&mut sw.members) {
+            match first_of.get(&(m.client, m.watch_id)) {
+                Some(&first) => taken.entry((m.client, first)).or_default().push(m),
+                None => kept.push(m),
+            }
+        }
+        sw.members = kept;
+        if sw.live {
+            let shared = |n: usize| n.saturating_sub(1) as i64;
+            self.metrics
+                .add_watchers_coalescing(shared(sw.members.len()) - shared(before));
+        }
+        // The c-watchers of one client that stopped at one revision share a paused watcher.
+        let mut clients = HashSet::new();
+        for ((client, first), members) in taken {
+            state.pause(self, sw_id, client, members, first);
+            clients.insert(client);
+        }
+        state.release_if_unused(sw_id);
+        // A client that already drained its queue will not read again to wake its paused
+        // watchers: resume them now. (The flag was set first, so a client still reading
+        // sees it.)
+        for client in clients {
+            let drained = state
+                .clients
+                .get(&client)
+                .is_some_and(|c| c.tx.max_capacity() - c.tx.capacity() < RESUME_BELOW);
+            if drained {
+                state.resume(self, client);
+            }
+        }
+    }
+
+    /// `client` drained its queue: its paused c-watchers catch up from where they stopped.
+    fn resume(self: &Arc<Self>, client: ClientId) {
+        let mut state = self.state.lock();
+        state.resume(self, client);
     }
 
     /// Hands a private s-watcher's c-watchers to the live one when no event can be lost or
@@ -609,6 +888,7 @@ impl Hub {
             start_rev: start,
             live,
             mergeable: !exact && start != 0,
+            paused: false,
             upstream_id: None,
             next_rev: 0,
             header: ResponseHeader::default(),
@@ -649,8 +929,8 @@ impl Hub {
         );
     }
 
-    /// RequestProgress from `client`: asks the cluster on the client's stream, or answers at
-    /// once with `fallback` when the client watches nothing there.
+    /// RequestProgress from `client`: asks the cluster on the client's stream. `false`: the
+    /// client watches nothing there, and the cluster's current revision is the answer.
     fn progress(&self, client: ClientId) -> bool {
         let mut guard = self.state.lock();
         let state = &mut *guard;
@@ -660,12 +940,14 @@ impl Hub {
         let Some(stream) = state.streams.get_mut(&token) else {
             return false;
         };
-        if stream.req_tx.is_none() || stream.sws.is_empty() {
+        if stream.sws.is_empty() {
             return false;
         }
         if stream.progress_waiters.len() >= PROGRESS_WAITERS {
             return true;
         }
+        // While the stream reconnects, the request waits: the reconnection asks for progress
+        // once every s-watcher is re-created, so the answer never runs ahead of an event.
         stream.progress_waiters.push_back(client);
         stream.send(progress_request());
         true
@@ -744,10 +1026,10 @@ impl Hub {
 /// Tells every member and waiter of `sw` it was cancelled, with the cluster's reason.
 fn fail_members(state: &mut State, sw: SWatcher, resp: &WatchResponse, on_create: bool) {
     let header = resp.header.unwrap_or_default();
-    let response = |watch_id: i64| WatchResponse {
+    let response = |watch_id: i64, created: bool| WatchResponse {
         header: Some(header),
         watch_id,
-        created: on_create,
+        created,
         canceled: true,
         compact_revision: resp.compact_revision,
         cancel_reason: resp.cancel_reason.clone(),
@@ -757,13 +1039,13 @@ fn fail_members(state: &mut State, sw: SWatcher, resp: &WatchResponse, on_create
         if let Some(c) = state.clients.get_mut(&m.client) {
             c.watchers.remove(&m.watch_id);
         }
-        state.send(m.client, response(m.watch_id));
+        state.send(m.client, response(m.watch_id, false));
     }
     for w in sw.waiting {
         if let Some(c) = state.clients.get_mut(&w.member.client) {
             c.watchers.remove(&w.member.watch_id);
         }
-        state.send(w.member.client, response(w.member.watch_id));
+        state.send(w.member.client, response(w.member.watch_id, on_create));
         let _ = w.done.send(());
     }
 }
@@ -808,6 +1090,17 @@ async fn run_upstream(hub: Arc<Hub>, token: String) {
                     match message {
                         Ok(Some(resp)) => {
                             backoff = Duration::from_millis(50);
+                            if !resp.events.is_empty() {
+                                // Bursts are absorbed by briefly holding the cluster stream
+                                // (its flow control then slows the member down); clients
+                                // still full after that are paused.
+                                let full = hub.congested(&token, generation, &resp);
+                                let deadline = tokio::time::Instant::now() + CONGESTION_WAIT;
+                                for (tx, needed) in full {
+                                    let room = tx.reserve_many(needed);
+                                    let _ = tokio::time::timeout_at(deadline, room).await;
+                                }
+                            }
                             hub.on_response(&token, generation, resp);
                         }
                         Ok(None) => break,
@@ -839,12 +1132,14 @@ async fn run_upstream(hub: Arc<Hub>, token: String) {
 /// A client's stream of watch responses. It ends with an error when the client was cut off
 /// for not reading; dropping it (the client went away) cancels the client's watchers.
 struct ClientStream {
-    rx: mpsc::Receiver<Result<WatchResponse, Status>>,
+    rx: mpsc::Receiver<WatchResponse>,
     kill: CancellationToken,
     killed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     done: bool,
     hub: Arc<Hub>,
     id: ClientId,
+    /// Shared with the client's state: some of its c-watchers are paused.
+    lagging: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Stream for ClientStream {
@@ -859,7 +1154,14 @@ impl Stream for ClientStream {
                 "etcdserver: watch stream is too slow (gRPC proxy client queue is full)",
             ))));
         }
-        self.rx.poll_recv(cx)
+        let item = self.rx.poll_recv(cx).map(|r| r.map(Ok));
+        if item.is_ready()
+            && self.lagging.load(std::sync::atomic::Ordering::Acquire)
+            && self.rx.len() < RESUME_BELOW
+        {
+            self.hub.resume(self.id);
+        }
+        item
     }
 }
 
@@ -911,6 +1213,17 @@ async fn read_client(
             // A client that closes its side keeps receiving, as from a member.
             Ok(None) | Err(_) => return,
         };
+        // A request is handled only once its answer has room in the client's queue: a client
+        // that sends and does not read is slowed down, not cut off (as a member stops reading
+        // from a client that does not read).
+        let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
+        if let Some(tx) = tx {
+            tokio::select! {
+                _ = kill.cancelled() => return,
+                _ = hub.shutdown.cancelled() => return,
+                _ = tx.reserve_many(CONTROL_RESERVE + 1) => {}
+            }
+        }
         match request.request_union {
             Some(watch_request::RequestUnion::CreateRequest(create)) => {
                 if let Some(wait) = hub.create(id, create) {
@@ -930,11 +1243,11 @@ async fn read_client(
                 let header = current_header(&hub, id).await;
                 let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
                 if let (Some(tx), Some(header)) = (tx, header) {
-                    let _ = tx.try_send(Ok(WatchResponse {
+                    let _ = tx.try_send(WatchResponse {
                         header: Some(header),
                         watch_id: -1,
                         ..Default::default()
-                    }));
+                    });
                 }
             }
             Some(watch_request::RequestUnion::ProgressRequest(_)) => {}
@@ -978,6 +1291,7 @@ impl Watch for WatchProxy {
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let (tx, rx) = mpsc::channel(CLIENT_QUEUE);
         let kill = CancellationToken::new();
+        let lagging = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let id = {
             let mut state = self.hub.state.lock();
             let id = state.next_client;
@@ -991,6 +1305,8 @@ impl Watch for WatchProxy {
                     kill: kill.clone(),
                     watchers: HashMap::new(),
                     next_watch_id: 0,
+                    paused: Vec::new(),
+                    lagging: lagging.clone(),
                 },
             );
             id
@@ -1006,6 +1322,7 @@ impl Watch for WatchProxy {
             done: false,
             hub: self.hub.clone(),
             id,
+            lagging,
         })))
     }
 }

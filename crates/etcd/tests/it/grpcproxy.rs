@@ -22,12 +22,10 @@ fn proxy_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_etcd"))
 }
 
-/// The two clusters the proxy must work in front of.
+/// The two clusters the proxy must work in front of: the server under test (ours, unless
+/// `ETCDRS_TEST_ETCD_BIN` names another) and etcd 3.4.
 fn backends() -> [EtcdBin; 2] {
-    [
-        EtcdBin::at(env!("CARGO_BIN_EXE_etcd")),
-        EtcdBin::at("/usr/bin/etcd"),
-    ]
+    [crate::bin(), EtcdBin::at("/usr/bin/etcd")]
 }
 
 /// A running `etcd grpc-proxy start` process.
@@ -556,6 +554,28 @@ async fn namespace_confines_clients_to_the_prefix() {
         ),
         ["b"]
     );
+    // A lease's attached keys: only those inside the namespace, without the prefix.
+    let lease = client.lease_grant(60, None).await.expect("grant").id();
+    client
+        .put("leased", "1", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .expect("put");
+    direct
+        .put(
+            "leased-outside",
+            "1",
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("put");
+    let ttl = client
+        .lease_time_to_live(
+            lease,
+            Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+        )
+        .await
+        .expect("ttl");
+    assert_eq!(ttl.keys(), [b"leased".to_vec()]);
     // Deleting everything deletes only the namespace.
     client
         .delete(
@@ -567,6 +587,7 @@ async fn namespace_confines_clients_to_the_prefix() {
     assert_eq!(
         crate::dump(&mut direct).await,
         [
+            ("leased-outside".to_owned(), "1".to_owned()),
             ("ns0".to_owned(), "just past the prefix".to_owned()),
             ("secret".to_owned(), "changed".to_owned())
         ]
@@ -757,6 +778,14 @@ async fn flags_help_and_errors_read_as_etcds() {
         let etcd = run(Path::new("/usr/bin/etcd"), args).await;
         assert_eq!(ours, etcd, "etcd {args:?}");
     }
+    // A taken port: a plain error and exit 1, before anything else.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = format!("--listen-addr={}", taken.local_addr().expect("addr"));
+    let args = ["grpc-proxy", "start", addr.as_str()];
+    let ours = run(&proxy_bin(), &args).await;
+    let etcd = run(Path::new("/usr/bin/etcd"), &args).await;
+    assert_eq!(ours, etcd);
+    assert_eq!(ours.0, Some(1));
 }
 
 /// TLS end to end against etcd 3.4 requiring client certificates: the proxy presents its
@@ -843,4 +872,104 @@ async fn tls_to_clients_and_to_an_etcd_34_cluster() {
         .await
         .expect("run");
     assert!(!out.success());
+}
+
+/// A client that stops reading while events pour in is not cut off and loses nothing: its
+/// watchers pause when its queue is full, catch up from the cluster's history when it reads
+/// again, and then share the live cluster watcher again.
+#[tokio::test]
+async fn a_slow_reader_catches_up_without_gaps_and_rejoins() {
+    const WATCHERS: usize = 50;
+    const PUTS: usize = 300;
+    let member = start_member(&backends()[0]).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    let mut stream = client.watch("slow", None).await.expect("watch");
+    assert!(next(&mut stream).await.created());
+    for _ in 1..WATCHERS {
+        stream.watch("slow", None).await.expect("watch");
+        assert!(next(&mut stream).await.created());
+    }
+    // Nobody reads while the events come.
+    let mut direct = member.client().await.expect("direct");
+    let value = "x".repeat(2048);
+    let first = direct
+        .put("slow", value.as_str(), None)
+        .await
+        .expect("put")
+        .header()
+        .expect("h")
+        .revision();
+    for _ in 1..PUTS {
+        direct.put("slow", value.as_str(), None).await.expect("put");
+    }
+    let mut seen: std::collections::HashMap<i64, Vec<i64>> = std::collections::HashMap::new();
+    while seen.values().map(Vec::len).sum::<usize>() < WATCHERS * PUTS {
+        let resp = next(&mut stream).await;
+        assert!(!resp.canceled(), "{resp:?}");
+        let revs = seen.entry(resp.watch_id()).or_default();
+        revs.extend(
+            resp.events()
+                .iter()
+                .map(|e| e.kv().expect("kv").mod_revision()),
+        );
+    }
+    let want: Vec<i64> = (first..first + PUTS as i64).collect();
+    assert_eq!(seen.len(), WATCHERS);
+    for (id, revs) in &seen {
+        assert_eq!(revs, &want, "watcher {id}");
+    }
+    // Caught up: they all share one cluster watcher again (after the next event).
+    direct.put("slow", "last", None).await.expect("put");
+    poll_until(Duration::from_secs(5), || async {
+        let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
+        if n == 2.0 {
+            Ok(())
+        } else {
+            Err(format!("{n} watchers"))
+        }
+    })
+    .await
+    .expect("merged back into the live watcher");
+}
+
+/// More watchers of one key on one stream than the stream's queue holds: one event still
+/// reaches every one of them (those without room catch up right after).
+#[tokio::test]
+async fn one_event_reaches_more_watchers_than_a_queue_holds() {
+    const WATCHERS: usize = 300;
+    let member = start_member(&backends()[0]).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    let mut stream = client.watch("wide", None).await.expect("watch");
+    assert!(next(&mut stream).await.created());
+    for _ in 1..WATCHERS {
+        stream.watch("wide", None).await.expect("watch");
+        assert!(next(&mut stream).await.created());
+    }
+    let rev = member
+        .client()
+        .await
+        .expect("direct")
+        .put("wide", "v", None)
+        .await
+        .expect("put")
+        .header()
+        .expect("h")
+        .revision();
+    let mut ids = std::collections::HashSet::new();
+    while ids.len() < WATCHERS {
+        let resp = next(&mut stream).await;
+        for event in resp.events() {
+            assert_eq!(event.kv().expect("kv").mod_revision(), rev);
+        }
+        assert!(
+            ids.insert(resp.watch_id()),
+            "one event per watcher: {resp:?}"
+        );
+    }
 }
