@@ -1,5 +1,6 @@
-//! The errors of the discovery protocols (v2 and v3), with etcd's texts: the bootstrap step
-//! logs them as etcd does, and users grep for them.
+//! The crate's one error type: the discovery protocols' failures (v2 and v3), with etcd's
+//! texts, since the bootstrap step logs them as etcd does and users grep for them; and DNS SRV
+//! lookup failures.
 
 /// Why bootstrapping through a discovery service failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,35 @@ pub enum Error {
     /// The discovery service refused a request in a way retrying cannot fix.
     #[error("{0}")]
     Service(String),
+
+    /// `ETCDRS_DNS_SERVER` is not an `<ip>:<port>`.
+    #[error(
+        "invalid {} {value:?}: expected <ip>:<port>",
+        crate::srv::DNS_SERVER_ENV
+    )]
+    BadServerOverride {
+        /// The variable's value.
+        value: String,
+    },
+    /// The resolver could not be built (e.g. an unreadable `/etc/resolv.conf`).
+    #[error("cannot configure the DNS resolver: {0}")]
+    SystemConfig(String),
+    /// The SRV query failed (no such name, no records, or no answer).
+    #[error("lookup {name} on SRV: {reason}")]
+    Srv {
+        /// The full name queried, e.g. `_etcd-client._tcp.example.com.`.
+        name: String,
+        /// The resolver's explanation.
+        reason: String,
+    },
+    /// A host name has no usable A/AAAA record.
+    #[error("lookup {host}: {reason}")]
+    Host {
+        /// The host name.
+        host: String,
+        /// The resolver's explanation.
+        reason: String,
+    },
 }
 
 /// Result of this crate's discovery operations.

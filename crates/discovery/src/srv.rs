@@ -29,38 +29,9 @@ pub const DNS_SERVER_ENV: &str = "ETCDRS_DNS_SERVER";
 /// The longest an answer is cached: re-resolution must see changes quickly.
 const MAX_CACHE_TTL: Duration = Duration::from_secs(1);
 
-/// Why a lookup failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// `ETCDRS_DNS_SERVER` is not an `<ip>:<port>`.
-    #[error("invalid {DNS_SERVER_ENV} {value:?}: expected <ip>:<port>")]
-    BadServerOverride {
-        /// The variable's value.
-        value: String,
-    },
-    /// The resolver could not be built (e.g. an unreadable `/etc/resolv.conf`).
-    #[error("cannot configure the DNS resolver: {0}")]
-    SystemConfig(String),
-    /// The SRV query failed (no such name, no records, or no answer).
-    #[error("lookup {name} on SRV: {reason}")]
-    Srv {
-        /// The full name queried, e.g. `_etcd-client._tcp.example.com.`.
-        name: String,
-        /// The resolver's explanation.
-        reason: String,
-    },
-    /// A host name has no usable A/AAAA record.
-    #[error("lookup {host}: {reason}")]
-    Host {
-        /// The host name.
-        host: String,
-        /// The resolver's explanation.
-        reason: String,
-    },
-}
+pub use crate::error::Error;
 
-/// Result of this module's operations.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub use crate::error::Result;
 
 /// One SRV target.
 #[derive(Debug, Clone, PartialEq, Eq)]
