@@ -6,10 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -31,9 +30,7 @@ pub struct TlsFiles {
     pub insecure_skip_verify: bool,
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+use etcdrs_tls::provider;
 
 fn bad(path: &Path, reason: impl std::fmt::Display) -> Error {
     Error::Config(format!("{}: {reason}", path.display()))
@@ -66,7 +63,7 @@ pub fn client_config(files: &TlsFiles, alpn: &[u8]) -> Result<Arc<rustls::Client
     let builder = if files.insecure_skip_verify {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServerCert))
+            .with_custom_certificate_verifier(etcdrs_tls::AnyServerCert::new(provider()))
     } else {
         let store = match &files.cacert {
             Some(ca) => roots(ca)?,
@@ -131,48 +128,4 @@ pub fn connector(
             Ok(TokioIo::new(wrap(config, &host, tcp).await?))
         }
     })
-}
-
-/// `--discovery-insecure-skip-tls-verify`: any certificate is accepted (signatures are still
-/// checked, so the handshake itself is sound).
-#[derive(Debug)]
-struct AnyServerCert;
-
-impl ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algs = provider().signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &algs)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algs = provider().signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &algs)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }

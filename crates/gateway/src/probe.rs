@@ -20,9 +20,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::ClientConfig;
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -47,11 +46,11 @@ impl Prober {
         answer_timeout: Duration,
         verified: Option<(Arc<ClientConfig>, ServerName<'static>)>,
     ) -> Result<Prober, rustls::Error> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = etcdrs_tls::provider();
         let liveness = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_custom_certificate_verifier(etcdrs_tls::AnyServerCert::new(provider))
             .with_no_client_auth();
         Ok(Prober {
             dial_timeout,
@@ -119,46 +118,6 @@ async fn handshake(
     }
 }
 
-/// A verifier that accepts every certificate and signature, for liveness probes only: the
-/// connection is closed right after the handshake and nothing is sent on it.
-#[derive(Debug)]
-struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// A client configuration that trusts the CA certificates in `path` (PEM).
 pub(crate) fn trusted_ca_config(path: &std::path::Path) -> Result<Arc<ClientConfig>, String> {
     use rustls::pki_types::pem::PemObject;
@@ -171,7 +130,7 @@ pub(crate) fn trusted_ca_config(path: &std::path::Path) -> Result<Arc<ClientConf
     if roots.is_empty() {
         return Err("no certificate found".to_string());
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = etcdrs_tls::provider();
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?

@@ -16,12 +16,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::crypto::ring::cipher_suite as suites;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme, SupportedCipherSuite};
+use rustls::{RootCertStore, SupportedCipherSuite};
 
 use crate::error::{Result, ServerError};
 
@@ -278,7 +277,7 @@ impl TlsInfo {
         let builder = if self.self_signed && self.trusted_ca_file.is_none() {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)))
+                .with_custom_certificate_verifier(etcdrs_tls::AnyServerCert::new(provider))
         } else {
             builder.with_root_certificates(self.roots()?)
         };
@@ -553,56 +552,6 @@ impl TlsClient {
 pub fn server_name(host: &str) -> Option<ServerName<'static>> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     ServerName::try_from(host.to_owned()).ok()
-}
-
-/// Accepts any server certificate but still checks the handshake signatures: the client side
-/// of auto TLS, whose peers present self-signed certificates (etcd's `InsecureSkipVerify`).
-#[derive(Debug)]
-struct AnyServerCert(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
