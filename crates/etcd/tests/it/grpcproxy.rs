@@ -973,3 +973,53 @@ async fn one_event_reaches_more_watchers_than_a_queue_holds() {
         );
     }
 }
+
+/// SIGTERM: the proxy closes its connections, revokes its registration (it leaves the list
+/// at once, not after its TTL) and dies by the signal, as etcd's proxy does.
+#[tokio::test]
+async fn sigterm_unregisters_the_proxy_and_kills_it_by_the_signal() {
+    use std::os::unix::process::ExitStatusExt;
+    let member = start_member(&backends()[0]).await;
+    let flags = ["--resolver-prefix=stop", "--resolver-ttl=30"];
+    let mut proxy = Proxy::start(&[member.endpoint()], &flags)
+        .await
+        .expect("proxy");
+    let mut direct = member.client().await.expect("direct");
+    let registered = || {
+        let mut direct = direct.clone();
+        async move {
+            let resp = direct
+                .get("stop/", Some(GetOptions::new().with_prefix()))
+                .await?;
+            anyhow::Ok(resp.kvs().len())
+        }
+    };
+    poll_until(Duration::from_secs(5), || async {
+        match registered().await? {
+            1 => Ok(()),
+            n => Err(anyhow::anyhow!("{n} registrations")),
+        }
+    })
+    .await
+    .expect("registered");
+    let pid = proxy.child.id().expect("pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signal");
+    let status = tokio::time::timeout(Duration::from_secs(5), proxy.child.wait())
+        .await
+        .expect("stops in time")
+        .expect("wait");
+    assert_eq!(status.signal(), Some(15), "{status:?}");
+    assert_eq!(
+        registered().await.expect("get"),
+        0,
+        "revoked on the way out"
+    );
+    direct
+        .put("k", "v", None)
+        .await
+        .expect("the cluster is fine");
+}
