@@ -22,6 +22,7 @@ mod flags;
 pub(crate) mod goparse;
 pub(crate) mod gourl;
 mod help;
+pub(crate) mod pflag;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -244,54 +244,26 @@ enum Stop {
 /// pflag's `Parse` of `etcd gateway start`'s arguments.
 fn parse(args: &[String]) -> Result<Flags, Stop> {
     let mut flags = Flags::new();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
-        if arg == "--" {
-            break;
-        }
-        if let Some(body) = arg.strip_prefix("--") {
-            let (name, inline) = match body.split_once('=') {
-                Some((n, v)) => (n, Some(v)),
-                None => (body, None),
-            };
-            if name == "help" {
-                return Err(Stop::Help);
-            }
-            let Some(kind) = FLAGS.iter().find(|d| d.name == name).map(|d| d.kind) else {
-                return Err(Stop::Error(format!("unknown flag: --{name}")));
-            };
-            let text = match (inline, kind) {
-                (Some(v), _) => v.to_string(),
-                (None, Kind::Bool) => "true".to_string(),
-                (None, _) => match args.get(i) {
-                    Some(next) => {
-                        i += 1;
-                        next.clone()
-                    }
-                    None => return Err(Stop::Error(format!("flag needs an argument: --{name}"))),
-                },
-            };
-            if let Err(why) = flags.set(name, &text) {
-                return Err(Stop::Error(format!(
+    let help = crate::config::pflag::scan(
+        args,
+        |name| {
+            FLAGS
+                .iter()
+                .find(|d| d.name == name)
+                .map(|d| d.kind == Kind::Bool)
+        },
+        |name, text| {
+            flags.set(name, text).map_err(|why| {
+                format!(
                     "invalid argument {} for \"--{name}\" flag: {why}",
-                    quote(&text)
-                )));
-            }
-        } else if let Some(shorts) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-            // The only shorthand is -h.
-            match shorts.chars().next() {
-                Some('h') => return Err(Stop::Help),
-                Some(c) => {
-                    return Err(Stop::Error(format!(
-                        "unknown shorthand flag: '{c}' in -{shorts}"
-                    )));
-                }
-                None => {}
-            }
-        }
-        // Anything else is a positional argument; `start` takes none and ignores them, as etcd.
+                    quote(text)
+                )
+            })
+        },
+    )
+    .map_err(Stop::Error)?;
+    if help {
+        return Err(Stop::Help);
     }
     Ok(flags)
 }

@@ -240,45 +240,17 @@ impl StartFlags {
 /// `start` command does.
 fn parse_start(args: &[String]) -> Result<StartFlags, String> {
     let mut flags = StartFlags::default();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
-        if arg == "--" {
-            break;
-        }
-        if let Some(body) = arg.strip_prefix("--") {
-            let (name, inline) = match body.split_once('=') {
-                Some((n, v)) => (n, Some(v)),
-                None => (body, None),
-            };
-            let kind = FLAGS
+    let help = crate::config::pflag::scan(
+        args,
+        |name| {
+            FLAGS
                 .iter()
                 .find(|(n, _)| *n == name)
-                .map(|(_, k)| *k)
-                .ok_or_else(|| format!("unknown flag: --{name}"))?;
-            let value = match (inline, kind) {
-                (Some(v), _) => v.to_owned(),
-                (None, Kind::Bool) => "true".to_owned(),
-                (None, _) => {
-                    let Some(v) = args.get(i) else {
-                        return Err(format!("flag needs an argument: --{name}"));
-                    };
-                    i += 1;
-                    v.clone()
-                }
-            };
-            flags.set(name, &value)?;
-        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-            // The only shorthand is -h.
-            for c in short.chars() {
-                if c != 'h' {
-                    return Err(format!("unknown shorthand flag: '{c}' in -{short}"));
-                }
-                flags.help = true;
-            }
-        }
-    }
+                .map(|(_, k)| *k == Kind::Bool)
+        },
+        |name, value| flags.set(name, value),
+    )?;
+    flags.help |= help;
     Ok(flags)
 }
 
