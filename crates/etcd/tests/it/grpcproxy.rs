@@ -201,6 +201,25 @@ async fn seed_commands_through_the_proxy() {
             .expect("lock");
         assert!(lock.key().starts_with(b"seed-lock/"));
         client.unlock(lock.key()).await.expect("unlock");
+        // v3election through the proxy: campaign, then the leader is the campaigner's value.
+        let campaign = client
+            .campaign("seed-election", "me", lease)
+            .await
+            .expect("campaign");
+        let leader_key = campaign.leader().expect("a leader key").key().to_vec();
+        let leader = client.leader("seed-election").await.expect("leader");
+        assert_eq!(leader.kv().expect("the leader's kv").value(), b"me");
+        client
+            .resign(Some(
+                etcd_client::ResignOptions::new().with_leader(
+                    etcd_client::LeaderKey::new()
+                        .with_name("seed-election")
+                        .with_key(leader_key)
+                        .with_lease(lease),
+                ),
+            ))
+            .await
+            .expect("resign");
         let txn = Txn::new()
             .when([Compare::value("foo", CompareOp::Equal, "bar")])
             .and_then([TxnOp::put("foo", "baz", None)]);
