@@ -287,6 +287,10 @@ pub struct EtcdConfig {
     pub discovery_proxy: String,
     pub discovery_srv: String,
     pub discovery_srv_name: String,
+    /// Set by DNS SRV bootstrap when the peers are https and no `--peer-trusted-ca-file` is
+    /// given: peer certificates are then verified against this name, the SRV domain (etcd
+    /// PR #6084); empty otherwise.
+    pub peer_tls_server_name: String,
     /// v3 discovery (etcd 3.6 flags).
     pub discovery_token: String,
     pub discovery_endpoints: Vec<String>,
@@ -1249,6 +1253,7 @@ fn finish(
         discovery_proxy: flags.string("discovery-proxy"),
         discovery_srv: flags.string("discovery-srv"),
         discovery_srv_name: flags.string("discovery-srv-name"),
+        peer_tls_server_name: String::new(),
         discovery_token: flags.string("discovery-token"),
         discovery_endpoints: flags.strings("discovery-endpoints"),
         strict_reconfig_check: flags.boolean("strict-reconfig-check"),

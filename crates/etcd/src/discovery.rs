@@ -109,15 +109,12 @@ fn bootstrap_srv(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
         tracing::warn!(error = %e, "failed to resolve during SRV discovery");
         anyhow!(e)
     })?;
-    if found.tls && cfg.peer_trusted_ca_file.is_empty() {
-        // etcd then checks peer certificates against the SRV domain (etcd PR #6084); our
-        // peer transport does not take a server name override yet.
-        tracing::warn!(
-            discovery_srv = %cfg.discovery_srv,
-            "https peers from SRV records are verified against their own host names, not the SRV domain"
-        );
-    }
     let mut out = cfg.clone();
+    if found.tls && cfg.peer_trusted_ca_file.is_empty() {
+        // Without a CA of its own, a member checks its https peers' certificates (against the
+        // system's roots) for the SRV domain rather than each target's name (etcd PR #6084).
+        out.peer_tls_server_name = cfg.discovery_srv.trim_end_matches('.').to_owned();
+    }
     out.initial_cluster = found.entries.join(",");
     Ok(out)
 }

@@ -171,6 +171,7 @@ fn peer_tls(cfg: &EtcdConfig) -> anyhow::Result<Option<TlsInfo>> {
     info.crl_file = non_empty_path(&cfg.peer_crl_file);
     info.allowed_cn = cfg.peer_cert_allowed_cn.clone();
     info.allowed_hostname = cfg.peer_cert_allowed_hostname.clone();
+    info.server_name = Some(cfg.peer_tls_server_name.clone()).filter(|n| !n.is_empty());
     if !cfg.peer_client_cert_file.is_empty() && !cfg.peer_client_key_file.is_empty() {
         info.dial_cert = Some((
             PathBuf::from(&cfg.peer_client_cert_file),

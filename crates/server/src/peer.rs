@@ -224,7 +224,8 @@ pub fn peer_client(url: &str) -> Result<PeerClient<Channel>, tonic::transport::E
         async move {
             let host = uri.host().unwrap_or_default().to_owned();
             let port = uri.port_u16().unwrap_or(443);
-            let name = crate::tls::server_name(&host)
+            let name = tls
+                .server_name_for(&host)
                 .ok_or_else(|| std::io::Error::other(format!("invalid host name {host:?}")))?;
             let connector = tls.connector();
             let connect = async {

@@ -78,6 +78,9 @@ pub struct TlsInfo {
     /// Certificate and key presented when dialling, if not `cert_file`/`key_file`
     /// (`--peer-client-cert-file`, `--peer-client-key-file`).
     pub dial_cert: Option<(PathBuf, PathBuf)>,
+    /// When dialling, verify the other side's certificate for this name instead of the host
+    /// dialled (etcd's `TLSInfo.ServerName`; set by DNS SRV bootstrap to the SRV domain).
+    pub server_name: Option<String>,
 }
 
 /// etcd's Go cipher suite names (`tlsutil.cipherSuites`) and the rustls suite for each one rustls
@@ -224,8 +227,13 @@ impl TlsInfo {
         let mut roots = RootCertStore::empty();
         let ca_file = match &self.trusted_ca_file {
             Some(file) => file.clone(),
-            // Go falls back to the system pool; Debian keeps it here.
-            None => PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            // Go falls back to the system pool: `SSL_CERT_FILE` if set, else Debian's bundle.
+            None => std::env::var_os("SSL_CERT_FILE")
+                .filter(|f| !f.is_empty())
+                .map_or_else(
+                    || PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+                    PathBuf::from,
+                ),
         };
         let certs = read_certs(&ca_file);
         match certs {
@@ -545,6 +553,12 @@ impl TlsClient {
     /// The connector for a new connection.
     pub fn connector(&self) -> tokio_rustls::TlsConnector {
         self.0.current()
+    }
+
+    /// The name to verify the other side's certificate for when dialling `host`: the
+    /// configured override, else `host` itself.
+    pub fn server_name_for(&self, host: &str) -> Option<ServerName<'static>> {
+        server_name(self.0.info.server_name.as_deref().unwrap_or(host))
     }
 }
 

@@ -58,7 +58,7 @@ pub struct ClientTls {
 /// `--peer-trusted-ca-file` (and `--peer-client-cert-auth` when set).
 #[derive(Clone, Debug)]
 pub struct PeerTls {
-    /// The CA that signed the peer certificates.
+    /// The CA that signed the peer certificates; empty: no `--peer-trusted-ca-file`.
     pub ca_file: PathBuf,
     /// The member's peer certificate (used to serve and to dial).
     pub cert: CertFiles,
@@ -687,10 +687,14 @@ impl Member {
                 "peer-key-file".to_owned(),
                 tls.cert.key.display().to_string(),
             ));
-            config.push((
-                "peer-trusted-ca-file".to_owned(),
-                tls.ca_file.display().to_string(),
-            ));
+            // An empty CA path: no --peer-trusted-ca-file (peers are checked against the
+            // system's roots).
+            if !tls.ca_file.as_os_str().is_empty() {
+                config.push((
+                    "peer-trusted-ca-file".to_owned(),
+                    tls.ca_file.display().to_string(),
+                ));
+            }
             if tls.client_cert_auth {
                 config.push(("peer-client-cert-auth".to_owned(), "true".to_owned()));
             }

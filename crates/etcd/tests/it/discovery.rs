@@ -1010,6 +1010,46 @@ async fn dns_srv_bootstrap_over_peer_tls_with_the_ssl_record() {
 }
 
 #[tokio::test]
+async fn dns_srv_peers_without_a_ca_are_verified_for_the_srv_domain() {
+    // etcd PR #6084: https peers from `_etcd-server-ssl` with no --peer-trusted-ca-file are
+    // checked, against the system's roots (here SSL_CERT_FILE, as Go reads it), for the SRV
+    // domain. The certificates name only `etcd.test`, not the addresses dialled, so the
+    // cluster forms only if the domain is what is verified.
+    if !ours() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = etcdrs_testkit::certs::TestCa::new(dir.path(), "ca").expect("ca");
+    let cert = ca
+        .issue(
+            "peer",
+            "peer",
+            &["etcd.test"],
+            etcdrs_testkit::certs::Usage::Both,
+        )
+        .expect("peer cert");
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    let mut members = srv_members(3, &dns, &["--discovery-srv=etcd.test".to_owned()]);
+    let tls = etcdrs_testkit::PeerTls {
+        ca_file: std::path::PathBuf::new(),
+        cert,
+        client_cert_auth: false,
+    };
+    let ca_file = ca.ca_file().display().to_string();
+    members.opts = members
+        .opts
+        .into_iter()
+        .map(|o| {
+            o.peer_tls(tls.clone())
+                .env("SSL_CERT_FILE", ca_file.clone())
+        })
+        .collect();
+    members.publish(&dns, "_etcd-server-ssl._tcp").await;
+    let (members, _took) = members.start().await;
+    check_cluster(&members).await;
+}
+
+#[tokio::test]
 async fn v2_discovery_refuses_a_missing_size_and_duplicate_names() {
     let service = service(false).await;
     let base = format!("{}/v2/keys/discovery", service.endpoint());
