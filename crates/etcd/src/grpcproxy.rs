@@ -2,8 +2,8 @@
 //! command reads it (pflag syntax: `--flag value`, `--flag=value`, comma-separated lists;
 //! etcd's help and error texts), then the proxy of `etcdrs_grpcproxy` on its listeners.
 //!
-//! `--discovery-srv` is accepted and validated; the SRV lookup itself is not wired yet (the
-//! proxy then uses `--endpoints`, and says so in its log).
+//! `--discovery-srv` finds the endpoints in DNS SRV (see `discover_endpoints`), falling back
+//! to `--endpoints` when it finds none, as etcd does.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -93,10 +93,12 @@ struct StartFlags {
     client_crl_file: String,
     debug: bool,
     discovery_srv: String,
+    discovery_srv_name: String,
     endpoints: Vec<String>,
     /// Whether `--endpoints` was given (a later one appends, as pflag's string slices do).
     endpoints_set: bool,
     help: bool,
+    insecure_discovery: bool,
     insecure_skip_tls_verify: bool,
     key: String,
     key_file: String,
@@ -122,9 +124,11 @@ impl Default for StartFlags {
             client_crl_file: String::new(),
             debug: false,
             discovery_srv: String::new(),
+            discovery_srv_name: String::new(),
             endpoints: vec!["127.0.0.1:2379".into()],
             endpoints_set: false,
             help: false,
+            insecure_discovery: false,
             insecure_skip_tls_verify: false,
             key: String::new(),
             key_file: String::new(),
@@ -184,6 +188,7 @@ impl StartFlags {
                     "auto-tls" => self.auto_tls = v,
                     "debug" => self.debug = v,
                     "help" => self.help = v,
+                    "insecure-discovery" => self.insecure_discovery = v,
                     "insecure-skip-tls-verify" => self.insecure_skip_tls_verify = v,
                     _ => {}
                 }
@@ -221,6 +226,7 @@ impl StartFlags {
                     "cert-file" => self.cert_file = v,
                     "client-crl-file" => self.client_crl_file = v,
                     "discovery-srv" => self.discovery_srv = v,
+                    "discovery-srv-name" => self.discovery_srv_name = v,
                     "key" => self.key = v,
                     "key-file" => self.key_file = v,
                     "listen-addr" => self.listen_addr = v,
@@ -405,17 +411,54 @@ fn bind(addr: &str) -> Result<std::net::TcpListener, String> {
     Ok(listener)
 }
 
+/// The cluster's client URLs from DNS SRV (`--discovery-srv`, `--discovery-srv-name`), by
+/// etcd's rules (`etcdmain.discoverEndpoints`): both `_etcd-client-ssl._tcp` and
+/// `_etcd-client._tcp` are looked up, and failing both is fatal. Without `--insecure-discovery`
+/// only the TLS targets are kept; unlike etcd they are not dialled here first: one that fails
+/// its handshake is skipped by the proxy's failover. Empty: fall back to `--endpoints`.
+async fn discover_endpoints(flags: &StartFlags) -> anyhow::Result<Vec<String>> {
+    use etcdrs_discovery::srv;
+    let resolver = srv::SrvResolver::from_env()?;
+    let targets = srv::client_targets(&resolver, &flags.discovery_srv, &flags.discovery_srv_name)
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let secure = targets
+        .secure
+        .iter()
+        .map(|t| format!("https://{}", t.host_port()));
+    let plain = targets
+        .insecure
+        .iter()
+        .map(|t| format!("http://{}", t.host_port()));
+    let found: Vec<String> = secure.clone().chain(plain.clone()).collect();
+    tracing::info!(srv_server = %flags.discovery_srv, endpoints = ?found, "discovered cluster from SRV");
+    if flags.insecure_discovery {
+        return Ok(found);
+    }
+    let insecure: Vec<String> = plain.map(|u| format!("{u:?} is insecure")).collect();
+    let kept: Vec<String> = secure.collect();
+    if !insecure.is_empty() {
+        tracing::warn!(
+            srv_server = %flags.discovery_srv,
+            endpoints = ?kept,
+            error = %insecure.join(","),
+            "failed to validate discovered endpoints"
+        );
+    }
+    Ok(kept)
+}
+
 async fn run(
     flags: StartFlags,
     main_listener: std::net::TcpListener,
     metrics_listener: Option<std::net::TcpListener>,
 ) -> anyhow::Result<()> {
+    let mut flags = flags;
     if !flags.discovery_srv.is_empty() {
-        tracing::warn!(
-            discovery_srv = %flags.discovery_srv,
-            endpoints = ?flags.endpoints,
-            "--discovery-srv lookup is not available in this build of the gRPC proxy; using --endpoints"
-        );
+        let found = discover_endpoints(&flags).await?;
+        if !found.is_empty() {
+            flags.endpoints = found;
+        }
     }
     let main_tls = if !flags.cert_file.is_empty() || !flags.key_file.is_empty() {
         tracing::info!(

@@ -49,6 +49,16 @@ impl Proxy {
         extra: &[&str],
         tls_ca: Option<&Path>,
     ) -> anyhow::Result<Proxy> {
+        Self::start_env(endpoints, extra, tls_ca, &[]).await
+    }
+
+    /// [`Proxy::start_with`], with extra environment variables for the proxy process.
+    async fn start_env(
+        endpoints: &[String],
+        extra: &[&str],
+        tls_ca: Option<&Path>,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Proxy> {
         let dir = tempfile::tempdir()?;
         let ports = (reserve()?, reserve()?);
         let addr = format!("127.0.0.1:{}", ports.0.port());
@@ -62,6 +72,7 @@ impl Proxy {
             .arg(format!("--advertise-client-url={addr}"))
             .arg(format!("--metrics-addr=http://{metrics_addr}"))
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(file)
             .kill_on_drop(true)
@@ -1041,4 +1052,41 @@ async fn sigterm_unregisters_the_proxy_and_kills_it_by_the_signal() {
         .put("k", "v", None)
         .await
         .expect("the cluster is fine");
+}
+
+#[tokio::test]
+async fn discovery_srv_finds_the_cluster_in_dns() {
+    // `_etcd-client._tcp.etcd.test` names the member (an address-shaped target); --endpoints
+    // names a dead port, so requests succeed only through the SRV endpoint.
+    let member = start_member(&crate::bin()).await;
+    let dns = etcdrs_testkit::dns::DnsServer::start("etcd.test").expect("dns");
+    dns.add_srv(
+        "_etcd-client._tcp",
+        0,
+        0,
+        member.client_port(),
+        "127.0.0.1.",
+    )
+    .await
+    .expect("SRV record");
+    let dead = reserve().expect("port");
+    let env = [("ETCDRS_DNS_SERVER", dns.addr().to_string())];
+    let proxy = Proxy::start_env(
+        &[format!("127.0.0.1:{}", dead.port())],
+        &["--discovery-srv=etcd.test", "--insecure-discovery"],
+        None,
+        &env,
+    )
+    .await
+    .expect("proxy");
+    let mut client = proxy.client().await;
+    client.put("srv", "found", None).await.expect("put");
+    let got = client.get("srv", None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"found");
+    assert!(
+        proxy.log_text().contains("discovered cluster from SRV"),
+        "{}",
+        proxy.log_text()
+    );
+    drop(dead);
 }
