@@ -83,6 +83,6 @@ pub use http::{
     HttpResponse, http_get, https_get, served_certificate, tls_connector, tls12_handshake,
 };
 pub use member::{ClientTls, FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts, PeerTls};
-pub use poll::poll_until;
+pub use poll::{poll_until, wait_child};
 pub use relay::Relay;
 pub use relayed::RelayedCluster;

@@ -557,22 +557,18 @@ impl Member {
     /// Polls until the server process exits by itself and returns its status; an error if it is
     /// still running after `timeout` (it is left running) or was never started.
     pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let Some(child) = self.child.as_mut() else {
-                bail!("server is not running");
-            };
-            if let Some(status) = child.try_wait()? {
+        let Some(child) = self.child.as_mut() else {
+            bail!("server is not running");
+        };
+        match crate::poll::wait_child(child, timeout).await {
+            Ok(status) => {
                 self.child = None;
-                return Ok(status);
+                Ok(status)
             }
-            if Instant::now() >= deadline {
-                bail!(
-                    "server still running after {timeout:?}\n--- log tail ---\n{}",
-                    self.log_tail(LOG_TAIL_LINES)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            Err(e) => bail!(
+                "server still running after {timeout:?} ({e:#})\n--- log tail ---\n{}",
+                self.log_tail(LOG_TAIL_LINES)
+            ),
         }
     }
 
@@ -599,20 +595,18 @@ impl Member {
         }
         let pid = Pid::from_raw(i32::try_from(child.id()).context("pid out of range")?);
         kill(pid, Signal::SIGTERM).context("SIGTERM")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait()? {
+        match crate::poll::wait_child(child, Duration::from_secs(10)).await {
+            Ok(status) => {
                 self.child = None;
-                return Ok(Some(status));
+                Ok(Some(status))
             }
-            if Instant::now() >= deadline {
+            Err(_) => {
                 self.kill9()?;
                 bail!(
                     "server did not exit within 10 s of SIGTERM (killed)\n--- log tail ---\n{}",
                     self.log_tail(LOG_TAIL_LINES)
                 );
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -45,6 +45,25 @@ where
     }
 }
 
+/// Polls `child` until it exits and returns its status; an error if it is still running after
+/// `timeout` (it is left running).
+pub async fn wait_child(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> anyhow::Result<std::process::ExitStatus> {
+    poll_until(timeout, || {
+        let polled = child.try_wait();
+        async move {
+            match polled {
+                Ok(Some(status)) => Ok(status),
+                Ok(None) => Err("still running".to_owned()),
+                Err(e) => Err(format!("try_wait: {e}")),
+            }
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions};
 use etcdrs_testkit::certs::{TestCa, Usage};
@@ -146,19 +146,16 @@ impl Gateway {
     }
 
     async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
         let child = self.child.as_mut().expect("running");
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
+        match etcdrs_testkit::wait_child(child, timeout).await {
+            Ok(status) => {
                 self.child = None;
-                return status;
+                status
             }
-            assert!(
-                Instant::now() < deadline,
-                "gateway still running after {timeout:?}; log:\n{}",
+            Err(e) => panic!(
+                "gateway still running after {timeout:?} ({e:#}); log:\n{}",
                 std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            ),
         }
     }
 }

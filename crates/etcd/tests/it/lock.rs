@@ -25,7 +25,7 @@ use tokio::process::{Child, ChildStdout, Command};
 
 use crate::{keys, start};
 
-/// How long a waiter must stay blocked before the test believes it is blocked.
+/// How long a waiter is watched (its future polled) to show it stays blocked while another holds.
 const STILL_WAITING: Duration = Duration::from_millis(500);
 /// Generous deadline for anything that should happen promptly.
 const PROMPTLY: Duration = Duration::from_secs(10);
@@ -159,7 +159,7 @@ async fn etcdctl_lock_runs_a_command_while_holding() {
         holder.read(2).await;
         holder
     };
-    let waiting = tokio::spawn({
+    let mut waiting = tokio::spawn({
         let ctl = ctl.clone();
         async move {
             ctl.run(&["lock", "cmdlock", "--", "sh", "-c", "echo ran"])
@@ -168,9 +168,10 @@ async fn etcdctl_lock_runs_a_command_while_holding() {
         }
     });
     wait_contenders(&c, "cmdlock/", 2).await;
-    tokio::time::sleep(STILL_WAITING).await;
     assert!(
-        !waiting.is_finished(),
+        tokio::time::timeout(STILL_WAITING, &mut waiting)
+            .await
+            .is_err(),
         "the command ran while the lock was held"
     );
     holder.terminate().await;
@@ -257,14 +258,18 @@ async fn lock_service_serializes_holders_and_unlock_hands_on() {
     assert_eq!(again.key(), a.key());
 
     let mut lock_client = c.lock_client();
-    let waiting = tokio::spawn(async move {
+    let mut waiting = tokio::spawn(async move {
         lock_client
             .lock("svc", Some(LockOptions::new().with_lease(lease_b)))
             .await
     });
     wait_contenders(&c, "svc/", 2).await;
-    tokio::time::sleep(STILL_WAITING).await;
-    assert!(!waiting.is_finished(), "a second holder got the lock");
+    assert!(
+        tokio::time::timeout(STILL_WAITING, &mut waiting)
+            .await
+            .is_err(),
+        "a second holder got the lock"
+    );
 
     let unlocked = c.unlock(a.key()).await.unwrap();
     let b = tokio::time::timeout(PROMPTLY, waiting)
@@ -381,11 +386,15 @@ async fn election_service_campaign_proclaim_leader_observe_resign() {
 
     // A second candidate waits until the leader resigns.
     let mut election_client = c.election_client();
-    let campaign_b =
+    let mut campaign_b =
         tokio::spawn(async move { election_client.campaign("elec", "b1", lease_b).await });
     wait_contenders(&c, "elec/", 2).await;
-    tokio::time::sleep(STILL_WAITING).await;
-    assert!(!campaign_b.is_finished(), "two leaders at once");
+    assert!(
+        tokio::time::timeout(STILL_WAITING, &mut campaign_b)
+            .await
+            .is_err(),
+        "two leaders at once"
+    );
 
     c.resign(Some(ResignOptions::new().with_leader(leader_a.clone())))
         .await
