@@ -62,5 +62,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ));
         std::fs::write(&messages, text)?;
     }
+
+    // The Watch service once more, answering with `fanout::WatchOut`: the same route
+    // (`/etcdserverpb.Watch/Watch`) and wire format, but events travel pre-encoded, so a
+    // server or proxy that sends one event to many watchers encodes it once (see `fanout`).
+    let fanout_watch = tonic_build::manual::Service::builder()
+        .name("Watch")
+        .package("etcdserverpb")
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("watch")
+                .route_name("Watch")
+                .input_type("crate::etcdserverpb::WatchRequest")
+                .output_type("crate::fanout::WatchOut")
+                .codec_path("tonic_prost::ProstCodec")
+                .client_streaming()
+                .server_streaming()
+                .build(),
+        )
+        .build();
+    let fanout_dir = out_dir.join("fanout");
+    std::fs::create_dir_all(&fanout_dir)?;
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .out_dir(&fanout_dir)
+        .compile(&[fanout_watch]);
     Ok(())
 }

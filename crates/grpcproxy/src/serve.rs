@@ -16,7 +16,7 @@ use etcdrs_proto::etcdserverpb::kv_client::KvClient;
 use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
 use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
-use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
+use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_server::h2authority::LenientAuthority;

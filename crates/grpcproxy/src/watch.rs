@@ -44,13 +44,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
-use etcdrs_proto::etcdserverpb::watch_server::Watch;
 use etcdrs_proto::etcdserverpb::{
     ResponseHeader, WatchCancelRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
     WatchResponse, watch_request,
 };
-use etcdrs_proto::mvccpb::event::EventType;
+use etcdrs_proto::fanout::watch_server::Watch;
+use etcdrs_proto::fanout::{WatchOut, encode_event};
+use etcdrs_proto::mvccpb::{Event, event::EventType};
 use futures::Stream;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -83,7 +85,7 @@ type ClientId = u64;
 type SwId = u64;
 /// A client's queue of responses (errors travel on its `kill` token instead, which keeps
 /// the queue's slots small).
-type ClientTx = mpsc::Sender<WatchResponse>;
+type ClientTx = mpsc::Sender<WatchOut>;
 
 /// The Watch service of the proxy.
 #[derive(Clone)]
@@ -244,11 +246,11 @@ fn progress_request() -> WatchRequest {
 
 impl State {
     /// Sends `resp` to `client`; a full queue cuts the client off.
-    fn send(&mut self, client: ClientId, resp: WatchResponse) -> bool {
+    fn send(&mut self, client: ClientId, resp: impl Into<WatchOut>) -> bool {
         let Some(c) = self.clients.get(&client) else {
             return false;
         };
-        match c.tx.try_send(resp) {
+        match c.tx.try_send(resp.into()) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 c.kill.cancel();
@@ -609,35 +611,45 @@ impl Hub {
             Some(kv) => kv.mod_revision,
             None => header.revision,
         };
-        let mut out: Vec<(ClientId, WatchResponse)> = Vec::with_capacity(sw.members.len());
+        // Each event is encoded once (twice if some member drops `prev_kv`); every member's
+        // response shares those bytes.
+        let mut encoded: Vec<EncodedEvent> = resp
+            .events
+            .iter()
+            .map(|_| EncodedEvent::default())
+            .collect();
+        // (client, response, revision of its first event)
+        let mut out: Vec<(ClientId, WatchOut, i64)> = Vec::with_capacity(sw.members.len());
         for m in &sw.members {
             if resp.events.is_empty() {
                 if m.progress_notify && header.revision + 1 >= m.min_rev {
                     out.push((
                         m.client,
-                        WatchResponse {
+                        WatchOut {
                             header: Some(header),
                             watch_id: m.watch_id,
                             ..Default::default()
                         },
+                        0,
                     ));
                 }
                 continue;
             }
-            let events: Vec<_> = resp
+            let mut first = 0;
+            let events: Vec<Bytes> = resp
                 .events
                 .iter()
-                .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= m.min_rev))
-                .filter(|e| {
+                .zip(encoded.iter_mut())
+                .filter(|(e, _)| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= m.min_rev))
+                .filter(|(e, _)| {
                     let put = e.r#type == EventType::Put as i32;
                     !(put && m.no_put || !put && m.no_delete)
                 })
-                .map(|e| {
-                    let mut e = e.clone();
-                    if !m.prev_kv {
-                        e.prev_kv = None;
+                .map(|(e, enc)| {
+                    if first == 0 {
+                        first = e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
                     }
-                    e
+                    enc.bytes(e, m.prev_kv)
                 })
                 .collect();
             if events.is_empty() {
@@ -645,12 +657,13 @@ impl Hub {
             }
             out.push((
                 m.client,
-                WatchResponse {
+                WatchOut {
                     header: Some(header),
                     watch_id: m.watch_id,
                     events,
                     ..Default::default()
                 },
+                first,
             ));
         }
         sw.next_rev = sw.next_rev.max(last_rev + 1);
@@ -662,7 +675,7 @@ impl Hub {
                 .add_events_coalescing((resp.events.len() * (out.len() - 1)) as u64);
         }
         let mut lagging: Vec<(ClientId, i64, i64)> = Vec::new();
-        for (client, response) in out {
+        for (client, response, first) in out {
             if response.events.is_empty() {
                 // A progress notification is advisory: a full queue just skips it.
                 if state.has_room(client) {
@@ -673,10 +686,7 @@ impl Hub {
             if state.has_room(client) {
                 state.send(client, response);
             } else {
-                let first = response.events[0]
-                    .kv
-                    .as_ref()
-                    .map_or(next_rev, |kv| kv.mod_revision);
+                let first = if first > 0 { first } else { next_rev };
                 lagging.push((client, response.watch_id, first));
             }
         }
@@ -1024,6 +1034,31 @@ impl Hub {
 }
 
 /// Tells every member and waiter of `sw` it was cancelled, with the cluster's reason.
+/// One event of a cluster response, encoded on first use: as received, and without its
+/// `prev_kv` for members that did not ask for it.
+#[derive(Default)]
+struct EncodedEvent {
+    full: Option<Bytes>,
+    without_prev: Option<Bytes>,
+}
+
+impl EncodedEvent {
+    fn bytes(&mut self, event: &Event, prev_kv: bool) -> Bytes {
+        if prev_kv || event.prev_kv.is_none() {
+            self.full.get_or_insert_with(|| encode_event(event)).clone()
+        } else {
+            self.without_prev
+                .get_or_insert_with(|| {
+                    encode_event(&Event {
+                        prev_kv: None,
+                        ..event.clone()
+                    })
+                })
+                .clone()
+        }
+    }
+}
+
 fn fail_members(state: &mut State, sw: SWatcher, resp: &WatchResponse, on_create: bool) {
     let header = resp.header.unwrap_or_default();
     let response = |watch_id: i64, created: bool| WatchResponse {
@@ -1132,7 +1167,7 @@ async fn run_upstream(hub: Arc<Hub>, token: String) {
 /// A client's stream of watch responses. It ends with an error when the client was cut off
 /// for not reading; dropping it (the client went away) cancels the client's watchers.
 struct ClientStream {
-    rx: mpsc::Receiver<WatchResponse>,
+    rx: mpsc::Receiver<WatchOut>,
     kill: CancellationToken,
     killed: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
     done: bool,
@@ -1143,7 +1178,7 @@ struct ClientStream {
 }
 
 impl Stream for ClientStream {
-    type Item = Result<WatchResponse, Status>;
+    type Item = Result<WatchOut, Status>;
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.done {
             return Poll::Ready(None);
@@ -1243,7 +1278,7 @@ async fn read_client(
                 let header = current_header(&hub, id).await;
                 let tx = hub.state.lock().clients.get(&id).map(|c| c.tx.clone());
                 if let (Some(tx), Some(header)) = (tx, header) {
-                    let _ = tx.try_send(WatchResponse {
+                    let _ = tx.try_send(WatchOut {
                         header: Some(header),
                         watch_id: -1,
                         ..Default::default()
@@ -1277,7 +1312,7 @@ async fn current_header(hub: &Hub, client: ClientId) -> Option<ResponseHeader> {
 
 #[tonic::async_trait]
 impl Watch for WatchProxy {
-    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchOut, Status>> + Send>>;
 
     async fn watch(
         &self,

@@ -17,11 +17,13 @@
 //! | [`v3lockpb`] | `server/etcdserver/api/v3lock/v3lockpb` (Lock service) |
 //! | [`v3electionpb`] | `server/etcdserver/api/v3election/v3electionpb` (Election service) |
 //! | [`rpctypes`] | `api/v3rpc/rpctypes` (gRPC errors) |
+//! | [`fanout`] | (etcd-rs) `WatchResponse` with pre-encoded events, and a Watch service sending it |
 //!
 //! Each service `Foo` yields a `foo_server` module (trait `Foo`, wrapper
 //! `FooServer`) and a `foo_client` module (`FooClient`).
 #![deny(missing_docs)]
 
+pub mod fanout;
 pub mod rpctypes;
 
 /// Multi-version store records: `KeyValue` and `Event` (etcd `mvccpb`).

@@ -1004,6 +1004,85 @@ async fn one_event_reaches_more_watchers_than_a_queue_holds() {
     }
 }
 
+/// Watchers of one range share one s-watcher and its events, yet each sees what it asked for
+/// (filters, prev_kv): every event list through the proxy is exactly what the same watcher
+/// gets from the member itself.
+#[tokio::test]
+async fn shared_events_are_filtered_per_watcher_as_a_member_does() {
+    let member = start_member(&backends()[0]).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    let mut direct = member.client().await.expect("direct");
+    let options = || {
+        [
+            WatchOptions::new().with_prefix(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_filters([etcd_client::WatchFilterType::NoPut]),
+            WatchOptions::new()
+                .with_prefix()
+                .with_filters([etcd_client::WatchFilterType::NoDelete]),
+            WatchOptions::new().with_prefix().with_prev_key(),
+            WatchOptions::new().with_prefix(),
+        ]
+    };
+    let mut via_proxy = proxy.client().await;
+    let mut streams = Vec::new();
+    for client in [&mut via_proxy, &mut direct] {
+        let mut watches = Vec::new();
+        for opts in options() {
+            let mut stream = client.watch("fan/", Some(opts)).await.expect("watch");
+            assert!(next(&mut stream).await.created());
+            watches.push(stream);
+        }
+        streams.push(watches);
+    }
+    direct.put("fan/a", "1", None).await.expect("put");
+    direct.put("fan/a", "2", None).await.expect("put");
+    direct.put("other", "x", None).await.expect("put");
+    direct.delete("fan/a", None).await.expect("delete");
+    direct.put("fan/b", "3", None).await.expect("put");
+    // Every watcher sees at least the last put (each filter lets puts or deletes through).
+    let expected_counts = [4, 1, 3, 4, 4];
+    let mut seen: Vec<Vec<Vec<String>>> = Vec::new();
+    for watches in &mut streams {
+        let mut per_watcher = Vec::new();
+        for (stream, want) in watches.iter_mut().zip(expected_counts) {
+            let mut events = Vec::new();
+            while events.len() < want {
+                for e in next(stream).await.events() {
+                    let kv = e.kv().expect("kv");
+                    let prev = e
+                        .prev_kv()
+                        .map(|p| (p.value_str().unwrap_or("?").to_string(), p.mod_revision()));
+                    events.push(format!(
+                        "{:?} {} {} @{} prev={prev:?}",
+                        e.event_type(),
+                        kv.key_str().unwrap_or("?"),
+                        kv.value_str().unwrap_or("?"),
+                        kv.mod_revision()
+                    ));
+                }
+            }
+            assert_eq!(events.len(), want, "{events:?}");
+            per_watcher.push(events);
+        }
+        seen.push(per_watcher);
+    }
+    assert_eq!(seen[0], seen[1], "through the proxy vs from the member");
+    assert!(
+        seen[0][3][1].contains("prev=Some((\"1\""),
+        "{:?}",
+        seen[0][3]
+    );
+    assert!(
+        seen[0][0].iter().all(|e| e.ends_with("prev=None")),
+        "{:?}",
+        seen[0][0]
+    );
+}
+
 /// SIGTERM: the proxy closes its connections, revokes its registration (it leaves the list
 /// at once, not after its TTL) and dies by the signal, as etcd's proxy does.
 #[tokio::test]
