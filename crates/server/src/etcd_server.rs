@@ -130,6 +130,8 @@ struct Inner {
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
     watch_sync: tokio::sync::Notify,
     leader_changes: AtomicU64,
+    /// Changes when require-leader streams must end (see `leader`).
+    leader_losses: tokio::sync::watch::Receiver<u64>,
     request_timeout: Duration,
     /// Users, roles, permissions and tokens.
     auth: crate::auth::AuthStore,
@@ -228,6 +230,8 @@ impl EtcdServer {
             shutdown.clone(),
         )?;
         let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
+        let config_election_timeout = config.election_timeout;
+        let leader_loss = crate::leader::LeaderLoss::default();
         let (applied, _) = watch::channel(store.consistent_index());
         let server = EtcdServer {
             inner: Arc::new(Inner {
@@ -250,6 +254,7 @@ impl EtcdServer {
                 pending_snapshot: Mutex::new(None),
                 watch_sync: tokio::sync::Notify::new(),
                 leader_changes: AtomicU64::new(0),
+                leader_losses: leader_loss.subscribe(),
                 request_timeout,
                 auth,
             }),
@@ -302,6 +307,14 @@ impl EtcdServer {
         tasks.spawn(async move {
             compactor.run_auto_compaction(stop).await;
             ("auto compaction", Ok(()))
+        });
+        let observed = server.clone();
+        let stop = shutdown.clone();
+        let election = config_election_timeout;
+        tasks.spawn(async move {
+            let has_leader = move || observed.raft_status().leader != 0;
+            leader_loss.monitor(election, has_leader, stop).await;
+            ("leader monitor", Ok(()))
         });
         Ok(server)
     }
@@ -1604,4 +1617,14 @@ fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {
     })
     .map_err(etcdrs_mvcc::Error::from)?;
     Ok(alarms)
+}
+
+impl crate::leader::LeaderSource for EtcdServer {
+    fn has_leader(&self) -> bool {
+        self.inner.raft.status().leader != 0
+    }
+
+    fn losses(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.leader_losses.clone()
+    }
 }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::EtcdServer;
 use crate::h2authority::LenientAuthority;
+use crate::leader::LeaderSource;
 use crate::metrics;
 use crate::rpc::Rpc;
 use crate::tls::TlsServer;
@@ -56,11 +57,15 @@ pub fn router(server: EtcdServer) -> Router {
         .route("/health", any(health))
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
-        .with_state(server);
+        .with_state(server.clone());
     grpc.merge(http)
         .merge(gateway)
         .merge(v2keys)
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(server) as Arc<dyn LeaderSource>,
+            crate::leader::require_leader,
+        ))
         .layer(axum::middleware::map_response(grpc_size_error))
         .layer(axum::middleware::from_fn(crate::metrics::grpc_metrics))
 }

@@ -19,6 +19,7 @@ pub mod gateway;
 pub mod h2authority;
 pub mod http;
 mod idgen;
+pub mod leader;
 pub mod membership;
 pub mod metrics;
 pub mod peer;

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
 use etcdrs_testkit::{
-    Cluster, ClusterOpts, FAST_ELECTION_MS, Member, MemberOpts, poll_until, ports,
+    Cluster, ClusterOpts, Code, FAST_ELECTION_MS, Member, MemberOpts, assert_grpc_error,
+    poll_until, ports,
 };
 use serde_json::Value;
 
@@ -950,4 +951,71 @@ async fn leases_expire_everywhere_and_follower_keep_alive_holds_them() {
         gone_in < ttl + Duration::from_secs(3),
         "lease B outlived its last keep-alive by {gone_in:?}"
     );
+}
+
+/// etcd's require-leader contract (`hasleader: true`, Go's `WithRequireLeader`, as
+/// kube-apiserver watches): once a member has lost its quorum, an open watch that asked for a
+/// leader ends with "etcdserver: no leader" after three election timeouts, new requests that
+/// ask for one are refused at once, and requests that do not ask are still served.
+#[tokio::test]
+async fn require_leader_streams_end_and_requests_are_refused_without_a_leader() {
+    let mut c = start(3).await;
+    let survivor = 0;
+    let opts = c
+        .member(survivor)
+        .connect_options(None)
+        .with_require_leader(true);
+    let mut strict = Client::connect([c.member(survivor).endpoint()], Some(opts))
+        .await
+        .expect("connect with require-leader");
+    let mut stream = strict.watch("rl", None).await.expect("watch");
+    let created = tokio::time::timeout(WAIT, stream.message()).await;
+    assert!(
+        matches!(created, Ok(Ok(Some(ref r))) if r.created()),
+        "{created:?}"
+    );
+    strict
+        .put("rl", "1", None)
+        .await
+        .expect("put with a leader");
+    let event = tokio::time::timeout(WAIT, stream.message()).await;
+    assert!(
+        matches!(event, Ok(Ok(Some(ref r))) if r.events().len() == 1),
+        "{event:?}"
+    );
+
+    c.kill9(1).expect("kill m1");
+    c.kill9(2).expect("kill m2");
+    let lost = Instant::now();
+    // The stream ends with etcd's error; no event is expected meanwhile.
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => assert!(resp.events().is_empty(), "{resp:?}"),
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the watch did not end\n{}", c.log_tails()));
+    assert_grpc_error(ended, Code::Unavailable, "etcdserver: no leader");
+    // Not at the first sign of trouble: the member notices the loss after an election timeout,
+    // then counts three election-timeout ticks without a leader (the first may come early).
+    let election = Duration::from_millis(FAST_ELECTION_MS);
+    assert!(
+        lost.elapsed() >= 2 * election,
+        "ended after {:?}",
+        lost.elapsed()
+    );
+
+    let refused = strict
+        .get("rl", Some(GetOptions::new().with_serializable()))
+        .await;
+    assert_grpc_error(refused, Code::Unavailable, "etcdserver: no leader");
+    let mut lenient = c.member(survivor).client().await.expect("connect");
+    let resp = lenient
+        .get("rl", Some(GetOptions::new().with_serializable()))
+        .await
+        .expect("a serializable read without require-leader is served");
+    assert_eq!(resp.kvs()[0].value(), b"1");
 }
