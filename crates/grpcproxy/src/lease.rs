@@ -209,7 +209,9 @@ async fn keep_alive_upstream(
         }
         let opened = tokio::select! {
             _ = shutdown.cancelled() => return,
-            r = client.lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(req_rx)) => r,
+            r = client.lease_keep_alive(crate::leader::require_leader(tonic::Request::new(
+                tokio_stream::wrappers::ReceiverStream::new(req_rx),
+            ))) => r,
         };
         let mut stream = match opened {
             Ok(r) => r.into_inner(),

@@ -8,6 +8,7 @@
 //! | [`upstream`] | channels to `--endpoints`, one current at random, failover on `Unavailable` |
 //! | [`kv`] | KV, with the serializable-range [`cache`] (watch-invalidated, per identity, bounded) |
 //! | [`watch`] | Watch with coalescing, exact-revision opt-out, RequestProgress |
+//! | [`leader`] | whether the cluster has a leader, for clients' require-leader requests |
 //! | [`lease`] | Lease with keep-alive coalescing onto one cluster stream |
 //! | [`cluster`] | MemberList as the registered proxies; `--resolver-prefix` self-registration |
 //! | [`passthrough`] | Maintenance, Auth, Lock, Election as they are |
@@ -24,6 +25,7 @@
 pub mod cache;
 pub mod cluster;
 pub mod kv;
+pub mod leader;
 pub mod lease;
 pub mod metrics;
 pub mod namespace;
@@ -99,6 +101,7 @@ pub struct Proxy {
     lease: lease::LeaseProxy,
     cluster: cluster::ClusterProxy,
     passthrough: passthrough::Passthrough,
+    leader: Arc<leader::ProxyLeader>,
     max_recv_bytes: usize,
     max_send_bytes: usize,
     max_concurrent_streams: u32,
@@ -137,6 +140,9 @@ impl Proxy {
                 .clone()
                 .run_invalidation(upstream.clone(), ns.clone(), shutdown.clone()),
         );
+        let leader = leader::ProxyLeader::new();
+        // Task `grpc-proxy leader monitor`.
+        tasks.spawn(leader.clone().monitor(upstream.clone(), shutdown.clone()));
         if !config.resolver_prefix.is_empty() {
             // Task `grpc-proxy register`.
             tasks.spawn(cluster::register(
@@ -163,6 +169,7 @@ impl Proxy {
                 config.advertise_client_url.clone(),
             ),
             passthrough: passthrough::Passthrough::new(upstream.clone(), ns),
+            leader,
             upstream,
             metrics,
             max_recv_bytes: config.max_recv_bytes,

@@ -20,6 +20,7 @@ use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_server::h2authority::LenientAuthority;
+use etcdrs_server::leader::LeaderSource;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -52,7 +53,11 @@ pub fn router(proxy: &Proxy) -> Router {
         .add_service(svc!(LockServer, proxy.passthrough.clone()))
         .add_service(svc!(ElectionServer, proxy.passthrough.clone()))
         .prepare()
-        .into_axum_router();
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            proxy.leader.clone() as Arc<dyn LeaderSource>,
+            etcdrs_server::leader::require_leader,
+        ));
     grpc.merge(http_router(proxy)).fallback(not_found)
 }
 

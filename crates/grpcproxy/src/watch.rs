@@ -60,6 +60,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::leader::require_leader;
 use crate::metrics::Metrics;
 use crate::namespace::Namespace;
 use crate::upstream::{Upstream, token_of, with_token};
@@ -1106,7 +1107,7 @@ async fn run_upstream(hub: Arc<Hub>, token: String) {
         let requests = tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx);
         let opened = tokio::select! {
             _ = hub.shutdown.cancelled() => return,
-            r = client.watch(with_token(&token, requests)) => r,
+            r = client.watch(require_leader(with_token(&token, requests))) => r,
         };
         match opened {
             Ok(resp) => {

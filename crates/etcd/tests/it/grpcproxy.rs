@@ -158,6 +158,10 @@ async fn member_metric(member: &Member, name: &str, label: Option<&str>) -> f64 
     metric_value(&body, name, label)
 }
 
+/// Watchers the proxy holds on the cluster for itself: the range cache's invalidating watch and
+/// the leader monitor's watch.
+const PROXY_OWN_WATCHERS: f64 = 2.0;
+
 /// The next response of a watch stream (within 10 s).
 async fn next(stream: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
     tokio::time::timeout(Duration::from_secs(10), stream.message())
@@ -247,10 +251,10 @@ async fn many_watchers_cost_the_cluster_one_watcher() {
         let proxy = Proxy::start(&[member.endpoint()], &[])
             .await
             .expect("proxy");
-        // The cache's invalidating watch is the proxy's only watcher before clients come.
+        // The proxy's own watchers are there before clients come.
         poll_until(Duration::from_secs(5), || async {
             let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
-            if n == 1.0 {
+            if n == PROXY_OWN_WATCHERS {
                 Ok(())
             } else {
                 Err(format!("{n} watchers"))
@@ -272,7 +276,7 @@ async fn many_watchers_cost_the_cluster_one_watcher() {
         let watchers = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
         assert_eq!(
             watchers,
-            2.0,
+            PROXY_OWN_WATCHERS + 1.0,
             "{} c-watchers became one s-watcher",
             CLIENTS * PER_CLIENT
         );
@@ -310,7 +314,7 @@ async fn many_watchers_cost_the_cluster_one_watcher() {
         // Clients gone: the s-watcher goes too.
         poll_until(Duration::from_secs(5), || async {
             let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
-            if n == 1.0 {
+            if n == PROXY_OWN_WATCHERS {
                 Ok(())
             } else {
                 Err(format!("{n} watchers"))
@@ -955,7 +959,7 @@ async fn a_slow_reader_catches_up_without_gaps_and_rejoins() {
     direct.put("slow", "last", None).await.expect("put");
     poll_until(Duration::from_secs(5), || async {
         let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
-        if n == 2.0 {
+        if n == PROXY_OWN_WATCHERS + 1.0 {
             Ok(())
         } else {
             Err(format!("{n} watchers"))
@@ -1081,6 +1085,62 @@ async fn shared_events_are_filtered_per_watcher_as_a_member_does() {
         "{:?}",
         seen[0][0]
     );
+}
+
+/// Require-leader through the proxy: a client's `hasleader` watch is served from the proxy's
+/// shared cluster watch, yet once no endpoint has a leader it ends with etcd's "etcdserver:
+/// no leader", new require-leader requests are refused, and other requests are still served.
+#[tokio::test]
+async fn require_leader_watches_end_when_the_cluster_loses_its_leader() {
+    let mut cluster = Cluster::start(3, ClusterOpts::new(&backends()[0]))
+        .await
+        .expect("cluster");
+    let proxy = Proxy::start(&cluster.endpoints(), &[])
+        .await
+        .expect("proxy");
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(10))
+        .with_require_leader(true);
+    let mut strict = Client::connect([proxy.endpoint()], Some(opts))
+        .await
+        .expect("connect");
+    let mut stream = strict.watch("rl", None).await.expect("watch");
+    assert!(next(&mut stream).await.created());
+    strict
+        .put("rl", "1", None)
+        .await
+        .expect("put with a leader");
+    assert_eq!(next(&mut stream).await.events().len(), 1);
+
+    cluster.kill9(1).expect("kill m1");
+    cluster.kill9(2).expect("kill m2");
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => assert!(resp.events().is_empty(), "{resp:?}"),
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the watch did not end\n{}", proxy.log_text()));
+    etcdrs_testkit::assert_grpc_error(
+        ended,
+        etcdrs_testkit::Code::Unavailable,
+        "etcdserver: no leader",
+    );
+    etcdrs_testkit::assert_grpc_error(
+        strict.watch("rl", None).await.map(|_| ()),
+        etcdrs_testkit::Code::Unavailable,
+        "etcdserver: no leader",
+    );
+    let mut lenient = proxy.client().await;
+    let resp = lenient
+        .get("rl", Some(GetOptions::new().with_serializable()))
+        .await
+        .expect("a serializable read without require-leader is served");
+    assert_eq!(resp.kvs()[0].value(), b"1");
 }
 
 /// SIGTERM: the proxy closes its connections, revokes its registration (it leaves the list
