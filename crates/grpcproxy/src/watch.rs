@@ -24,6 +24,10 @@
 //! every event up to that revision for every s-watcher of the stream. Per-watcher progress
 //! notifications are passed to the c-watchers that asked for them.
 //!
+//! **Fragments.** s-watchers ask the cluster for fragments and join them, so a large revision
+//! arrives whole whatever the member's limits; a c-watcher that asked for fragments gets
+//! responses of [`FRAGMENT_BYTES`] at most, as a member would send them.
+//!
 //! **Failures.** When the cluster stream breaks, it is reopened on another endpoint and every
 //! s-watcher is re-created from its `next_rev`, so clients see no gap and no repeat. A
 //! cancel from the cluster (compaction, permission) is passed to every member with its
@@ -79,6 +83,9 @@ const RESUME_BELOW: usize = CLIENT_QUEUE / 4;
 const PROGRESS_WAITERS: usize = 1024;
 /// Watchers one client stream may hold.
 const WATCHERS_PER_STREAM: usize = 100_000;
+/// Responses to clients that asked for fragments are split at this size: etcd's default
+/// `--max-request-bytes`, at which a member fragments its own responses.
+const FRAGMENT_BYTES: usize = 1536 * 1024;
 /// The metadata key that opts a watch stream out of coalescing.
 pub const EXACT_METADATA: &str = "etcdrs-watch-exact";
 
@@ -151,6 +158,8 @@ struct Member {
     progress_notify: bool,
     no_put: bool,
     no_delete: bool,
+    /// The client accepts large responses in fragments.
+    fragment: bool,
 }
 
 /// A c-watcher whose created response waits for its s-watcher's.
@@ -197,6 +206,9 @@ impl SWatcher {
                     start_revision,
                     progress_notify: true,
                     prev_kv: self.group.prev_kv,
+                    // Large revisions come in pieces (joined in `on_response`), so no response
+                    // of the cluster exceeds what the proxy accepts.
+                    fragment: true,
                     ..Default::default()
                 },
             )),
@@ -216,6 +228,8 @@ struct UpStream {
     /// s-watchers whose create was sent and not yet answered, in order.
     pending: VecDeque<SwId>,
     sws: HashSet<SwId>,
+    /// Events of fragmented responses, by the cluster's watch id, until the last fragment.
+    partial: HashMap<i64, Vec<Event>>,
     progress_waiters: VecDeque<ClientId>,
     /// Wakes the stream's task when it has no s-watcher left.
     idle: Arc<Notify>,
@@ -263,9 +277,12 @@ impl State {
 
     /// Whether `client`'s queue has room for events (beyond the room kept for control).
     fn has_room(&self, client: ClientId) -> bool {
-        self.clients
-            .get(&client)
-            .is_some_and(|c| c.tx.capacity() > CONTROL_RESERVE)
+        self.room(client) > CONTROL_RESERVE
+    }
+
+    /// Free places in `client`'s queue.
+    fn room(&self, client: ClientId) -> usize {
+        self.clients.get(&client).map_or(0, |c| c.tx.capacity())
     }
 
     /// Registers a new s-watcher and asks the cluster for it (unless it is paused).
@@ -333,6 +350,7 @@ impl State {
                         ids: HashMap::new(),
                         pending: VecDeque::new(),
                         sws: HashSet::new(),
+                        partial: HashMap::new(),
                         progress_waiters: VecDeque::new(),
                         idle,
                     },
@@ -502,6 +520,18 @@ impl Hub {
         if stream.generation != generation {
             return;
         }
+        if resp.fragment {
+            stream
+                .partial
+                .entry(resp.watch_id)
+                .or_default()
+                .append(&mut resp.events);
+            return;
+        }
+        if let Some(mut events) = stream.partial.remove(&resp.watch_id) {
+            events.append(&mut resp.events);
+            resp.events = events;
+        }
         let header = resp.header.unwrap_or_default();
         if resp.created {
             let Some(sw_id) = stream.pending.pop_front() else {
@@ -619,8 +649,8 @@ impl Hub {
             .iter()
             .map(|_| EncodedEvent::default())
             .collect();
-        // (client, response, revision of its first event)
-        let mut out: Vec<(ClientId, WatchOut, i64)> = Vec::with_capacity(sw.members.len());
+        // (client, response, revision of its first event, fragments allowed)
+        let mut out: Vec<(ClientId, WatchOut, i64, bool)> = Vec::with_capacity(sw.members.len());
         for m in &sw.members {
             if resp.events.is_empty() {
                 if m.progress_notify && header.revision + 1 >= m.min_rev {
@@ -632,6 +662,7 @@ impl Hub {
                             ..Default::default()
                         },
                         0,
+                        false,
                     ));
                 }
                 continue;
@@ -665,6 +696,7 @@ impl Hub {
                     ..Default::default()
                 },
                 first,
+                m.fragment,
             ));
         }
         sw.next_rev = sw.next_rev.max(last_rev + 1);
@@ -676,7 +708,7 @@ impl Hub {
                 .add_events_coalescing((resp.events.len() * (out.len() - 1)) as u64);
         }
         let mut lagging: Vec<(ClientId, i64, i64)> = Vec::new();
-        for (client, response, first) in out {
+        for (client, response, first, fragment) in out {
             if response.events.is_empty() {
                 // A progress notification is advisory: a full queue just skips it.
                 if state.has_room(client) {
@@ -684,11 +716,19 @@ impl Hub {
                 }
                 continue;
             }
-            if state.has_room(client) {
-                state.send(client, response);
+            let watch_id = response.watch_id;
+            let parts = if fragment {
+                response.fragments(FRAGMENT_BYTES)
+            } else {
+                vec![response]
+            };
+            if state.room(client) > CONTROL_RESERVE + parts.len() - 1 {
+                for part in parts {
+                    state.send(client, part);
+                }
             } else {
                 let first = if first > 0 { first } else { next_rev };
-                lagging.push((client, response.watch_id, first));
+                lagging.push((client, watch_id, first));
             }
         }
         if !lagging.is_empty() {
@@ -854,6 +894,7 @@ impl Hub {
             progress_notify: req.progress_notify,
             no_put: req.filters.contains(&0),
             no_delete: req.filters.contains(&1),
+            fragment: req.fragment,
         };
         let group = GroupKey {
             token,
@@ -990,6 +1031,7 @@ impl Hub {
         }
         stream.generation += 1;
         stream.ids.clear();
+        stream.partial.clear();
         stream.pending.clear();
         let mut ids: Vec<SwId> = stream.sws.iter().copied().collect();
         ids.sort_unstable();

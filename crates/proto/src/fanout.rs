@@ -53,6 +53,41 @@ pub struct WatchOut {
     pub events: Vec<Bytes>,
 }
 
+impl WatchOut {
+    /// etcd's watch fragmentation (`WatchCreateRequest.fragment`): a response of `max` bytes
+    /// or more with several events is split into responses of fewer than `max` bytes each
+    /// (an event that alone reaches `max` travels alone); all but the last are marked
+    /// `fragment`, and clients join them back together. Anything else is returned as is.
+    pub fn fragments(self, max: usize) -> Vec<WatchOut> {
+        if self.events.len() < 2 || self.encoded_len() < max {
+            return vec![self];
+        }
+        let template = WatchOut {
+            events: Vec::new(),
+            fragment: true,
+            ..self.clone()
+        };
+        let base = template.encoded_len();
+        // One event's bytes in its response: the key of field 11, the length, the event.
+        let cost = |e: &Bytes| 1 + prost::encoding::encoded_len_varint(e.len() as u64) + e.len();
+        let mut out = Vec::new();
+        let mut current = template.clone();
+        let mut size = base;
+        for event in self.events {
+            let c = cost(&event);
+            if !current.events.is_empty() && size + c >= max {
+                out.push(std::mem::replace(&mut current, template.clone()));
+                size = base;
+            }
+            size += c;
+            current.events.push(event);
+        }
+        current.fragment = false;
+        out.push(current);
+        out
+    }
+}
+
 /// `event` encoded once, to be shared by every response that carries it.
 pub fn encode_event(event: &Event) -> Bytes {
     Bytes::from(event.encode_to_vec())
@@ -124,6 +159,47 @@ mod tests {
         assert_eq!(out.encode_to_vec(), resp.encode_to_vec());
         let back = WatchResponse::decode(out.encode_to_vec().as_slice());
         assert_eq!(back.ok(), Some(resp));
+    }
+
+    #[test]
+    fn fragments_stay_under_the_limit_and_rejoin_in_order() {
+        let events: Vec<Event> = (0..10)
+            .map(|i| Event {
+                r#type: EventType::Put as i32,
+                kv: Some(kv(format!("k{i}").as_bytes(), &[b'v'; 100], 10)),
+                prev_kv: None,
+            })
+            .collect();
+        let resp = WatchResponse {
+            header: Some(ResponseHeader {
+                revision: 10,
+                ..Default::default()
+            }),
+            watch_id: 3,
+            events: events.clone(),
+            ..Default::default()
+        };
+        let whole = WatchOut::from(resp.clone());
+        let max = 400;
+        let parts = whole.clone().fragments(max);
+        assert!(parts.len() > 2, "{}", parts.len());
+        let mut joined = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            assert!(part.encoded_len() < max, "part {i}: {}", part.encoded_len());
+            assert_eq!(part.fragment, i + 1 < parts.len());
+            assert_eq!(part.watch_id, 3);
+            assert_eq!(part.header, resp.header);
+            let decoded = WatchResponse::decode(part.encode_to_vec().as_slice());
+            joined.extend(decoded.map(|r| r.events).unwrap_or_default());
+        }
+        assert_eq!(joined, events);
+        // Small enough, or a single event: unchanged.
+        assert_eq!(whole.clone().fragments(1 << 20), vec![whole.clone()]);
+        let one = WatchOut {
+            events: whole.events[..1].to_vec(),
+            ..whole.clone()
+        };
+        assert_eq!(one.clone().fragments(10), vec![one]);
     }
 
     #[test]

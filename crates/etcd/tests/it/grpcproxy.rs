@@ -1143,6 +1143,103 @@ async fn require_leader_watches_end_when_the_cluster_loses_its_leader() {
     assert_eq!(resp.kvs()[0].value(), b"1");
 }
 
+/// A revision too large for one response reaches a client that asked for fragments in pieces
+/// of at most etcd's default `--max-request-bytes` (1.5 MiB), marked `fragment` but the last,
+/// which together hold every event in order; a client that did not ask gets one response.
+#[tokio::test]
+async fn large_revisions_reach_fragmenting_clients_in_pieces() {
+    use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
+    use etcdrs_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, watch_request};
+    use futures::StreamExt;
+
+    const VALUES: usize = 5;
+    const VALUE_BYTES: usize = 1 << 20;
+    let member = Member::start(MemberOpts::new(&backends()[0]).arg("--max-request-bytes=8388608"))
+        .await
+        .expect("member");
+    // The proxy may send (and so take from the cluster) messages of up to 64 MiB.
+    let proxy = Proxy::start(&[member.endpoint()], &["--max-send-bytes=67108864"])
+        .await
+        .expect("proxy");
+    let channel = tonic::transport::Channel::from_shared(proxy.endpoint())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut streams = Vec::new();
+    for fragment in [true, false] {
+        let mut client = WatchClient::new(channel.clone()).max_decoding_message_size(64 << 20);
+        let create = WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(
+                WatchCreateRequest {
+                    key: b"big/".to_vec(),
+                    range_end: b"big0".to_vec(),
+                    fragment,
+                    ..Default::default()
+                },
+            )),
+        };
+        let requests = futures::stream::iter([create]).chain(futures::stream::pending());
+        let mut stream = client.watch(requests).await.expect("watch").into_inner();
+        let created = stream.message().await.expect("created").expect("open");
+        assert!(created.created, "{created:?}");
+        streams.push(stream);
+    }
+    let value = "v".repeat(VALUE_BYTES);
+    let puts: Vec<TxnOp> = (0..VALUES)
+        .map(|i| TxnOp::put(format!("big/{i}"), value.clone(), None))
+        .collect();
+    let mut direct = member.client().await.expect("direct");
+    direct
+        .txn(Txn::new().and_then(puts))
+        .await
+        .expect("one revision of 5 MiB");
+
+    let mut fragments = Vec::new();
+    let mut keys = Vec::new();
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(10), streams[0].message())
+            .await
+            .expect("in time")
+            .expect("ok")
+            .expect("open");
+        assert!(
+            prost_len(&resp) <= 1536 * 1024,
+            "a piece of {} bytes",
+            prost_len(&resp)
+        );
+        fragments.push(resp.fragment);
+        keys.extend(
+            resp.events
+                .iter()
+                .filter_map(|e| e.kv.as_ref())
+                .map(|kv| kv.key.clone()),
+        );
+        if !resp.fragment {
+            break;
+        }
+    }
+    assert_eq!(fragments.len(), VALUES, "{fragments:?}");
+    assert!(fragments[..VALUES - 1].iter().all(|f| *f), "{fragments:?}");
+    let want: Vec<Vec<u8>> = (0..VALUES)
+        .map(|i| format!("big/{i}").into_bytes())
+        .collect();
+    assert_eq!(keys, want);
+
+    let whole = tokio::time::timeout(Duration::from_secs(10), streams[1].message())
+        .await
+        .expect("in time")
+        .expect("ok")
+        .expect("open");
+    assert!(!whole.fragment);
+    assert_eq!(whole.events.len(), VALUES);
+}
+
+fn prost_len(resp: &etcdrs_proto::etcdserverpb::WatchResponse) -> usize {
+    use prost::Message;
+    resp.encoded_len()
+}
+
 /// SIGTERM: the proxy closes its connections, revokes its registration (it leaves the list
 /// at once, not after its TTL) and dies by the signal, as etcd's proxy does.
 #[tokio::test]
