@@ -91,6 +91,7 @@ struct StartFlags {
     cert: String,
     cert_file: String,
     client_crl_file: String,
+    data_dir: String,
     debug: bool,
     discovery_srv: String,
     discovery_srv_name: String,
@@ -122,6 +123,7 @@ impl Default for StartFlags {
             cert: String::new(),
             cert_file: String::new(),
             client_crl_file: String::new(),
+            data_dir: "default.proxy".into(),
             debug: false,
             discovery_srv: String::new(),
             discovery_srv_name: String::new(),
@@ -225,6 +227,7 @@ impl StartFlags {
                     "cert" => self.cert = v,
                     "cert-file" => self.cert_file = v,
                     "client-crl-file" => self.client_crl_file = v,
+                    "data-dir" => self.data_dir = v,
                     "discovery-srv" => self.discovery_srv = v,
                     "discovery-srv-name" => self.discovery_srv_name = v,
                     "key" => self.key = v,
@@ -448,6 +451,14 @@ async fn discover_endpoints(flags: &StartFlags) -> anyhow::Result<Vec<String>> {
     Ok(kept)
 }
 
+/// The host of `--listen-addr` (`host:port`, IPv6 in brackets), for the self-signed certificate.
+fn listen_host(addr: &str) -> String {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned()
+}
+
 async fn run(
     flags: StartFlags,
     main_listener: std::net::TcpListener,
@@ -477,10 +488,25 @@ async fn run(
             Path::new(&flags.key_file),
             optional(&flags.trusted_ca_file),
         )?)
+    } else if flags.auto_tls {
+        // etcd: a self-signed certificate for the listen address, kept under the data dir.
+        let dir = Path::new(&flags.data_dir).join("fixtures").join("proxy");
+        let host = listen_host(&flags.listen_addr);
+        let info = etcdrs_server::tls::TlsInfo::default().self_signed_in(&dir, &[host], 1)?;
+        tracing::info!(
+            tls_info = %format!(
+                "cert = {}, key = {}, trusted-ca = , client-cert-auth = false, crl-file = ",
+                info.cert_file.display(),
+                info.key_file.display()
+            ),
+            "gRPC proxy server TLS"
+        );
+        Some(etcdrs_grpcproxy::tls::server_config(
+            &info.cert_file,
+            &info.key_file,
+            None,
+        )?)
     } else {
-        if flags.auto_tls {
-            tracing::warn!("--auto-tls is not supported by this gRPC proxy; serving plain gRPC");
-        }
         None
     };
     let any_https = flags.endpoints.iter().any(|e| e.starts_with("https://"));

@@ -1240,6 +1240,56 @@ fn prost_len(resp: &etcdrs_proto::etcdserverpb::WatchResponse) -> usize {
     resp.encoded_len()
 }
 
+/// `--auto-tls`: the proxy serves TLS with a self-signed certificate it keeps under
+/// `<data-dir>/fixtures/proxy`, as etcd's proxy does; etcdctl reaches it with
+/// `--insecure-transport=false --insecure-skip-tls-verify`, and the same certificate is reused after a restart.
+#[tokio::test]
+async fn auto_tls_serves_a_self_signed_certificate_from_the_data_dir() {
+    let member = start_member(&backends()[0]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data_dir = format!("--data-dir={}", dir.path().join("proxy").display());
+    let cert = dir.path().join("proxy/fixtures/proxy/cert.pem");
+    let mut first_cert = String::new();
+    for round in 0..2 {
+        let mut proxy = Proxy::start(&[member.endpoint()], &["--auto-tls", &data_dir])
+            .await
+            .expect("proxy");
+        let ctl = |args: &[&str]| {
+            let mut cmd = std::process::Command::new("/usr/bin/etcdctl");
+            cmd.env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints=https://{}", proxy.addr))
+                .args(["--insecure-transport=false", "--insecure-skip-tls-verify"])
+                .args(args);
+            cmd
+        };
+        let out = ctl(&["put", "auto", "tls"]).output().expect("etcdctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = ctl(&["get", "auto", "--print-value-only"])
+            .output()
+            .expect("etcdctl");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "tls\n");
+        // Plain gRPC is not served on a TLS listener.
+        let out = std::process::Command::new("/usr/bin/etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=http://{}", proxy.addr))
+            .args(["--dial-timeout=1s", "--command-timeout=2s", "get", "auto"])
+            .output()
+            .expect("etcdctl");
+        assert!(!out.status.success());
+        let pem = std::fs::read_to_string(&cert).expect("the certificate is kept");
+        if round == 0 {
+            first_cert = pem;
+        } else {
+            assert_eq!(pem, first_cert, "reused after a restart");
+        }
+        proxy.kill().await;
+    }
+}
+
 /// SIGTERM: the proxy closes its connections, revokes its registration (it leaves the list
 /// at once, not after its TTL) and dies by the signal, as etcd's proxy does.
 #[tokio::test]
