@@ -99,11 +99,21 @@ impl Upstream {
     /// Reports that the endpoint at `idx` failed: if it is still the current one, another one
     /// (at random among the rest) becomes current.
     pub fn failed(&self, idx: usize) {
+        self.failed_avoiding(idx, &[]);
+    }
+
+    /// [`Upstream::failed`], preferring an endpoint not in `tried` while there is one.
+    fn failed_avoiding(&self, idx: usize, tried: &[usize]) {
         let n = self.inner.channels.len();
         if n < 2 {
             return;
         }
-        let next = (idx + rand::random_range(1..n)) % n;
+        let untried: Vec<usize> = (0..n).filter(|i| *i != idx && !tried.contains(i)).collect();
+        let next = if untried.is_empty() {
+            (idx + rand::random_range(1..n)) % n
+        } else {
+            untried[rand::random_range(0..untried.len())]
+        };
         if self
             .inner
             .current
@@ -128,19 +138,30 @@ impl Upstream {
         self.inner.channels.is_empty()
     }
 
-    /// Runs `call` on the current endpoint; when it fails with `Unavailable`, moves to another
-    /// endpoint and tries again, at most once per endpoint.
+    /// Runs `call` on the current endpoint; when it fails with `Unavailable`, moves to an
+    /// endpoint not tried yet and tries again: every endpoint at most once.
     pub async fn unary<T, F, Fut>(&self, mut call: F) -> Result<T, Status>
     where
         F: FnMut(Channel) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut last = None;
-        for _ in 0..self.len() {
+        let mut tried = Vec::with_capacity(self.len());
+        // Bounded: each turn either tries an endpoint or moves away from a tried one.
+        for _ in 0..2 * self.len() {
+            if tried.len() == self.len() {
+                break;
+            }
             let (idx, channel) = self.current();
+            if tried.contains(&idx) {
+                // Another call moved the current endpoint back to one this call tried.
+                self.failed_avoiding(idx, &tried);
+                continue;
+            }
             match call(channel).await {
                 Err(status) if failover(&status) => {
-                    self.failed(idx);
+                    tried.push(idx);
+                    self.failed_avoiding(idx, &tried);
                     last = Some(status);
                 }
                 other => return other,
