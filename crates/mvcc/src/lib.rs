@@ -31,4 +31,4 @@ pub use kvstore::{
 };
 pub use lease::{Lease, LeaseId, Lessor, NO_LEASE};
 pub use revision::Revision;
-pub use watch::{Filters, HubMsg, StreamId, WatchHub, WatchId, WatchRange};
+pub use watch::{Filters, HubMsg, SharedEvent, StreamId, WatchHub, WatchId, WatchRange};

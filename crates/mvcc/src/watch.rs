@@ -15,9 +15,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use etcdrs_proto::mvccpb::{Event, event::EventType};
+use bytes::Bytes;
+use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
 use parking_lot::Mutex;
+use prost::Message;
 use tokio::sync::mpsc;
 
 use crate::Result;
@@ -34,6 +37,50 @@ pub const MAX_REVS_PER_SYNC: i64 = 1000;
 /// Most unsynced watchers handled in one round (etcd's `maxWatchersPerSync`).
 pub const MAX_WATCHERS_PER_SYNC: usize = 512;
 
+/// One committed event as the hub hands it to watchers: one copy shared by every watcher that
+/// gets it, encoded (by [`SharedEvent::encoded`]) at most once without and once with its
+/// previous value, however many watchers it goes to.
+#[derive(Debug)]
+pub struct SharedEvent {
+    event: Event,
+    encoded: OnceLock<Bytes>,
+    with_prev: OnceLock<Bytes>,
+}
+
+impl SharedEvent {
+    /// Shares `event`.
+    pub fn new(event: Event) -> Arc<SharedEvent> {
+        Arc::new(SharedEvent {
+            event,
+            encoded: OnceLock::new(),
+            with_prev: OnceLock::new(),
+        })
+    }
+
+    /// The event.
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// The event encoded as an `mvccpb.Event`.
+    pub fn encoded(&self) -> Bytes {
+        self.encoded
+            .get_or_init(|| Bytes::from(self.event.encode_to_vec()))
+            .clone()
+    }
+
+    /// The event encoded with `prev_kv` filled by `prev` (called at most once per event).
+    pub fn encoded_with_prev(&self, prev: impl FnOnce(&Event) -> Option<KeyValue>) -> Bytes {
+        self.with_prev
+            .get_or_init(|| {
+                let mut event = self.event.clone();
+                event.prev_kv = prev(&event);
+                Bytes::from(event.encode_to_vec())
+            })
+            .clone()
+    }
+}
+
 /// What a watcher's stream receives from the hub.
 #[derive(Debug)]
 pub enum HubMsg {
@@ -41,8 +88,8 @@ pub enum HubMsg {
     Events {
         /// The watcher.
         watch_id: WatchId,
-        /// The events.
-        events: Vec<Event>,
+        /// The events, shared with the other watchers that get them.
+        events: Vec<Arc<SharedEvent>>,
         /// The store revision the batch brings the watcher to.
         revision: i64,
     },
@@ -221,21 +268,26 @@ impl WatchHub {
         if events.is_empty() || groups.synced.is_empty() {
             return false;
         }
+        // Each event is copied once, for all watchers.
+        let shared: Vec<Arc<SharedEvent>> = events.iter().cloned().map(SharedEvent::new).collect();
         // Split the batch by revision: one response per revision, as etcd sends them.
-        let mut by_rev: Vec<(i64, &[Event])> = Vec::new();
+        let mut by_rev: Vec<(i64, &[Arc<SharedEvent>])> = Vec::new();
         let mut start = 0;
-        for i in 1..=events.len() {
-            let rev_of = |e: &Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
-            if i == events.len() || rev_of(&events[i]) != rev_of(&events[start]) {
-                by_rev.push((rev_of(&events[start]), &events[start..i]));
+        let rev_of = |e: &Arc<SharedEvent>| e.event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        for i in 1..=shared.len() {
+            if i == shared.len() || rev_of(&shared[i]) != rev_of(&shared[start]) {
+                by_rev.push((rev_of(&shared[start]), &shared[start..i]));
                 start = i;
             }
         }
         let mut fell_behind = Vec::new();
         for (key, watcher) in groups.synced.iter_mut() {
             for (event_rev, slice) in &by_rev {
-                let wanted: Vec<Event> =
-                    slice.iter().filter(|e| watcher.wants(e)).cloned().collect();
+                let wanted: Vec<Arc<SharedEvent>> = slice
+                    .iter()
+                    .filter(|e| watcher.wants(&e.event))
+                    .cloned()
+                    .collect();
                 if wanted.is_empty() {
                     continue;
                 }
@@ -335,8 +387,12 @@ impl WatchHub {
             let to = head.min(from.saturating_add(MAX_REVS_PER_SYNC - 1));
             (chosen, from, to)
         };
-        let events = if from <= to {
-            store.events_between(from, to)?
+        let events: Vec<Arc<SharedEvent>> = if from <= to {
+            store
+                .events_between(from, to)?
+                .into_iter()
+                .map(SharedEvent::new)
+                .collect()
         } else {
             Vec::new()
         };
@@ -348,10 +404,11 @@ impl WatchHub {
                 continue;
             };
             if watcher.next_rev <= to {
-                let wanted: Vec<Event> = events
+                let wanted: Vec<Arc<SharedEvent>> = events
                     .iter()
                     .filter(|e| {
-                        e.kv.as_ref().is_some_and(|kv| kv.mod_revision <= to) && watcher.wants(e)
+                        e.event.kv.as_ref().is_some_and(|kv| kv.mod_revision <= to)
+                            && watcher.wants(&e.event)
                     })
                     .cloned()
                     .collect();

@@ -54,6 +54,12 @@ pub struct WatchOut {
 }
 
 impl WatchOut {
+    /// The response as a `WatchResponse` (its events decoded), for consumers that need the
+    /// messages themselves, such as the JSON gateway.
+    pub fn to_response(&self) -> Result<WatchResponse, prost::DecodeError> {
+        WatchResponse::decode(self.encode_to_vec().as_slice())
+    }
+
     /// etcd's watch fragmentation (`WatchCreateRequest.fragment`): a response of `max` bytes
     /// or more with several events is split into responses of fewer than `max` bytes each
     /// (an event that alone reaches `max` travels alone); all but the last are marked

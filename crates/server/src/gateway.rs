@@ -31,7 +31,7 @@ use etcdrs_proto::etcdserverpb::cluster_server::Cluster;
 use etcdrs_proto::etcdserverpb::kv_server::Kv;
 use etcdrs_proto::etcdserverpb::lease_server::Lease;
 use etcdrs_proto::etcdserverpb::maintenance_server::Maintenance;
-use etcdrs_proto::etcdserverpb::watch_server::Watch;
+use etcdrs_proto::fanout::watch_server::Watch;
 use etcdrs_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, WatchRequest, WatchResponse,
 };
@@ -318,7 +318,13 @@ async fn watch(State(gw): State<Gateway>, headers: HeaderMap, body: Body) -> Res
     };
     let requests = grpc_stream::<WatchResponse, _>(requests(first, reader), true, gw.max_request);
     match Watch::watch(&gw.rpc, grpc_request(&headers, requests)).await {
-        Ok(response) => stream_response(response.into_inner()).await,
+        // Events travel pre-encoded; JSON needs them as messages again.
+        Ok(response) => {
+            let decoded = response.into_inner().map(|item| {
+                item.and_then(|out| out.to_response().map_err(|e| Status::internal(e.to_string())))
+            });
+            stream_response(decoded).await
+        }
         Err(status) => error_response(&status),
     }
 }

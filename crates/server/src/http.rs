@@ -14,7 +14,7 @@ use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
 use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use etcdrs_proto::etcdserverpb::lease_server::LeaseServer;
 use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
-use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
+use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -667,7 +667,8 @@ impl Keys {
             match msg {
                 HubMsg::Events { events, .. } => {
                     for event in events {
-                        let Some(kv) = event.kv else { continue };
+                        let event = event.event();
+                        let Some(kv) = &event.kv else { continue };
                         let Some(event_path) = kv
                             .key
                             .strip_prefix(V3_PREFIX.as_bytes())
@@ -681,7 +682,7 @@ impl Keys {
                         let node = if event.r#type == EventType::Delete as i32 {
                             json!({"key": event_path, "modifiedIndex": kv.mod_revision, "createdIndex": kv.create_revision})
                         } else {
-                            file_json(&event_path, &kv, true)
+                            file_json(&event_path, kv, true)
                         };
                         let action = if event.r#type == EventType::Delete as i32 {
                             "delete"

@@ -224,7 +224,7 @@ impl KeyWatcher {
         match self.rx.recv().await {
             Some(HubMsg::Events {
                 events, revision, ..
-            }) => Ok((events, revision)),
+            }) => Ok((events.iter().map(|e| e.event().clone()).collect(), revision)),
             Some(HubMsg::Compacted { .. }) => Err(client_error(rpctypes::COMPACTED.to_status())),
             // The hub dropped the watcher: the server is stopping.
             None => Err(client_error(rpctypes::STOPPED.to_status())),

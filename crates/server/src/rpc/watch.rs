@@ -14,11 +14,11 @@ use std::time::Duration;
 use etcdrs_mvcc::{Filters, HubMsg, KeyRange, RangeParams, StreamId, WatchId, WatchRange};
 use etcdrs_proto::etcdserverpb::watch_create_request::FilterType;
 use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
-use etcdrs_proto::etcdserverpb::watch_server::Watch;
 use etcdrs_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
-use etcdrs_proto::mvccpb::{Event, event::EventType};
+use etcdrs_proto::fanout::WatchOut;
+use etcdrs_proto::fanout::watch_server::Watch;
+use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
 use futures::{Stream, StreamExt};
-use prost::Message;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -32,7 +32,7 @@ const PROGRESS_POLL: Duration = Duration::from_millis(50);
 /// etcd's id for responses that belong to no watcher.
 const INVALID_WATCH_ID: WatchId = -1;
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchOut, Status>> + Send>>;
 
 #[derive(Clone, Copy, Default)]
 struct WatchOpts {
@@ -51,7 +51,9 @@ struct StreamState {
     rx: mpsc::Receiver<HubMsg>,
     watches: HashMap<WatchId, WatchOpts>,
     next_id: WatchId,
-    outbox: VecDeque<WatchResponse>,
+    /// Responses to send, events pre-encoded (`proto::fanout`): an event going to many
+    /// watchers is encoded once.
+    outbox: VecDeque<WatchOut>,
     progress_tick: tokio::time::Interval,
     progress_poll: tokio::time::Interval,
     progress_pending: bool,
@@ -107,7 +109,7 @@ impl StreamState {
                 status.code(),
                 status.message()
             );
-            self.outbox.push_back(resp);
+            self.outbox.push_back(resp.into());
             return;
         }
         let key = if req.key.is_empty() { vec![0] } else { req.key };
@@ -120,7 +122,7 @@ impl StreamState {
             resp.created = true;
             resp.canceled = true;
             resp.cancel_reason = reason.to_string();
-            state.outbox.push_back(resp);
+            state.outbox.push_back(resp.into());
         };
         if range.is_empty_range() {
             refuse(self, "mvcc: watcher range is empty");
@@ -154,7 +156,7 @@ impl StreamState {
         );
         let mut resp = self.control(id, current);
         resp.created = true;
-        self.outbox.push_back(resp);
+        self.outbox.push_back(resp.into());
         let start = if req.start_revision > 0 {
             req.start_revision
         } else {
@@ -179,7 +181,7 @@ impl StreamState {
                 let current = self.server.store().current_rev();
                 let mut resp = self.control(cancel.watch_id, current);
                 resp.canceled = true;
-                self.outbox.push_back(resp);
+                self.outbox.push_back(resp.into());
             }
             // Canceling an unknown watcher gets no answer, as in etcd.
             Some(RequestUnion::CancelRequest(_)) => {}
@@ -203,7 +205,7 @@ impl StreamState {
         self.drain_channel();
         self.progress_pending = false;
         let resp = self.control(INVALID_WATCH_ID, revision);
-        self.outbox.push_back(resp);
+        self.outbox.push_back(resp.into());
     }
 
     fn drain_channel(&mut self) {
@@ -216,7 +218,7 @@ impl StreamState {
         match msg {
             HubMsg::Events {
                 watch_id,
-                mut events,
+                events,
                 revision,
             } => {
                 let Some(opts) = self.watches.get_mut(&watch_id) else {
@@ -224,18 +226,25 @@ impl StreamState {
                 };
                 opts.sent_since_tick = true;
                 let opts = *opts;
-                if opts.prev_kv {
-                    self.fill_prev_kv(&mut events);
-                }
-                let resp = WatchResponse {
+                let events = events
+                    .iter()
+                    .map(|e| {
+                        if opts.prev_kv {
+                            e.encoded_with_prev(|event| self.prev_kv(event))
+                        } else {
+                            e.encoded()
+                        }
+                    })
+                    .collect();
+                let resp = WatchOut {
                     header: self.header(revision),
                     watch_id,
                     events,
-                    ..WatchResponse::default()
+                    ..WatchOut::default()
                 };
                 if opts.fragment {
                     let max = self.server.config().max_request_bytes as usize;
-                    self.outbox.extend(fragments(resp, max));
+                    self.outbox.extend(resp.fragments(max));
                 } else {
                     self.outbox.push_back(resp);
                 }
@@ -251,30 +260,28 @@ impl StreamState {
                 let mut resp = self.control(watch_id, current);
                 resp.canceled = true;
                 resp.compact_revision = compact_revision;
-                self.outbox.push_back(resp);
+                self.outbox.push_back(resp.into());
             }
         }
     }
 
-    fn fill_prev_kv(&self, events: &mut [Event]) {
-        for event in events.iter_mut() {
-            let Some(kv) = &event.kv else { continue };
-            let is_create = event.r#type == EventType::Put as i32 && kv.version == 1;
-            if is_create {
-                continue;
-            }
-            let params = RangeParams {
-                rev: kv.mod_revision - 1,
-                ..RangeParams::default()
-            };
-            if let Ok(mut prev) = self
-                .server
-                .store()
-                .range(KeyRange::new(&kv.key, &[]), params)
-            {
-                event.prev_kv = prev.kvs.pop();
-            }
+    /// The value `event`'s key had just before it (none for a creation).
+    fn prev_kv(&self, event: &Event) -> Option<KeyValue> {
+        let kv = event.kv.as_ref()?;
+        let is_create = event.r#type == EventType::Put as i32 && kv.version == 1;
+        if is_create {
+            return None;
         }
+        let params = RangeParams {
+            rev: kv.mod_revision - 1,
+            ..RangeParams::default()
+        };
+        let mut prev = self
+            .server
+            .store()
+            .range(KeyRange::new(&kv.key, &[]), params)
+            .ok()?;
+        prev.kvs.pop()
     }
 
     fn progress_notifications(&mut self) {
@@ -298,11 +305,11 @@ impl StreamState {
         due.sort_unstable();
         for id in due {
             let resp = self.control(id, revision);
-            self.outbox.push_back(resp);
+            self.outbox.push_back(resp.into());
         }
     }
 
-    async fn next_response(&mut self) -> Option<Result<WatchResponse, Status>> {
+    async fn next_response(&mut self) -> Option<Result<WatchOut, Status>> {
         loop {
             if let Some(resp) = self.outbox.pop_front() {
                 return Some(Ok(resp));
@@ -327,32 +334,6 @@ impl StreamState {
             }
         }
     }
-}
-
-/// Split a response whose encoding exceeds `max` bytes into fragments, as etcd does: every
-/// fragment but the last has `fragment` set; a fragment holds at least one event.
-fn fragments(resp: WatchResponse, max: usize) -> Vec<WatchResponse> {
-    if resp.encoded_len() < max || resp.events.len() < 2 {
-        return vec![resp];
-    }
-    let mut out = Vec::new();
-    let template = WatchResponse {
-        events: Vec::new(),
-        fragment: true,
-        ..resp.clone()
-    };
-    let mut current = template.clone();
-    for event in resp.events {
-        current.events.push(event);
-        if current.events.len() > 1 && current.encoded_len() >= max {
-            let last = current.events.pop();
-            out.push(std::mem::replace(&mut current, template.clone()));
-            current.events.extend(last);
-        }
-    }
-    current.fragment = false;
-    out.push(current);
-    out
 }
 
 #[tonic::async_trait]
@@ -395,36 +376,5 @@ impl Watch for Rpc {
             Some((item, state))
         });
         Ok(Response::new(Box::pin(stream)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use etcdrs_proto::mvccpb::KeyValue;
-
-    #[test]
-    fn large_responses_are_fragmented() {
-        let event = |i: u8| Event {
-            r#type: EventType::Put as i32,
-            kv: Some(KeyValue {
-                key: vec![i],
-                value: vec![0; 100],
-                ..Default::default()
-            }),
-            prev_kv: None,
-        };
-        let resp = WatchResponse {
-            watch_id: 3,
-            events: (0..10).map(event).collect(),
-            ..Default::default()
-        };
-        let parts = fragments(resp.clone(), 350);
-        assert!(parts.len() > 1);
-        assert!(parts[..parts.len() - 1].iter().all(|p| p.fragment));
-        assert!(!parts[parts.len() - 1].fragment);
-        let total: usize = parts.iter().map(|p| p.events.len()).sum();
-        assert_eq!(total, 10);
-        assert_eq!(fragments(resp, 1 << 20).len(), 1);
     }
 }
