@@ -64,6 +64,9 @@ async fn next(stream: &mut tonic::Streaming<WatchResponse>) -> WatchResponse {
         .expect("open")
 }
 
+/// Watchers the proxy holds on the cluster for itself (the cache's and the leader monitor's).
+const OWN: f64 = 2.0;
+
 #[tokio::test]
 async fn exact_watchers_get_their_own_cluster_watcher() {
     let member = Member::start(MemberOpts::new(&EtcdBin::at("/usr/bin/etcd")))
@@ -92,10 +95,10 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
         .connect()
         .await
         .expect("connect");
-    // The cache's watch first.
+    // The proxy's own watches first: the cache's and the leader monitor's.
     poll_until(Duration::from_secs(5), || async {
         let n = watchers(&member).await;
-        if n == 1.0 {
+        if n == OWN {
             Ok(())
         } else {
             Err(format!("{n}"))
@@ -110,7 +113,7 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
         shared_tx.send(create("x")).await.expect("send");
         assert!(next(&mut shared).await.created);
     }
-    assert_eq!(watchers(&member).await, 2.0);
+    assert_eq!(watchers(&member).await, OWN + 1.0);
 
     // Two exact watchers of "x": one cluster watcher each, created at the cluster's revision.
     let mut kv = KvClient::new(channel.clone());
@@ -131,7 +134,7 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
         assert!(created.created);
         assert_eq!(created.header.expect("header").revision, revision);
     }
-    assert_eq!(watchers(&member).await, 4.0);
+    assert_eq!(watchers(&member).await, OWN + 3.0);
 
     // Everybody gets the event, with the proxy's watch ids.
     kv.put(PutRequest {
