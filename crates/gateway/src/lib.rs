@@ -39,10 +39,13 @@ mod probe;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use etcdrs_discovery::srv::SrvResolver;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -385,7 +388,7 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
 async fn relay(client: TcpStream, pool: &Pool, metrics: &Metrics, dial_timeout: Duration) {
     let _ = client.set_nodelay(true);
     let mut tried: Vec<String> = Vec::new();
-    let (mut upstream, picked_key) = loop {
+    let (upstream, picked_key) = loop {
         let Some(picked) = pool.pick(&tried) else {
             metrics.refused.inc();
             tracing::warn!(tried = ?tried, "no endpoint available for a client connection");
@@ -405,16 +408,59 @@ async fn relay(client: TcpStream, pool: &Pool, metrics: &Metrics, dial_timeout: 
     };
     tracing::debug!(endpoint = %picked_key, "relaying a client connection");
     let _ = upstream.set_nodelay(true);
-    let mut client = client;
-    let copied = tokio::io::copy_bidirectional_with_sizes(
+    // Counted as read, so a relay that ends with an error (a reset) still counts its bytes.
+    let mut client = Counted::new(client);
+    let mut upstream = Counted::new(upstream);
+    let _ = tokio::io::copy_bidirectional_with_sizes(
         &mut client,
         &mut upstream,
         RELAY_BUFFER,
         RELAY_BUFFER,
     )
     .await;
-    if let Ok((to_endpoint, to_client)) = copied {
-        metrics.add_bytes(to_endpoint, to_client);
+    metrics.add_bytes(client.read, upstream.read);
+}
+
+/// A relayed stream that counts the bytes read from it.
+struct Counted<S> {
+    inner: S,
+    read: u64,
+}
+
+impl<S> Counted<S> {
+    fn new(inner: S) -> Self {
+        Counted { inner, read: 0 }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.read += (buf.filled().len() - before) as u64;
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -31,10 +31,10 @@ use etcdrs_proto::etcdserverpb::cluster_server::Cluster;
 use etcdrs_proto::etcdserverpb::kv_server::Kv;
 use etcdrs_proto::etcdserverpb::lease_server::Lease;
 use etcdrs_proto::etcdserverpb::maintenance_server::Maintenance;
-use etcdrs_proto::fanout::watch_server::Watch;
 use etcdrs_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, WatchRequest, WatchResponse,
 };
+use etcdrs_proto::fanout::watch_server::Watch;
 use etcdrs_proto::v3electionpb::election_server::Election;
 use etcdrs_proto::v3lockpb::lock_server::Lock;
 use futures::{Stream, StreamExt};
@@ -321,7 +321,10 @@ async fn watch(State(gw): State<Gateway>, headers: HeaderMap, body: Body) -> Res
         // Events travel pre-encoded; JSON needs them as messages again.
         Ok(response) => {
             let decoded = response.into_inner().map(|item| {
-                item.and_then(|out| out.to_response().map_err(|e| Status::internal(e.to_string())))
+                item.and_then(|out| {
+                    out.to_response()
+                        .map_err(|e| Status::internal(e.to_string()))
+                })
             });
             stream_response(decoded).await
         }
