@@ -37,6 +37,19 @@ pub async fn clients(global: &GlobalOpts) -> Result<Vec<Client>> {
         .collect())
 }
 
+/// `--clients` callers of the unary gRPC method `path` over `--conns` lean HTTP/2 connections
+/// ([`crate::grpc`]), the connections spread over the endpoints and shared round-robin.
+pub async fn unary_clients(global: &GlobalOpts, path: &str) -> Result<Vec<crate::grpc::Unary>> {
+    let mut conns = Vec::new();
+    for i in 0..global.conns.min(global.clients) as usize {
+        let endpoint = &global.endpoints[i % global.endpoints.len()];
+        conns.push(crate::grpc::Conn::connect(endpoint, global.dial_timeout).await?);
+    }
+    (0..global.clients as usize)
+        .map(|i| conns[i % conns.len()].unary(path))
+        .collect()
+}
+
 /// Hands out request numbers until the budget is spent, paced by an optional rate.
 #[derive(Debug)]
 pub struct Tickets {

@@ -1,14 +1,24 @@
 //! The proxy's listeners: gRPC and HTTP/1.1 (`/health`, `/metrics`, and their `/proxy/...`
 //! aliases) on one port, plain or TLS (etcd's cmux on the grpc-proxy listener), and the
 //! HTTP-only `--metrics-addr` listener.
+//!
+//! [`Front`] is what a connection serves: it answers a cached serializable range before any
+//! routing or gRPC machinery (the request's one message decoded, the cache's encoded response
+//! sent as it is), and hands every other request, and every range the cache cannot answer, to
+//! the router with its body intact.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::{Bytes, BytesMut};
 use etcdrs_proto::etcdserverpb::RangeRequest;
 use etcdrs_proto::etcdserverpb::auth_server::AuthServer;
 use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
@@ -20,12 +30,15 @@ use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_server::h2authority::LenientAuthority;
+use hyper::body::{Body as HttpBody, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
+use prost::Message;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Proxy;
+use crate::kv::KvProxy;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
@@ -54,6 +67,201 @@ pub fn router(proxy: &Proxy) -> Router {
         .prepare()
         .into_axum_router();
     grpc.merge(http_router(proxy)).fallback(not_found)
+}
+
+/// The main listener's [`Front`]: the router, with the cached-range path in front of it.
+pub fn front(proxy: &Proxy) -> Front {
+    Front(Arc::new(FrontInner {
+        router: router(proxy),
+        kv: Some(proxy.kv.clone()),
+        max_recv: proxy.max_recv_bytes,
+    }))
+}
+
+/// The gRPC path of KV.Range.
+const RANGE_PATH: &str = "/etcdserverpb.KV/Range";
+
+/// What a connection serves. Cheap to clone.
+#[derive(Clone)]
+pub struct Front(Arc<FrontInner>);
+
+struct FrontInner {
+    router: Router,
+    /// Where cached ranges come from; `None`: no fast path.
+    kv: Option<KvProxy>,
+    /// `--max-recv-bytes`: a larger request message goes to the router, which refuses it.
+    max_recv: usize,
+}
+
+impl From<Router> for Front {
+    fn from(router: Router) -> Front {
+        Front(Arc::new(FrontInner {
+            router,
+            kv: None,
+            max_recv: 0,
+        }))
+    }
+}
+
+/// Whether `req` is a gRPC KV.Range the fast path may read: HTTP/2, uncompressed.
+fn plain_grpc_range<B>(req: &axum::http::Request<B>) -> bool {
+    let header_is = |name: &str, ok: &dyn Fn(&str) -> bool| {
+        req.headers()
+            .get(name)
+            .is_none_or(|v| v.to_str().is_ok_and(ok))
+    };
+    req.uri().path() == RANGE_PATH
+        && req.method() == Method::POST
+        && req.version() == Version::HTTP_2
+        && req.headers().contains_key(header::CONTENT_TYPE)
+        && header_is(header::CONTENT_TYPE.as_str(), &|v| {
+            v.starts_with("application/grpc") && !v.starts_with("application/grpc-web")
+        })
+        && header_is("grpc-encoding", &|v| v == "identity")
+}
+
+impl tower::Service<axum::http::Request<Incoming>> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: axum::http::Request<Incoming>) -> Self::Future {
+        let inner = self.0.clone();
+        if inner.kv.is_some() && plain_grpc_range(&req) {
+            return Box::pin(fast_range(inner, req));
+        }
+        Box::pin(tower::ServiceExt::oneshot(inner.router.clone(), req))
+    }
+}
+
+/// A range through the cache: its message read whole (up to `max_recv`), answered from the
+/// cache when it holds the answer, else handed to the router with the bytes read so far.
+async fn fast_range(
+    inner: Arc<FrontInner>,
+    req: axum::http::Request<Incoming>,
+) -> Result<Response, Infallible> {
+    let (parts, mut body) = req.into_parts();
+    let limit = inner.max_recv.saturating_add(5);
+    let mut head: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    let mut read = 0usize;
+    let mut whole = false;
+    while read <= limit {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let Some(Ok(frame)) = frame else {
+            // The end, or a broken stream the router will see as such.
+            whole = frame.is_none();
+            break;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read += data.len();
+        match (&head, &mut more) {
+            (None, _) => head = Some(data),
+            (Some(first), None) => {
+                let mut buf = BytesMut::with_capacity(read);
+                buf.extend_from_slice(first);
+                buf.extend_from_slice(&data);
+                more = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+    let head = match more {
+        Some(buf) => buf.freeze(),
+        None => head.unwrap_or_default(),
+    };
+    if whole && let Some(kv) = &inner.kv {
+        let message = (head.len() >= 5
+            && head[0] == 0
+            && u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize == head.len() - 5)
+            .then(|| RangeRequest::decode(head.slice(5..)).ok())
+            .flatten();
+        if let Some(range) = message {
+            let token = parts
+                .headers
+                .get("token")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if let Some(wire) = kv.cached_range(token, range) {
+                let mut resp = Response::new(axum::body::Body::new(Unary(Some(wire), true)));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/grpc"),
+                );
+                return Ok(resp);
+            }
+        }
+    }
+    let body = axum::body::Body::new(Prefixed {
+        head: (!head.is_empty()).then_some(head),
+        rest: body,
+        done: whole,
+    });
+    let req = axum::http::Request::from_parts(parts, body);
+    tower::ServiceExt::oneshot(inner.router.clone(), req).await
+}
+
+/// A successful unary gRPC response body: one message, then `grpc-status: 0`.
+struct Unary(Option<Bytes>, bool);
+
+impl HttpBody for Unary {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(data) = self.0.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if std::mem::take(&mut self.1) {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none() && !self.1
+    }
+}
+
+/// A request body of which `head` was already read from `rest`.
+struct Prefixed {
+    head: Option<Bytes>,
+    rest: Incoming,
+    /// `rest` has ended.
+    done: bool,
+}
+
+impl HttpBody for Prefixed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(head) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && (self.done || self.rest.is_end_stream())
+    }
 }
 
 /// The HTTP endpoints: `/health` and `/metrics` (also as `/proxy/health`, `/proxy/metrics`).
@@ -140,16 +348,17 @@ async fn not_found(request: axum::extract::Request) -> Response {
         .into_response()
 }
 
-/// Serves `router` on `listener` until `shutdown`, HTTP/1.1 and HTTP/2 on one port, through
+/// Serves `front` on `listener` until `shutdown`, HTTP/1.1 and HTTP/2 on one port, through
 /// TLS when `tls` is set. Each connection is a task of this function's own set; on shutdown
 /// connections get a graceful close and a short grace period.
 pub async fn serve(
-    router: Router,
+    front: impl Into<Front>,
     listener: TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
     max_concurrent_streams: u32,
     shutdown: CancellationToken,
 ) {
+    let front = front.into();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // h2 buffers up to this much of a stream's responses beyond the client's flow-control
     // window; watch streams are already bounded by their own queues, so keep this small.
@@ -174,7 +383,7 @@ pub async fn serve(
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
+                let service = TowerToHyperService::new(front.clone());
                 match &acceptor {
                     None => {
                         // etcd 3.4's etcdctl sends a URL as `:authority`: see h2authority.
