@@ -6,6 +6,10 @@
 //! routing or gRPC machinery (the request's one message decoded, the cache's encoded response
 //! sent as it is), and hands every other request, and every range the cache cannot answer, to
 //! the router with its body intact.
+//!
+//! The HTTP/2 streams of a connection run on that connection's own task ([`StreamExecutor`]),
+//! not one task each: a response is written with the others that are ready, in one write,
+//! without a wake-up of another thread between a stream and its connection.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,8 +34,11 @@ use etcdrs_proto::etcdserverpb::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_server::h2authority::LenientAuthority;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use futures::task::AtomicWaker;
 use hyper::body::{Body as HttpBody, Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -348,6 +355,110 @@ async fn not_found(request: axum::extract::Request) -> Response {
         .into_response()
 }
 
+/// A stream's future, as hyper hands it over.
+type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs the HTTP/2 streams hyper starts on one connection inside that connection's task
+/// ([`drive`]): `execute` queues a stream and wakes the task.
+#[derive(Clone, Default)]
+struct StreamExecutor(Arc<StreamQueue>);
+
+#[derive(Default)]
+struct StreamQueue {
+    /// Streams started since the task last looked (as many as the client's concurrent
+    /// streams allow: `--max-concurrent-streams` bounds them).
+    new: parking_lot::Mutex<Vec<StreamFuture>>,
+    /// The connection's task.
+    task: AtomicWaker,
+}
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamExecutor {
+    fn execute(&self, stream: F) {
+        self.0.new.lock().push(Box::pin(stream));
+        self.0.task.wake();
+    }
+}
+
+/// Drives `conn` and the streams it starts on `executor` until the connection ends (streams
+/// still running then have lost their connection and are dropped).
+async fn drive<C: Future>(conn: C, executor: StreamExecutor) {
+    let queue = executor.0;
+    let mut conn = std::pin::pin!(conn);
+    let mut streams = FuturesUnordered::<StreamFuture>::new();
+    std::future::poll_fn(|cx| {
+        queue.task.register(cx.waker());
+        // Read what arrived, and write what the streams produced last time round.
+        if conn.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        loop {
+            streams.extend(queue.new.lock().drain(..));
+            // Every stream that can make progress does; FuturesUnordered yields on its own
+            // after a round over all of them.
+            while let Poll::Ready(Some(())) = streams.poll_next_unpin(cx) {}
+            if queue.new.lock().is_empty() {
+                break;
+            }
+        }
+        // The streams' frames: written now rather than on the next wake-up.
+        if conn.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// A connection's byte stream, offering no vectored writes. h2 copies a DATA payload into its
+/// write buffer up to 1 KiB with plain writes but only up to 256 bytes with vectored ones, and
+/// a payload it does not copy ends the buffer: a typical small response (a range of one key
+/// with its value) would then cost one `writev` each, where copying lets one write carry all
+/// the responses that are ready.
+struct Unvectored<T>(T);
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Unvectored<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Unvectored<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// HTTP/1.1 and HTTP/2 (by preface) for one connection whose streams run on `executor`.
+fn http_builder(
+    executor: StreamExecutor,
+    max_concurrent_streams: u32,
+) -> hyper_util::server::conn::auto::Builder<StreamExecutor> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(executor);
+    // h2 buffers up to this much of a stream's responses beyond the client's flow-control
+    // window; watch streams are already bounded by their own queues, so keep this small.
+    builder
+        .http2()
+        .max_concurrent_streams(max_concurrent_streams)
+        .max_send_buf_size(SEND_BUFFER_BYTES);
+    builder
+}
+
 /// Serves `front` on `listener` until `shutdown`, HTTP/1.1 and HTTP/2 on one port, through
 /// TLS when `tls` is set. Each connection is a task of this function's own set; on shutdown
 /// connections get a graceful close and a short grace period.
@@ -359,13 +470,6 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let front = front.into();
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // h2 buffers up to this much of a stream's responses beyond the client's flow-control
-    // window; watch streams are already bounded by their own queues, so keep this small.
-    builder
-        .http2()
-        .max_concurrent_streams(max_concurrent_streams)
-        .max_send_buf_size(SEND_BUFFER_BYTES);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut connections = tokio::task::JoinSet::new();
@@ -384,30 +488,30 @@ pub async fn serve(
                 };
                 let _ = tcp.set_nodelay(true);
                 let service = TowerToHyperService::new(front.clone());
+                // The connection's streams run on its task.
+                let executor = StreamExecutor::default();
+                let builder = http_builder(executor.clone(), max_concurrent_streams);
                 match &acceptor {
                     None => {
                         // etcd 3.4's etcdctl sends a URL as `:authority`: see h2authority.
-                        let io = TokioIo::new(LenientAuthority::new(tcp));
+                        let io = TokioIo::new(Unvectored(LenientAuthority::new(tcp)));
                         let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
                         let conn = graceful.watch(conn);
-                        // Task: one client connection.
-                        connections.spawn(async move {
-                            let _ = conn.await;
-                        });
+                        // Task: one client connection and its streams.
+                        connections.spawn(drive(conn, executor));
                     }
                     Some(acceptor) => {
                         let acceptor = acceptor.clone();
-                        let builder = builder.clone();
                         let watcher = graceful.watcher();
-                        // Task: one client connection (TLS handshake, then HTTP).
+                        // Task: one client connection (TLS handshake, then HTTP) and its streams.
                         connections.spawn(async move {
                             let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
                             let Ok(Ok(stream)) = handshake else {
                                 return;
                             };
-                            let io = TokioIo::new(LenientAuthority::new(stream));
+                            let io = TokioIo::new(Unvectored(LenientAuthority::new(stream)));
                             let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
-                            let _ = watcher.watch(conn).await;
+                            drive(watcher.watch(conn), executor).await;
                         });
                     }
                 }
