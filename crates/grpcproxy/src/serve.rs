@@ -110,21 +110,23 @@ impl From<Router> for Front {
     }
 }
 
+/// Header names the fast path reads.
+const GRPC_ENCODING: header::HeaderName = header::HeaderName::from_static("grpc-encoding");
+const TOKEN: header::HeaderName = header::HeaderName::from_static("token");
+
 /// Whether `req` is a gRPC KV.Range the fast path may read: HTTP/2, uncompressed.
 fn plain_grpc_range<B>(req: &axum::http::Request<B>) -> bool {
-    let header_is = |name: &str, ok: &dyn Fn(&str) -> bool| {
-        req.headers()
-            .get(name)
-            .is_none_or(|v| v.to_str().is_ok_and(ok))
-    };
+    let headers = req.headers();
     req.uri().path() == RANGE_PATH
         && req.method() == Method::POST
         && req.version() == Version::HTTP_2
-        && req.headers().contains_key(header::CONTENT_TYPE)
-        && header_is(header::CONTENT_TYPE.as_str(), &|v| {
-            v.starts_with("application/grpc") && !v.starts_with("application/grpc-web")
+        && headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+            let v = v.as_bytes();
+            v.starts_with(b"application/grpc") && !v.starts_with(b"application/grpc-web")
         })
-        && header_is("grpc-encoding", &|v| v == "identity")
+        && headers
+            .get(GRPC_ENCODING)
+            .is_none_or(|v| v.as_bytes() == b"identity")
 }
 
 impl tower::Service<axum::http::Request<Incoming>> for Front {
@@ -192,7 +194,7 @@ async fn fast_range(
         if let Some(range) = message {
             let token = parts
                 .headers
-                .get("token")
+                .get(TOKEN)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
             if let Some(wire) = kv.cached_range(token, range) {
@@ -211,7 +213,8 @@ async fn fast_range(
         done: whole,
     });
     let req = axum::http::Request::from_parts(parts, body);
-    tower::ServiceExt::oneshot(inner.router.clone(), req).await
+    // Boxed: the router's future is large, and this one's state stays small for the hits.
+    Box::pin(tower::ServiceExt::oneshot(inner.router.clone(), req)).await
 }
 
 /// A successful unary gRPC response body: one message, then `grpc-status: 0`.
