@@ -125,9 +125,19 @@ pub async fn run_workers<W: Worker>(
         let done = done.clone();
         set.spawn(async move {
             let mut rec = Recorder::new();
+            // One timer for all of this client's requests, re-armed for each (cheaper than a
+            // fresh timeout per request).
+            let timer = tokio::time::sleep(request_timeout);
+            tokio::pin!(timer);
             while let Some(i) = tickets.next().await {
                 let st = Instant::now();
-                match tokio::time::timeout(request_timeout, w.call(i)).await {
+                timer.as_mut().reset(st + request_timeout);
+                let outcome = tokio::select! {
+                    biased;
+                    r = w.call(i) => Ok(r),
+                    () = &mut timer => Err(()),
+                };
+                match outcome {
                     Ok(Ok(())) => {
                         rec.record(st.elapsed());
                         done.fetch_add(1, Ordering::Relaxed);
