@@ -92,9 +92,14 @@ fn prefix_end(key: &[u8]) -> Vec<u8> {
 }
 
 pub async fn range(global: &GlobalOpts, opts: &RangeOpts) -> Result<Summary> {
-    let key = opts.key.as_bytes().to_vec();
+    let mut key = opts.key.as_bytes().to_vec();
     let range_end = match (&opts.end, opts.prefix) {
         (Some(end), _) => end.as_bytes().to_vec(),
+        // Every key: etcd's clients send "\0" as both key and end.
+        (None, true) if key.is_empty() => {
+            key = vec![0];
+            vec![0]
+        }
         (None, true) => prefix_end(&key),
         (None, false) => Vec::new(),
     };
