@@ -48,6 +48,10 @@ pub struct GlobalOpts {
     /// Seconds one request may take before it counts as an error
     #[arg(long, global = true, default_value = "30", value_parser = positive_secs)]
     pub request_timeout: Duration,
+    /// Threads the load generator runs on (0: one per core); 1 keeps it on one core, off
+    /// the target's others, and spares it cross-thread wake-ups
+    #[arg(long, global = true, default_value_t = 0)]
+    pub threads: usize,
     /// Seconds to wait for a connection to be established
     #[arg(long, global = true, default_value = "5", value_parser = positive_secs)]
     pub dial_timeout: Duration,

@@ -37,6 +37,19 @@ pub async fn clients(global: &GlobalOpts) -> Result<Vec<Client>> {
         .collect())
 }
 
+/// `--clients` callers of the unary gRPC method `path` over `--conns` lean HTTP/2 connections
+/// ([`crate::grpc`]), the connections spread over the endpoints and shared round-robin.
+pub async fn unary_clients(global: &GlobalOpts, path: &str) -> Result<Vec<crate::grpc::Unary>> {
+    let mut conns = Vec::new();
+    for i in 0..global.conns.min(global.clients) as usize {
+        let endpoint = &global.endpoints[i % global.endpoints.len()];
+        conns.push(crate::grpc::Conn::connect(endpoint, global.dial_timeout).await?);
+    }
+    (0..global.clients as usize)
+        .map(|i| conns[i % conns.len()].unary(path))
+        .collect()
+}
+
 /// Hands out request numbers until the budget is spent, paced by an optional rate.
 #[derive(Debug)]
 pub struct Tickets {
@@ -112,9 +125,19 @@ pub async fn run_workers<W: Worker>(
         let done = done.clone();
         set.spawn(async move {
             let mut rec = Recorder::new();
+            // One timer for all of this client's requests, re-armed for each (cheaper than a
+            // fresh timeout per request).
+            let timer = tokio::time::sleep(request_timeout);
+            tokio::pin!(timer);
             while let Some(i) = tickets.next().await {
                 let st = Instant::now();
-                match tokio::time::timeout(request_timeout, w.call(i)).await {
+                timer.as_mut().reset(st + request_timeout);
+                let outcome = tokio::select! {
+                    biased;
+                    r = w.call(i) => Ok(r),
+                    () = &mut timer => Err(()),
+                };
+                match outcome {
                     Ok(Ok(())) => {
                         rec.record(st.elapsed());
                         done.fetch_add(1, Ordering::Relaxed);

@@ -7,6 +7,7 @@
 
 mod cli;
 mod driver;
+mod grpc;
 mod keys;
 mod report;
 mod watch;
@@ -25,10 +26,28 @@ use crate::cli::{Cli, Command, Consistency, Output};
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use crate::report::Summary;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    let runtime = match cli.global.threads {
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("bench: {e:#}");
@@ -37,8 +56,21 @@ async fn main() -> ExitCode {
     }
 }
 
+/// User + system CPU seconds this process has used so far (`/proc/self/stat`, in Linux's
+/// 100 Hz user ticks); `None` where that file is not available.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3 (state).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
 async fn run(cli: Cli) -> Result<ExitCode> {
     let g = &cli.global;
+    let cpu0 = cpu_seconds();
     let text = g.output == Output::Text;
     let summary = match &cli.command {
         Command::Put(o) => workloads::put(g, o).await?,
@@ -62,6 +94,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 let mut v = events.to_json();
                 v["watch_create"] = create.to_json();
+                add_cpu(&mut v, cpu0);
                 println!("{v}");
             }
             return Ok(exit_code(&events));
@@ -70,9 +103,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     if text {
         println!("{}", summary.to_text());
     } else {
-        println!("{}", summary.to_json());
+        let mut v = summary.to_json();
+        add_cpu(&mut v, cpu0);
+        println!("{v}");
     }
     Ok(exit_code(&summary))
+}
+
+/// `cpu_s`: the CPU seconds the bench itself spent since `cpu0` (connecting included), so a
+/// comparison can tell the load generator's cost from the target's.
+fn add_cpu(v: &mut serde_json::Value, cpu0: Option<f64>) {
+    if let (Some(a), Some(b)) = (cpu0, cpu_seconds()) {
+        v["cpu_s"] = serde_json::json!(((b - a) * 100.0).round() / 100.0);
+    }
 }
 
 fn exit_code(s: &Summary) -> ExitCode {

@@ -1,22 +1,26 @@
-//! The closed-loop workloads: put, range, txn-put and lease-keepalive.
+//! The closed-loop workloads: put, range, txn-put and lease-keepalive. The unary ones go
+//! through the lean client of [`crate::grpc`]; lease keep-alive streams through `etcd-client`.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use etcd_client::{
-    GetOptions, KvClient, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, Txn, TxnOp,
+use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+use etcdrs_proto::etcdserverpb::{
+    PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
+    request_op,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
 
 use crate::cli::{Consistency, GlobalOpts, LeaseKeepaliveOpts, PutOpts, RangeOpts, TxnPutOpts};
-use crate::driver::{Worker, clients, run_workers};
+use crate::driver::{Worker, clients, run_workers, unary_clients};
+use crate::grpc::{KV_PUT, KV_RANGE, KV_TXN, Unary};
 use crate::keys::{KeyMaker, random_bytes};
 use crate::report::Summary;
 
 struct PutWorker {
-    kv: KvClient,
+    kv: Unary,
     keys: Arc<KeyMaker>,
     value: Arc<[u8]>,
     key_space: u64,
@@ -31,22 +35,23 @@ impl Worker for PutWorker {
         } else {
             self.rng.random_range(0..self.key_space)
         };
-        self.kv
-            .put(self.keys.key(n), self.value.to_vec(), None)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        let req = PutRequest {
+            key: self.keys.key(n),
+            value: self.value.to_vec(),
+            ..Default::default()
+        };
+        self.kv.call::<_, PutResponse>(&req).await.map(drop)
     }
 }
 
 pub async fn put(global: &GlobalOpts, opts: &PutOpts) -> Result<Summary> {
     let keys = Arc::new(KeyMaker::new(opts.key_size, opts.key_space_size)?);
     let value: Arc<[u8]> = random_bytes(opts.val_size).into();
-    let workers = clients(global)
+    let workers = unary_clients(global, KV_PUT)
         .await?
         .into_iter()
-        .map(|c| PutWorker {
-            kv: c.kv_client(),
+        .map(|kv| PutWorker {
+            kv,
             keys: keys.clone(),
             value: value.clone(),
             key_space: opts.key_space_size,
@@ -60,39 +65,56 @@ pub async fn put(global: &GlobalOpts, opts: &PutOpts) -> Result<Summary> {
 }
 
 struct RangeWorker {
-    kv: KvClient,
-    key: Arc<[u8]>,
-    opts: GetOptions,
+    kv: Unary,
+    req: Arc<RangeRequest>,
 }
 
 impl Worker for RangeWorker {
     async fn call(&mut self, _i: u64) -> Result<(), String> {
         self.kv
-            .get(self.key.to_vec(), Some(self.opts.clone()))
+            .call::<_, RangeResponse>(self.req.as_ref())
             .await
             .map(drop)
-            .map_err(|e| e.to_string())
     }
 }
 
+/// `key` plus one: the end of the range of every key with the prefix `key` (etcd's rule: the
+/// last byte below 0xff incremented, the rest dropped; all 0xff or empty: `"\0"`, no end).
+fn prefix_end(key: &[u8]) -> Vec<u8> {
+    let mut end = key.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 pub async fn range(global: &GlobalOpts, opts: &RangeOpts) -> Result<Summary> {
-    let mut get = GetOptions::new();
-    if let Some(end) = &opts.end {
-        get = get.with_range(end.as_bytes());
-    } else if opts.prefix {
-        get = get.with_prefix();
-    }
-    if opts.consistency == Consistency::Serializable {
-        get = get.with_serializable();
-    }
-    let key: Arc<[u8]> = opts.key.as_bytes().into();
-    let workers = clients(global)
+    let mut key = opts.key.as_bytes().to_vec();
+    let range_end = match (&opts.end, opts.prefix) {
+        (Some(end), _) => end.as_bytes().to_vec(),
+        // Every key: etcd's clients send "\0" as both key and end.
+        (None, true) if key.is_empty() => {
+            key = vec![0];
+            vec![0]
+        }
+        (None, true) => prefix_end(&key),
+        (None, false) => Vec::new(),
+    };
+    let req = Arc::new(RangeRequest {
+        key,
+        range_end,
+        serializable: opts.consistency == Consistency::Serializable,
+        ..Default::default()
+    });
+    let workers = unary_clients(global, KV_RANGE)
         .await?
         .into_iter()
-        .map(|c| RangeWorker {
-            kv: c.kv_client(),
-            key: key.clone(),
-            opts: get.clone(),
+        .map(|kv| RangeWorker {
+            kv,
+            req: req.clone(),
         })
         .collect();
     let (rec, elapsed) =
@@ -105,7 +127,7 @@ pub async fn range(global: &GlobalOpts, opts: &RangeOpts) -> Result<Summary> {
 }
 
 struct TxnPutWorker {
-    kv: KvClient,
+    kv: Unary,
     keys: Arc<KeyMaker>,
     value: Arc<[u8]>,
     ops: u64,
@@ -114,17 +136,23 @@ struct TxnPutWorker {
 
 impl Worker for TxnPutWorker {
     async fn call(&mut self, i: u64) -> Result<(), String> {
-        let ops: Vec<TxnOp> = (0..self.ops)
+        let success = (0..self.ops)
             .map(|j| {
                 let n = (i.wrapping_mul(self.ops).wrapping_add(j)) % self.key_space;
-                TxnOp::put(self.keys.key(n), self.value.to_vec(), None)
+                RequestOp {
+                    request: Some(request_op::Request::RequestPut(PutRequest {
+                        key: self.keys.key(n),
+                        value: self.value.to_vec(),
+                        ..Default::default()
+                    })),
+                }
             })
             .collect();
-        self.kv
-            .txn(Txn::new().and_then(ops))
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        let req = TxnRequest {
+            success,
+            ..Default::default()
+        };
+        self.kv.call::<_, TxnResponse>(&req).await.map(drop)
     }
 }
 
@@ -138,11 +166,11 @@ pub async fn txn_put(global: &GlobalOpts, opts: &TxnPutOpts) -> Result<Summary> 
     }
     let keys = Arc::new(KeyMaker::new(opts.key_size, opts.key_space_size)?);
     let value: Arc<[u8]> = random_bytes(opts.val_size).into();
-    let workers = clients(global)
+    let workers = unary_clients(global, KV_TXN)
         .await?
         .into_iter()
-        .map(|c| TxnPutWorker {
-            kv: c.kv_client(),
+        .map(|kv| TxnPutWorker {
+            kv,
             keys: keys.clone(),
             value: value.clone(),
             ops: opts.txn_ops,
@@ -203,4 +231,17 @@ pub async fn lease_keepalive(global: &GlobalOpts, opts: &LeaseKeepaliveOpts) -> 
     }
     let (rec, elapsed) = run_workers(workers, global.budget(), 0, global.request_timeout).await;
     Ok(rec.summary("lease-keepalive", elapsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends_follow_etcd() {
+        assert_eq!(prefix_end(b"foo"), b"fop");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
+    }
 }

@@ -9,20 +9,23 @@
 //! - **Keyed by auth identity**: the `token` is part of the key, so one user's permitted read is
 //!   never answered to another.
 //! - **Bounded** in entries and in bytes (least recently used first out).
+//! - **Cheap hits.** An entry holds the response as the client receives it: one gRPC message
+//!   (length prefix included), already stripped of the namespace, so a hit is a lookup and a
+//!   reference count. Recency is a tick stamped on the entry; the least recently used entry is
+//!   found by a scan when a store must evict (stores follow a round trip to the cluster).
 //! - **Open ends**: a `"\0"` range end means "every key from `key` on", and invalidation
 //!   treats it so.
 //!
 //! Only serializable ranges at the current revision are served from here; linearizable
 //! ranges always go to the cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
-use etcdrs_proto::etcdserverpb::{
-    RangeRequest, RangeResponse, WatchCreateRequest, WatchRequest, watch_request,
-};
+use etcdrs_proto::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchRequest, watch_request};
 use parking_lot::Mutex;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
@@ -61,9 +64,10 @@ struct Entry {
     /// The range the entry answers: `[key, end)` as the cluster reads it.
     key: Vec<u8>,
     end: Vec<u8>,
-    response: RangeResponse,
+    /// The response as sent to the client: one length-prefixed gRPC message.
+    wire: Bytes,
     bytes: usize,
-    /// Its place in `recency`.
+    /// When it was last used (larger is more recent).
     tick: u64,
 }
 
@@ -73,11 +77,50 @@ struct State {
     enabled: bool,
     /// The newest revision whose changes have been applied to the cache.
     floor: i64,
-    entries: HashMap<(String, Vec<u8>), Entry>,
-    /// Least recently used first.
-    recency: BTreeMap<u64, (String, Vec<u8>)>,
+    /// By [`RangeCache::key`]: the identity and the request.
+    entries: HashMap<Vec<u8>, Entry>,
     next_tick: u64,
     bytes: usize,
+}
+
+impl State {
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(old) = self.entries.remove(key) {
+            self.bytes -= old.bytes;
+        }
+    }
+
+    /// Drops the least recently used entry; false when there is none.
+    fn evict_one(&mut self) -> bool {
+        let oldest = self
+            .entries
+            .iter()
+            .min_by_key(|(_, e)| e.tick)
+            .map(|(k, _)| k.clone());
+        match oldest {
+            Some(key) => {
+                self.remove(&key);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every entry `stale` says is stale.
+    fn remove_where(&mut self, stale: impl Fn(&Entry) -> bool) {
+        let before = self.entries.len();
+        let mut freed = 0;
+        self.entries.retain(|_, e| {
+            let keep = !stale(e);
+            if !keep {
+                freed += e.bytes;
+            }
+            keep
+        });
+        if self.entries.len() != before {
+            self.bytes -= freed;
+        }
+    }
 }
 
 /// Whether `key` is in `[start, end)` as etcd reads ranges (empty end: one key; `"\0"`: open).
@@ -106,64 +149,58 @@ impl RangeCache {
         req.serializable && req.revision == 0
     }
 
-    /// The cached answer to `req` (already namespaced) for `token`.
-    pub fn get(&self, token: &str, req: &RangeRequest) -> Option<RangeResponse> {
-        let key = (token.to_owned(), req.encode_to_vec());
+    /// The cache key of `req` (already namespaced) for `token`: the token's length, the
+    /// token, then the request's encoding, so no two (token, request) pairs share a key.
+    pub fn key(token: &str, req: &RangeRequest) -> Vec<u8> {
+        let mut key = Vec::with_capacity(4 + token.len() + req.encoded_len());
+        key.extend_from_slice(&(token.len() as u32).to_le_bytes());
+        key.extend_from_slice(token.as_bytes());
+        req.encode_raw(&mut key);
+        key
+    }
+
+    /// The cached response (one gRPC message, as the client receives it) under `key`.
+    pub fn get(&self, key: &[u8]) -> Option<Bytes> {
         let mut state = self.inner.lock();
         if !state.enabled {
             return None;
         }
         let tick = state.next_tick;
-        let old_tick = {
-            let entry = state.entries.get_mut(&key)?;
-            let old = entry.tick;
-            entry.tick = tick;
-            old
-        };
+        let entry = state.entries.get_mut(key)?;
+        entry.tick = tick;
+        let wire = entry.wire.clone();
         state.next_tick += 1;
-        state.recency.remove(&old_tick);
-        let response = state.entries.get(&key).map(|e| e.response.clone());
-        state.recency.insert(tick, key);
-        response
+        Some(wire)
     }
 
-    /// Stores `resp` as the answer to `req` for `token`, unless a change newer than it has
-    /// already been seen.
-    pub fn put(&self, token: &str, req: &RangeRequest, resp: &RangeResponse) {
-        let revision = resp.header.as_ref().map_or(0, |h| h.revision);
-        let bytes = resp.encoded_len() + req.encoded_len() + token.len();
+    /// Stores `wire` (one gRPC message) as the answer to `req` under `key`, unless a change
+    /// newer than `revision` (the response's) has already been seen.
+    pub fn put(&self, key: Vec<u8>, req: &RangeRequest, revision: i64, wire: Bytes) {
+        let bytes = wire.len() + key.len() + req.key.len() + req.range_end.len();
         if bytes > self.config.max_bytes || self.config.max_entries == 0 {
             return;
         }
-        let key = (token.to_owned(), req.encode_to_vec());
         let mut state = self.inner.lock();
         if !state.enabled || revision < state.floor {
             return;
         }
-        if let Some(old) = state.entries.remove(&key) {
-            state.recency.remove(&old.tick);
-            state.bytes -= old.bytes;
-        }
+        state.remove(&key);
         while state.entries.len() >= self.config.max_entries
             || state.bytes + bytes > self.config.max_bytes
         {
-            let Some((_, oldest)) = state.recency.pop_first() else {
+            if !state.evict_one() {
                 break;
-            };
-            if let Some(old) = state.entries.remove(&oldest) {
-                state.bytes -= old.bytes;
             }
         }
         let tick = state.next_tick;
         state.next_tick += 1;
-        state.recency.insert(tick, key.clone());
         state.bytes += bytes;
         state.entries.insert(
             key,
             Entry {
                 key: req.key.clone(),
                 end: req.range_end.clone(),
-                response: resp.clone(),
+                wire,
                 bytes,
                 tick,
             },
@@ -179,18 +216,7 @@ impl RangeCache {
         if keys.is_empty() || state.entries.is_empty() {
             return;
         }
-        let stale: Vec<(String, Vec<u8>)> = state
-            .entries
-            .iter()
-            .filter(|(_, e)| keys.iter().any(|k| covers(&e.key, &e.end, k)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in stale {
-            if let Some(old) = state.entries.remove(&key) {
-                state.recency.remove(&old.tick);
-                state.bytes -= old.bytes;
-            }
-        }
+        state.remove_where(|e| keys.iter().any(|k| covers(&e.key, &e.end, k)));
         self.metrics.set_cache_keys(state.entries.len());
     }
 
@@ -211,18 +237,7 @@ impl RangeCache {
             let before_e = end != [0] && end <= e.key.as_slice();
             !(e_before || before_e)
         };
-        let stale: Vec<(String, Vec<u8>)> = state
-            .entries
-            .iter()
-            .filter(|(_, e)| overlaps(e))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in stale {
-            if let Some(old) = state.entries.remove(&key) {
-                state.recency.remove(&old.tick);
-                state.bytes -= old.bytes;
-            }
-        }
+        state.remove_where(overlaps);
         self.metrics.set_cache_keys(state.entries.len());
     }
 
@@ -233,7 +248,6 @@ impl RangeCache {
         state.enabled = enabled;
         state.floor = floor;
         state.entries.clear();
-        state.recency.clear();
         state.bytes = 0;
         self.metrics.set_cache_keys(0);
     }
@@ -327,18 +341,16 @@ impl RangeCache {
 
 #[cfg(test)]
 mod tests {
-    use etcdrs_proto::etcdserverpb::ResponseHeader;
-
     use super::*;
 
-    fn resp(rev: i64) -> RangeResponse {
-        RangeResponse {
-            header: Some(ResponseHeader {
-                revision: rev,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+    /// Stores a response of revision `rev` for (`token`, `r`).
+    fn put(cache: &RangeCache, token: &str, r: &RangeRequest, rev: i64) {
+        let wire = Bytes::from(format!("rev {rev}"));
+        cache.put(RangeCache::key(token, r), r, rev, wire);
+    }
+
+    fn get(cache: &RangeCache, token: &str, r: &RangeRequest) -> Option<Bytes> {
+        cache.get(&RangeCache::key(token, r))
     }
 
     fn req(key: &[u8], end: &[u8]) -> RangeRequest {
@@ -355,12 +367,12 @@ mod tests {
         let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
         cache.reset(true, 1);
         let r = req(b"b", b"\0");
-        cache.put("", &r, &resp(5));
-        assert!(cache.get("", &r).is_some());
+        put(&cache, "", &r, 5);
+        assert!(get(&cache, "", &r).is_some());
         cache.invalidate([b"a".as_slice()], 6);
-        assert!(cache.get("", &r).is_some());
+        assert!(get(&cache, "", &r).is_some());
         cache.invalidate([b"zz".as_slice()], 7);
-        assert!(cache.get("", &r).is_none());
+        assert!(get(&cache, "", &r).is_none());
     }
 
     #[test]
@@ -369,10 +381,10 @@ mod tests {
         cache.reset(true, 1);
         cache.invalidate([b"k".as_slice()], 10);
         let r = req(b"k", b"");
-        cache.put("", &r, &resp(9));
-        assert!(cache.get("", &r).is_none());
-        cache.put("", &r, &resp(10));
-        assert!(cache.get("", &r).is_some());
+        put(&cache, "", &r, 9);
+        assert!(get(&cache, "", &r).is_none());
+        put(&cache, "", &r, 10);
+        assert_eq!(get(&cache, "", &r), Some(Bytes::from("rev 10")));
     }
 
     #[test]
@@ -384,22 +396,34 @@ mod tests {
         let cache = RangeCache::new(config, Metrics::new());
         cache.reset(true, 1);
         let r = req(b"k", b"");
-        cache.put("alice", &r, &resp(5));
-        assert!(cache.get("bob", &r).is_none());
-        cache.put("bob", &r, &resp(5));
-        cache.put("carol", &r, &resp(5));
+        put(&cache, "alice", &r, 5);
+        assert!(get(&cache, "bob", &r).is_none());
+        put(&cache, "bob", &r, 5);
+        put(&cache, "carol", &r, 5);
         assert!(
-            cache.get("alice", &r).is_none(),
+            get(&cache, "alice", &r).is_none(),
             "least recently used went first"
         );
-        assert!(cache.get("carol", &r).is_some());
+        assert!(get(&cache, "carol", &r).is_some());
+    }
+
+    #[test]
+    fn invalidation_frees_bytes() {
+        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
+        cache.reset(true, 1);
+        put(&cache, "", &req(b"a", b""), 5);
+        put(&cache, "", &req(b"b", b""), 5);
+        cache.invalidate([b"a".as_slice()], 6);
+        cache.invalidate_range(b"b", b"c", 7);
+        let state = cache.inner.lock();
+        assert_eq!((state.entries.len(), state.bytes), (0, 0));
     }
 
     #[test]
     fn disabled_cache_serves_nothing() {
         let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
         let r = req(b"k", b"");
-        cache.put("", &r, &resp(5));
-        assert!(cache.get("", &r).is_none());
+        put(&cache, "", &r, 5);
+        assert!(get(&cache, "", &r).is_none());
     }
 }

@@ -1,6 +1,10 @@
 //! The KV service (etcd `grpcproxy/kv.go`): ranges, puts, deletes, txns and compaction go to
 //! the cluster through [`Upstream`]; serializable ranges may be answered from the
 //! [`RangeCache`]; writes through the proxy also drop what they touch from the cache at once.
+//! The cache holds responses as encoded gRPC messages; [`KvProxy::cached_range`] is the hit
+//! path the listener takes before any gRPC decoding of its own (see `serve`).
+
+use bytes::{BufMut, Bytes, BytesMut};
 
 use etcdrs_proto::etcdserverpb::kv_client::KvClient;
 use etcdrs_proto::etcdserverpb::kv_server::Kv;
@@ -9,12 +13,13 @@ use etcdrs_proto::etcdserverpb::{
     PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse, request_op,
 };
 use etcdrs_proto::rpctypes;
+use prost::Message;
 use tonic::{Request, Response, Status};
 
 use crate::cache::RangeCache;
 use crate::metrics::Metrics;
 use crate::namespace::Namespace;
-use crate::upstream::{Upstream, forward, token_of};
+use crate::upstream::{Upstream, forward, forward_metadata, token_of};
 
 /// The KV service of the proxy.
 #[derive(Clone)]
@@ -60,6 +65,31 @@ impl KvProxy {
     }
 }
 
+/// `resp` as one uncompressed, length-prefixed gRPC message.
+fn grpc_message(resp: &RangeResponse) -> Bytes {
+    let len = resp.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(len as u32);
+    resp.encode_raw(&mut buf);
+    buf.freeze()
+}
+
+impl KvProxy {
+    /// The cached answer, as one encoded gRPC message, to the client's range `req` sent with
+    /// auth `token`; `None` when it is not cacheable or not cached (the caller then takes the
+    /// full path, which counts the miss).
+    pub fn cached_range(&self, token: &str, mut req: RangeRequest) -> Option<Bytes> {
+        if req.key.is_empty() || !RangeCache::cacheable(&req) {
+            return None;
+        }
+        self.ns.range_request(&mut req);
+        let wire = self.cache.get(&RangeCache::key(token, &req))?;
+        self.metrics.cache_hit();
+        Some(wire)
+    }
+}
+
 fn revision_of(header: Option<&etcdrs_proto::etcdserverpb::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision)
 }
@@ -70,35 +100,37 @@ impl Kv for KvProxy {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
-        let mut req = request.get_ref().clone();
+        let (metadata, _, mut req) = request.into_parts();
         if req.key.is_empty() {
             return Err(rpctypes::EMPTY_KEY.to_status());
         }
         self.ns.range_request(&mut req);
-        let cacheable = RangeCache::cacheable(&req);
-        let token = token_of(request.metadata());
-        if cacheable {
-            if let Some(mut cached) = self.cache.get(&token, &req) {
+        let cache_key =
+            RangeCache::cacheable(&req).then(|| RangeCache::key(&token_of(&metadata), &req));
+        if let Some(key) = &cache_key {
+            if let Some(wire) = self.cache.get(key) {
                 self.metrics.cache_hit();
-                self.ns.range_response(&mut cached);
+                // The cache holds what we encoded ourselves: one uncompressed message.
+                let cached = RangeResponse::decode(wire.slice(5..))
+                    .map_err(|e| Status::internal(format!("cached range response: {e}")))?;
                 return Ok(Response::new(cached));
             }
             self.metrics.cache_miss();
         }
-        let resp = self
+        let mut resp = self
             .upstream
             .unary(|ch| {
                 let mut client = self.client(ch);
-                let req = forward(&request, req.clone());
+                let req = forward_metadata(&metadata, req.clone());
                 async move { client.range(req).await }
             })
             .await?
             .into_inner();
-        if cacheable {
-            self.cache.put(&token, &req, &resp);
-        }
-        let mut resp = resp;
         self.ns.range_response(&mut resp);
+        if let Some(key) = cache_key {
+            let revision = revision_of(resp.header.as_ref());
+            self.cache.put(key, &req, revision, grpc_message(&resp));
+        }
         Ok(Response::new(resp))
     }
 

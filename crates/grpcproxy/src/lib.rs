@@ -190,7 +190,7 @@ pub async fn run(
     let proxy = Proxy::new(&config, cluster_tls, &tasks, &shutdown)?;
     // Task `grpc-proxy serve`: the main listener.
     tasks.spawn(serve::serve(
-        serve::router(&proxy),
+        serve::front(&proxy),
         listeners.main,
         listeners.main_tls,
         proxy.max_concurrent_streams,

@@ -1,14 +1,28 @@
 //! The proxy's listeners: gRPC and HTTP/1.1 (`/health`, `/metrics`, and their `/proxy/...`
 //! aliases) on one port, plain or TLS (etcd's cmux on the grpc-proxy listener), and the
 //! HTTP-only `--metrics-addr` listener.
+//!
+//! [`Front`] is what a connection serves: it answers a cached serializable range before any
+//! routing or gRPC machinery (the request's one message decoded, the cache's encoded response
+//! sent as it is), and hands every other request, and every range the cache cannot answer, to
+//! the router with its body intact.
+//!
+//! The HTTP/2 streams of a connection run on that connection's own task ([`StreamExecutor`]),
+//! not one task each: a response is written with the others that are ready, in one write,
+//! without a wake-up of another thread between a stream and its connection.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::{Bytes, BytesMut};
 use etcdrs_proto::etcdserverpb::RangeRequest;
 use etcdrs_proto::etcdserverpb::auth_server::AuthServer;
 use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
@@ -21,12 +35,18 @@ use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_server::h2authority::LenientAuthority;
 use etcdrs_server::leader::LeaderSource;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use futures::task::AtomicWaker;
+use hyper::body::{Body as HttpBody, Frame, Incoming};
+use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use prost::Message;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Proxy;
+use crate::kv::KvProxy;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
@@ -59,6 +79,206 @@ pub fn router(proxy: &Proxy) -> Router {
             etcdrs_server::leader::require_leader,
         ));
     grpc.merge(http_router(proxy)).fallback(not_found)
+}
+
+/// The main listener's [`Front`]: the router, with the cached-range path in front of it.
+pub fn front(proxy: &Proxy) -> Front {
+    Front(Arc::new(FrontInner {
+        router: router(proxy),
+        kv: Some(proxy.kv.clone()),
+        max_recv: proxy.max_recv_bytes,
+    }))
+}
+
+/// The gRPC path of KV.Range.
+const RANGE_PATH: &str = "/etcdserverpb.KV/Range";
+
+/// What a connection serves. Cheap to clone.
+#[derive(Clone)]
+pub struct Front(Arc<FrontInner>);
+
+struct FrontInner {
+    router: Router,
+    /// Where cached ranges come from; `None`: no fast path.
+    kv: Option<KvProxy>,
+    /// `--max-recv-bytes`: a larger request message goes to the router, which refuses it.
+    max_recv: usize,
+}
+
+impl From<Router> for Front {
+    fn from(router: Router) -> Front {
+        Front(Arc::new(FrontInner {
+            router,
+            kv: None,
+            max_recv: 0,
+        }))
+    }
+}
+
+/// Header names the fast path reads.
+const GRPC_ENCODING: header::HeaderName = header::HeaderName::from_static("grpc-encoding");
+const TOKEN: header::HeaderName = header::HeaderName::from_static("token");
+
+/// Whether `req` is a gRPC KV.Range the fast path may read: HTTP/2, uncompressed, and not
+/// asking for a leader (the router's require-leader check answers those).
+fn plain_grpc_range<B>(req: &axum::http::Request<B>) -> bool {
+    let headers = req.headers();
+    req.uri().path() == RANGE_PATH
+        && !etcdrs_server::leader::requires_leader(headers)
+        && req.method() == Method::POST
+        && req.version() == Version::HTTP_2
+        && headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+            let v = v.as_bytes();
+            v.starts_with(b"application/grpc") && !v.starts_with(b"application/grpc-web")
+        })
+        && headers
+            .get(GRPC_ENCODING)
+            .is_none_or(|v| v.as_bytes() == b"identity")
+}
+
+impl tower::Service<axum::http::Request<Incoming>> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: axum::http::Request<Incoming>) -> Self::Future {
+        let inner = self.0.clone();
+        if inner.kv.is_some() && plain_grpc_range(&req) {
+            return Box::pin(fast_range(inner, req));
+        }
+        Box::pin(tower::ServiceExt::oneshot(inner.router.clone(), req))
+    }
+}
+
+/// A range through the cache: its message read whole (up to `max_recv`), answered from the
+/// cache when it holds the answer, else handed to the router with the bytes read so far.
+async fn fast_range(
+    inner: Arc<FrontInner>,
+    req: axum::http::Request<Incoming>,
+) -> Result<Response, Infallible> {
+    let (parts, mut body) = req.into_parts();
+    let limit = inner.max_recv.saturating_add(5);
+    let mut head: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    let mut read = 0usize;
+    let mut whole = false;
+    while read <= limit {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let Some(Ok(frame)) = frame else {
+            // The end, or a broken stream the router will see as such.
+            whole = frame.is_none();
+            break;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read += data.len();
+        match (&head, &mut more) {
+            (None, _) => head = Some(data),
+            (Some(first), None) => {
+                let mut buf = BytesMut::with_capacity(read);
+                buf.extend_from_slice(first);
+                buf.extend_from_slice(&data);
+                more = Some(buf);
+            }
+            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+    let head = match more {
+        Some(buf) => buf.freeze(),
+        None => head.unwrap_or_default(),
+    };
+    if whole && let Some(kv) = &inner.kv {
+        let message = (head.len() >= 5
+            && head[0] == 0
+            && u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize == head.len() - 5)
+            .then(|| RangeRequest::decode(head.slice(5..)).ok())
+            .flatten();
+        if let Some(range) = message {
+            let token = parts
+                .headers
+                .get(TOKEN)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if let Some(wire) = kv.cached_range(token, range) {
+                let mut resp = Response::new(axum::body::Body::new(Unary(Some(wire), true)));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/grpc"),
+                );
+                return Ok(resp);
+            }
+        }
+    }
+    let body = axum::body::Body::new(Prefixed {
+        head: (!head.is_empty()).then_some(head),
+        rest: body,
+        done: whole,
+    });
+    let req = axum::http::Request::from_parts(parts, body);
+    // Boxed: the router's future is large, and this one's state stays small for the hits.
+    Box::pin(tower::ServiceExt::oneshot(inner.router.clone(), req)).await
+}
+
+/// A successful unary gRPC response body: one message, then `grpc-status: 0`.
+struct Unary(Option<Bytes>, bool);
+
+impl HttpBody for Unary {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(data) = self.0.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if std::mem::take(&mut self.1) {
+            let mut trailers = HeaderMap::with_capacity(1);
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none() && !self.1
+    }
+}
+
+/// A request body of which `head` was already read from `rest`.
+struct Prefixed {
+    head: Option<Bytes>,
+    rest: Incoming,
+    /// `rest` has ended.
+    done: bool,
+}
+
+impl HttpBody for Prefixed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(head) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && (self.done || self.rest.is_end_stream())
+    }
 }
 
 /// The HTTP endpoints: `/health` and `/metrics` (also as `/proxy/health`, `/proxy/metrics`).
@@ -145,23 +365,121 @@ async fn not_found(request: axum::extract::Request) -> Response {
         .into_response()
 }
 
-/// Serves `router` on `listener` until `shutdown`, HTTP/1.1 and HTTP/2 on one port, through
-/// TLS when `tls` is set. Each connection is a task of this function's own set; on shutdown
-/// connections get a graceful close and a short grace period.
-pub async fn serve(
-    router: Router,
-    listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+/// A stream's future, as hyper hands it over.
+type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs the HTTP/2 streams hyper starts on one connection inside that connection's task
+/// ([`drive`]): `execute` queues a stream and wakes the task.
+#[derive(Clone, Default)]
+struct StreamExecutor(Arc<StreamQueue>);
+
+#[derive(Default)]
+struct StreamQueue {
+    /// Streams started since the task last looked (as many as the client's concurrent
+    /// streams allow: `--max-concurrent-streams` bounds them).
+    new: parking_lot::Mutex<Vec<StreamFuture>>,
+    /// The connection's task.
+    task: AtomicWaker,
+}
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for StreamExecutor {
+    fn execute(&self, stream: F) {
+        self.0.new.lock().push(Box::pin(stream));
+        self.0.task.wake();
+    }
+}
+
+/// Drives `conn` and the streams it starts on `executor` until the connection ends (streams
+/// still running then have lost their connection and are dropped).
+async fn drive<C: Future>(conn: C, executor: StreamExecutor) {
+    let queue = executor.0;
+    let mut conn = std::pin::pin!(conn);
+    let mut streams = FuturesUnordered::<StreamFuture>::new();
+    std::future::poll_fn(|cx| {
+        queue.task.register(cx.waker());
+        // Read what arrived, and write what the streams produced last time round.
+        if conn.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        loop {
+            streams.extend(queue.new.lock().drain(..));
+            // Every stream that can make progress does; FuturesUnordered yields on its own
+            // after a round over all of them.
+            while let Poll::Ready(Some(())) = streams.poll_next_unpin(cx) {}
+            if queue.new.lock().is_empty() {
+                break;
+            }
+        }
+        // The streams' frames: written now rather than on the next wake-up.
+        if conn.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// A connection's byte stream, offering no vectored writes. h2 copies a DATA payload into its
+/// write buffer up to 1 KiB with plain writes but only up to 256 bytes with vectored ones, and
+/// a payload it does not copy ends the buffer: a typical small response (a range of one key
+/// with its value) would then cost one `writev` each, where copying lets one write carry all
+/// the responses that are ready.
+struct Unvectored<T>(T);
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Unvectored<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Unvectored<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// HTTP/1.1 and HTTP/2 (by preface) for one connection whose streams run on `executor`.
+fn http_builder(
+    executor: StreamExecutor,
     max_concurrent_streams: u32,
-    shutdown: CancellationToken,
-) {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+) -> hyper_util::server::conn::auto::Builder<StreamExecutor> {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(executor);
     // h2 buffers up to this much of a stream's responses beyond the client's flow-control
     // window; watch streams are already bounded by their own queues, so keep this small.
     builder
         .http2()
         .max_concurrent_streams(max_concurrent_streams)
         .max_send_buf_size(SEND_BUFFER_BYTES);
+    builder
+}
+
+/// Serves `front` on `listener` until `shutdown`, HTTP/1.1 and HTTP/2 on one port, through
+/// TLS when `tls` is set. Each connection is a task of this function's own set; on shutdown
+/// connections get a graceful close and a short grace period.
+pub async fn serve(
+    front: impl Into<Front>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    max_concurrent_streams: u32,
+    shutdown: CancellationToken,
+) {
+    let front = front.into();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut connections = tokio::task::JoinSet::new();
@@ -179,31 +497,31 @@ pub async fn serve(
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
+                let service = TowerToHyperService::new(front.clone());
+                // The connection's streams run on its task.
+                let executor = StreamExecutor::default();
+                let builder = http_builder(executor.clone(), max_concurrent_streams);
                 match &acceptor {
                     None => {
                         // etcd 3.4's etcdctl sends a URL as `:authority`: see h2authority.
-                        let io = TokioIo::new(LenientAuthority::new(tcp));
+                        let io = TokioIo::new(Unvectored(LenientAuthority::new(tcp)));
                         let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
                         let conn = graceful.watch(conn);
-                        // Task: one client connection.
-                        connections.spawn(async move {
-                            let _ = conn.await;
-                        });
+                        // Task: one client connection and its streams.
+                        connections.spawn(drive(conn, executor));
                     }
                     Some(acceptor) => {
                         let acceptor = acceptor.clone();
-                        let builder = builder.clone();
                         let watcher = graceful.watcher();
-                        // Task: one client connection (TLS handshake, then HTTP).
+                        // Task: one client connection (TLS handshake, then HTTP) and its streams.
                         connections.spawn(async move {
                             let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
                             let Ok(Ok(stream)) = handshake else {
                                 return;
                             };
-                            let io = TokioIo::new(LenientAuthority::new(stream));
+                            let io = TokioIo::new(Unvectored(LenientAuthority::new(stream)));
                             let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
-                            let _ = watcher.watch(conn).await;
+                            drive(watcher.watch(conn), executor).await;
                         });
                     }
                 }

@@ -480,14 +480,20 @@ async fn the_cache_never_serves_a_value_written_directly_to_the_cluster_stale() 
         let mut direct = member.client().await.expect("direct");
         direct.put("c", "old", None).await.expect("put");
         let serializable = || Some(GetOptions::new().with_serializable());
-        for _ in 0..3 {
-            let got = client.get("c", serializable()).await.expect("get");
-            assert_eq!(got.kvs()[0].value(), b"old");
-        }
-        assert!(
-            proxy.metric("etcd_grpc_proxy_cache_hits_total").await >= 1.0,
-            "the cache served"
-        );
+        // The cache serves once its watch on the cluster is up.
+        poll_until(Duration::from_secs(10), || {
+            let mut client = client.clone();
+            let proxy = &proxy;
+            async move {
+                let got = client.get("c", serializable()).await?;
+                anyhow::ensure!(got.kvs()[0].value() == b"old", "{got:?}");
+                let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
+                anyhow::ensure!(hits >= 1.0, "no cache hit yet");
+                Ok(())
+            }
+        })
+        .await
+        .expect("the cache served");
         assert!(proxy.metric("etcd_grpc_proxy_cache_keys_total").await >= 1.0);
         // Open-ended ranges are cached and invalidated too.
         let from_key = || Some(GetOptions::new().with_serializable().with_from_key());
@@ -1112,6 +1118,22 @@ async fn require_leader_watches_end_when_the_cluster_loses_its_leader() {
         .await
         .expect("put with a leader");
     assert_eq!(next(&mut stream).await.events().len(), 1);
+    // Serializable reads are served while there is a leader, until the cache holds this one.
+    poll_until(Duration::from_secs(10), || {
+        let mut strict = strict.clone();
+        let proxy = &proxy;
+        async move {
+            let resp = strict
+                .get("rl", Some(GetOptions::new().with_serializable()))
+                .await?;
+            anyhow::ensure!(resp.kvs()[0].value() == b"1", "{resp:?}");
+            let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
+            anyhow::ensure!(hits > 0.0, "no cache hit yet");
+            Ok(())
+        }
+    })
+    .await
+    .expect("a cached serializable read");
 
     cluster.kill9(1).expect("kill m1");
     cluster.kill9(2).expect("kill m2");
@@ -1132,6 +1154,14 @@ async fn require_leader_watches_end_when_the_cluster_loses_its_leader() {
     );
     etcdrs_testkit::assert_grpc_error(
         strict.watch("rl", None).await.map(|_| ()),
+        etcdrs_testkit::Code::Unavailable,
+        "etcdserver: no leader",
+    );
+    // Not from the cache either.
+    etcdrs_testkit::assert_grpc_error(
+        strict
+            .get("rl", Some(GetOptions::new().with_serializable()))
+            .await,
         etcdrs_testkit::Code::Unavailable,
         "etcdserver: no leader",
     );
