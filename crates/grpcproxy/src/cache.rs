@@ -280,7 +280,11 @@ impl RangeCache {
                 WatchClient::new(channel).max_decoding_message_size(upstream.max_decoding());
             let opened = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                r = client.watch(tokio_stream::wrappers::ReceiverStream::new(req_rx)) => r,
+                // With a leader: a member cut off from its cluster ends the watch, so the cache
+                // does not keep serving what that member last saw.
+                r = client.watch(crate::leader::require_leader(tonic::Request::new(
+                    tokio_stream::wrappers::ReceiverStream::new(req_rx),
+                ))) => r,
             };
             let mut stream = match opened {
                 Ok(resp) => resp.into_inner(),
