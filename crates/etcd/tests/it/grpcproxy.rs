@@ -1320,6 +1320,77 @@ async fn auto_tls_serves_a_self_signed_certificate_from_the_data_dir() {
     }
 }
 
+/// With auth enabled, the cache runs when the proxy's own identity may watch the keyspace: here
+/// its client certificate's common name is `root`, which the member takes as the user. Reads
+/// through the proxy are then cached, and a write made directly to the cluster is never served
+/// stale.
+#[tokio::test]
+async fn the_cache_runs_under_auth_as_the_proxys_certificate_identity() {
+    use etcdrs_testkit::ClientTls;
+    use etcdrs_testkit::certs::Usage;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(dir.path(), "ca").expect("ca");
+    let server = ca.issue_loopback("server", "server").expect("server cert");
+    let root_cert = ca
+        .issue("root", "root", &[], Usage::Client)
+        .expect("root cert");
+    let tls = ClientTls {
+        ca_file: ca.ca_file(),
+        server,
+        client: Some(root_cert.clone()),
+        client_cert_auth: true,
+    };
+    let member = Member::start(
+        MemberOpts::new(&backends()[0])
+            .client_tls(tls)
+            .setting("bcrypt-cost", "4"),
+    )
+    .await
+    .expect("member");
+    let root = member.etcdctl();
+    root.ok(&["user", "add", "root:rootpw"]).await;
+    root.ok(&["auth", "enable"]).await;
+    root.ok(&["put", "c", "old"]).await;
+    let s = |p: &Path| p.display().to_string();
+    let flags = [
+        format!("--cert={}", s(&root_cert.cert)),
+        format!("--key={}", s(&root_cert.key)),
+        format!("--cacert={}", s(&ca.ca_file())),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let proxy = Proxy::start(&[member.endpoint()], &flags)
+        .await
+        .expect("proxy");
+    let mut client = proxy.client().await;
+    let serializable = || Some(GetOptions::new().with_serializable());
+    poll_until(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        let proxy = &proxy;
+        async move {
+            let got = client.get("c", serializable()).await?;
+            anyhow::ensure!(got.kvs()[0].value() == b"old", "{got:?}");
+            let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
+            anyhow::ensure!(hits >= 1.0, "no cache hit yet");
+            Ok(())
+        }
+    })
+    .await
+    .expect("the cache serves under auth");
+    root.ok(&["put", "c", "new"]).await;
+    poll_until(Duration::from_secs(2), || {
+        let mut client = client.clone();
+        async move {
+            let got = client.get("c", serializable()).await?;
+            anyhow::ensure!(got.kvs()[0].value() == b"new", "stale: {got:?}");
+            Ok(())
+        }
+    })
+    .await
+    .expect("fresh after a direct write");
+    let got = client.get("c", serializable()).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"new");
+}
+
 /// SIGTERM: the proxy closes its connections, revokes its registration (it leaves the list
 /// at once, not after its TTL) and dies by the signal, as etcd's proxy does.
 #[tokio::test]
