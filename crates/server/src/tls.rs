@@ -381,8 +381,11 @@ impl TlsInfo {
         };
         let (cert, key) = make().map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
         std::fs::write(&cert_file, cert)
-            .and_then(|()| std::fs::write(&key_file, key))
             .map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
+        tracing::info!(path = %cert_file.display(), "created cert file");
+        std::fs::write(&key_file, key)
+            .map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
+        tracing::info!(path = %key_file.display(), "created key file");
         self.cert_file = cert_file;
         self.key_file = key_file;
         Ok(self)
