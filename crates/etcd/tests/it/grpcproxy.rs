@@ -137,6 +137,28 @@ impl Proxy {
     async fn kill(&mut self) {
         let _ = self.child.kill().await;
     }
+
+    /// Reads `key` serializably through `client` until it reads `value` and the proxy's cache
+    /// has answered (its watch on the cluster is up only some time after the proxy starts).
+    async fn until_cached(&self, client: &Client, key: &str, value: &str) {
+        poll_until(Duration::from_secs(10), || {
+            let mut client = client.clone();
+            async move {
+                let got = client
+                    .get(key, Some(GetOptions::new().with_serializable()))
+                    .await?;
+                anyhow::ensure!(
+                    got.kvs().first().map(|kv| kv.value()) == Some(value.as_bytes()),
+                    "{got:?}"
+                );
+                let hits = self.metric("etcd_grpc_proxy_cache_hits_total").await;
+                anyhow::ensure!(hits >= 1.0, "no cache hit yet");
+                Ok(())
+            }
+        })
+        .await
+        .expect("a read served from the cache");
+    }
 }
 
 /// The sum of the samples of `name` (with `label` in their labels, if given) in a scrape.
@@ -480,20 +502,7 @@ async fn the_cache_never_serves_a_value_written_directly_to_the_cluster_stale() 
         let mut direct = member.client().await.expect("direct");
         direct.put("c", "old", None).await.expect("put");
         let serializable = || Some(GetOptions::new().with_serializable());
-        // The cache serves once its watch on the cluster is up.
-        poll_until(Duration::from_secs(10), || {
-            let mut client = client.clone();
-            let proxy = &proxy;
-            async move {
-                let got = client.get("c", serializable()).await?;
-                anyhow::ensure!(got.kvs()[0].value() == b"old", "{got:?}");
-                let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
-                anyhow::ensure!(hits >= 1.0, "no cache hit yet");
-                Ok(())
-            }
-        })
-        .await
-        .expect("the cache served");
+        proxy.until_cached(&client, "c", "old").await;
         assert!(proxy.metric("etcd_grpc_proxy_cache_keys_total").await >= 1.0);
         // Open-ended ranges are cached and invalidated too.
         let from_key = || Some(GetOptions::new().with_serializable().with_from_key());
@@ -1118,22 +1127,8 @@ async fn require_leader_watches_end_when_the_cluster_loses_its_leader() {
         .await
         .expect("put with a leader");
     assert_eq!(next(&mut stream).await.events().len(), 1);
-    // Serializable reads are served while there is a leader, until the cache holds this one.
-    poll_until(Duration::from_secs(10), || {
-        let mut strict = strict.clone();
-        let proxy = &proxy;
-        async move {
-            let resp = strict
-                .get("rl", Some(GetOptions::new().with_serializable()))
-                .await?;
-            anyhow::ensure!(resp.kvs()[0].value() == b"1", "{resp:?}");
-            let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
-            anyhow::ensure!(hits > 0.0, "no cache hit yet");
-            Ok(())
-        }
-    })
-    .await
-    .expect("a cached serializable read");
+    // Serializable reads are served while there is a leader, from the cache too.
+    proxy.until_cached(&strict, "rl", "1").await;
 
     cluster.kill9(1).expect("kill m1");
     cluster.kill9(2).expect("kill m2");
@@ -1367,19 +1362,7 @@ async fn the_cache_runs_under_auth_as_the_proxys_certificate_identity() {
         .expect("proxy");
     let mut client = proxy.client().await;
     let serializable = || Some(GetOptions::new().with_serializable());
-    poll_until(Duration::from_secs(10), || {
-        let mut client = client.clone();
-        let proxy = &proxy;
-        async move {
-            let got = client.get("c", serializable()).await?;
-            anyhow::ensure!(got.kvs()[0].value() == b"old", "{got:?}");
-            let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
-            anyhow::ensure!(hits >= 1.0, "no cache hit yet");
-            Ok(())
-        }
-    })
-    .await
-    .expect("the cache serves under auth");
+    proxy.until_cached(&client, "c", "old").await;
     root.ok(&["put", "c", "new"]).await;
     poll_until(Duration::from_secs(2), || {
         let mut client = client.clone();
