@@ -24,7 +24,7 @@ mod error;
 mod logger;
 pub mod metrics;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -289,6 +289,8 @@ impl RaftNodeHandle {
 
 /// Capacity of the proposal/step channel: a bound on requests queued for the raft task.
 const NODE_CHANNEL: usize = 4096;
+/// Membership changes that may wait for the one in flight (more are refused).
+const MAX_DEFERRED_CONF_CHANGES: usize = 64;
 /// Messages handled per loop turn before the node builds a `Ready`.
 const MAX_BATCH: usize = 1024;
 
@@ -415,6 +417,7 @@ pub fn start(
         pending_reads: HashMap::new(),
         next_read: 0,
         last_mark: applied,
+        deferred_conf: VecDeque::new(),
     };
     // The node runs on a thread of its own: its fsyncs then block nobody else, and it needs no
     // hand-off of a shared runtime worker per `Ready`. The task on `tasks` stands for it.
@@ -568,6 +571,10 @@ struct NodeCore {
     pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
     next_read: u64,
     last_mark: u64,
+    /// Membership changes that arrived while another was still in flight (raft would turn
+    /// them into empty entries, leaving their proposers waiting): proposed in order once the
+    /// previous change is applied and its joint configuration left.
+    deferred_conf: VecDeque<(ConfChange, oneshot::Sender<Result<()>>)>,
 }
 
 impl NodeCore {
@@ -627,23 +634,15 @@ impl NodeCore {
                 self.node.read_index(ctx.to_be_bytes().to_vec());
             }
             NodeMsg::ProposeConfChange { change, done } => {
-                // Membership changes go through joint consensus: raft enters the joint
-                // configuration and leaves it by itself once that is applied.
-                let mut single = raft::eraftpb::ConfChangeSingle::default();
-                single.set_change_type(change.get_change_type());
-                single.node_id = change.node_id;
-                let mut joint = ConfChangeV2::default();
-                joint.set_changes(vec![single].into());
-                joint.set_transition(ConfChangeTransition::Implicit);
-                let mut context = change.id.to_be_bytes().to_vec();
-                context.extend_from_slice(&change.context);
-                joint.context = context.into();
-                let result = match self.node.propose_conf_change(Vec::new(), joint) {
-                    Ok(()) => Ok(()),
-                    Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
-                    Err(e) => Err(Error::Raft(e)),
-                };
-                let _ = done.send(result);
+                if self.conf_change_in_flight() {
+                    if self.deferred_conf.len() >= MAX_DEFERRED_CONF_CHANGES {
+                        let _ = done.send(Err(Error::ProposalDropped));
+                    } else {
+                        self.deferred_conf.push_back((change, done));
+                    }
+                } else {
+                    self.propose_conf_change(change, done);
+                }
             }
             NodeMsg::TransferLeader { to } => self.node.transfer_leader(to),
             NodeMsg::ReportSnapshot { to, ok } => self.report_snapshot(to, ok),
@@ -654,6 +653,47 @@ impl NodeCore {
             }
         }
         Ok(())
+    }
+
+    /// Whether raft would refuse a membership change now: the last one is not applied yet, or
+    /// its joint configuration is not left yet.
+    fn conf_change_in_flight(&self) -> bool {
+        let raft = &self.node.raft;
+        raft.has_pending_conf() || !raft.prs().conf().to_conf_state().voters_outgoing.is_empty()
+    }
+
+    /// Proposes `change` (through joint consensus: raft enters the joint configuration and
+    /// leaves it by itself once that is applied).
+    fn propose_conf_change(&mut self, change: ConfChange, done: oneshot::Sender<Result<()>>) {
+        let mut single = raft::eraftpb::ConfChangeSingle::default();
+        single.set_change_type(change.get_change_type());
+        single.node_id = change.node_id;
+        let mut joint = ConfChangeV2::default();
+        joint.set_changes(vec![single].into());
+        joint.set_transition(ConfChangeTransition::Implicit);
+        let mut context = change.id.to_be_bytes().to_vec();
+        context.extend_from_slice(&change.context);
+        joint.context = context.into();
+        let result = match self.node.propose_conf_change(Vec::new(), joint) {
+            Ok(()) => Ok(()),
+            Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
+            Err(e) => Err(Error::Raft(e)),
+        };
+        let _ = done.send(result);
+    }
+
+    /// Proposes the deferred membership changes whose turn has come.
+    fn propose_deferred_conf_changes(&mut self) {
+        while !self.conf_change_in_flight() {
+            let Some((change, done)) = self.deferred_conf.pop_front() else {
+                return;
+            };
+            // Its proposer gave up waiting: the change is not made behind its back.
+            if done.is_closed() {
+                continue;
+            }
+            self.propose_conf_change(change, done);
+        }
     }
 
     /// A cluster of one does not wait out an election timeout to lead itself.
@@ -714,6 +754,7 @@ impl NodeCore {
         let committed = light.take_committed_entries();
         self.send_committed(committed).await?;
         self.node.advance_apply();
+        self.propose_deferred_conf_changes();
         self.publish_status();
         Ok(())
     }

@@ -628,14 +628,24 @@ impl EtcdServer {
         change.id = id;
         let (done, result) = oneshot::channel();
         self.inner.waiters.lock().insert(id, done);
-        if let Err(e) = self.inner.raft.propose_conf_change(change).await {
+        // The raft thread may hold the proposal back until the previous change is done; the
+        // whole wait is bounded by the request timeout (a proposal given up is not made).
+        let deadline = tokio::time::Instant::now() + self.inner.request_timeout;
+        let proposed =
+            tokio::time::timeout_at(deadline, self.inner.raft.propose_conf_change(change)).await;
+        let failed = match proposed {
+            Ok(Ok(())) => None,
+            Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) => {
+                Some(ServerError::Etcd(&rpctypes::NO_LEADER))
+            }
+            Ok(Err(e)) => Some(e.into()),
+            Err(_) => Some(ServerError::Etcd(&rpctypes::TIMEOUT)),
+        };
+        if let Some(e) = failed {
             self.inner.waiters.lock().remove(&id);
-            return Err(match e {
-                etcdrs_raftnode::Error::ProposalDropped => ServerError::Etcd(&rpctypes::NO_LEADER),
-                e => e.into(),
-            });
+            return Err(e);
         }
-        match tokio::time::timeout(self.inner.request_timeout, result).await {
+        match tokio::time::timeout_at(deadline, result).await {
             Ok(Ok(output)) => output.map(|_| ()),
             Ok(Err(_)) => Err(ServerError::Stopped),
             Err(_) => {
