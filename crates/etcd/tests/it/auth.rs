@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use etcdrs_testkit::certs::{TestCa, Usage};
-use etcdrs_testkit::{ClientTls, Code, Etcdctl, Member, assert_grpc_error};
+use etcdrs_testkit::{ClientTls, Code, Etcdctl, Member, assert_grpc_error, poll_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::opts;
@@ -398,12 +398,31 @@ async fn auth_failures_give_etcds_errors_and_change_nothing() {
     );
 
     // An expired token: unused for longer than --auth-token-ttl (2 s). Every use renews a
-    // token, so expiry has no state a test could poll without resetting it: the client stays
-    // idle past the TTL plus etcd's 1 s expiry tick, then uses the token once.
+    // token, so the reader's own token cannot be polled. Probes can: tokens issued after the
+    // reader's last use, each used once (a use renews only that token). Once a probe is
+    // refused, tokens idle since before it was issued (the reader's) have expired too.
     let mut reader = client_as(&member, "reader", "readerpw").await;
     reader.get("/app/k", None).await.expect("fresh token works");
-    let idle_since = tokio::time::Instant::now();
-    tokio::time::sleep_until(idle_since + Duration::from_secs(4)).await;
+    let mut probes = Vec::new();
+    for _ in 0..60 {
+        probes.push(client_as(&member, "reader", "readerpw").await);
+    }
+    probes.reverse();
+    poll_until(Duration::from_secs(10), || {
+        let probe = probes.pop();
+        async move {
+            let Some(mut probe) = probe else {
+                return Err("no probe left".to_owned());
+            };
+            match probe.get("/app/k", None).await {
+                Err(e) if e.to_string().contains("etcdserver: invalid auth token") => Ok(()),
+                Ok(_) => Err("the probe's token is still valid".to_owned()),
+                Err(e) => Err(format!("probe: {e}")),
+            }
+        }
+    })
+    .await
+    .expect("idle tokens expire");
     match reader.get("/app/k", None).await {
         Err(e) if e.to_string().contains("etcdserver: invalid auth token") => {}
         other => panic!("the idle token should have expired: {other:?}"),

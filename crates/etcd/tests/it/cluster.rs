@@ -916,14 +916,19 @@ async fn leases_expire_everywhere_and_follower_keep_alive_holds_them() {
     // Keep B alive for more than twice its TTL in all, checking every member all along that its
     // key never goes (the property is about elapsed time, so it is watched until then).
     let until = granted_b + 2 * ttl + Duration::from_millis(500);
-    let mut check = tokio::time::interval(Duration::from_millis(200));
-    while Instant::now() < until {
-        check.tick().await;
+    poll_until(WAIT, || async {
         for (i, client) in clients.iter().enumerate() {
             let keys = keys_on(client, "lease/").await.expect("read");
             assert_eq!(keys, ["lease/b"], "m{i} after {:?}", granted_b.elapsed());
         }
-    }
+        if Instant::now() >= until {
+            Ok(())
+        } else {
+            Err("still within twice the TTL")
+        }
+    })
+    .await
+    .expect("kept alive past twice its TTL");
     let r = cl[leader]
         .lease_time_to_live(lease_b, None)
         .await
