@@ -78,7 +78,8 @@ pub fn router(proxy: &Proxy) -> Router {
             proxy.leader.clone() as Arc<dyn LeaderSource>,
             etcdrs_server::leader::require_leader,
         ));
-    grpc.merge(http_router(proxy)).fallback(not_found)
+    grpc.merge(http_router(proxy))
+        .fallback(etcdrs_server::http::not_found)
 }
 
 /// The main listener's [`Front`]: the router, with the cached-range path in front of it.
@@ -342,25 +343,6 @@ async fn metrics(axum::extract::State(state): axum::extract::State<HttpState>) -
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         state.metrics.render(),
-    )
-        .into_response()
-}
-
-/// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest.
-async fn not_found(request: axum::extract::Request) -> Response {
-    let is_grpc = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if is_grpc {
-        return tonic::Status::unimplemented(format!("unknown service {}", request.uri().path()))
-            .into_http();
-    }
-    (
-        StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        "404 page not found\n",
     )
         .into_response()
 }

@@ -7,14 +7,15 @@
 
 use std::time::Duration;
 
-use etcdrs_grpcproxy::{Listeners, ProxyConfig, run};
 use etcdrs_proto::etcdserverpb::auth_client::AuthClient;
 use etcdrs_proto::etcdserverpb::kv_client::KvClient;
 use etcdrs_proto::etcdserverpb::{AuthenticateRequest, RangeRequest, RangeResponse};
 use etcdrs_testkit::{EtcdBin, Etcdctl, Member, MemberOpts, poll_until};
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
+
+mod common;
+use common::InProcessProxy;
 
 /// A serializable range of `key` through `channel`, as `token` when given.
 async fn read(
@@ -75,43 +76,6 @@ async fn cache_hits(addr: std::net::SocketAddr) -> f64 {
         .unwrap_or(-1.0)
 }
 
-/// Our proxy, in-process, with namespace `ns/` in front of `member`: its address, a channel
-/// to it, and what stops it.
-async fn start_proxy(
-    member: &Member,
-) -> (
-    std::net::SocketAddr,
-    Channel,
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), etcdrs_grpcproxy::Error>>,
-) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let shutdown = CancellationToken::new();
-    let config = ProxyConfig {
-        endpoints: vec![member.endpoint()],
-        namespace: "ns/".to_owned(),
-        max_recv_bytes: 4 << 20,
-        max_send_bytes: 4 << 20,
-        max_concurrent_streams: 1000,
-        ..Default::default()
-    };
-    let listeners = Listeners {
-        main: listener,
-        main_tls: None,
-        metrics: None,
-    };
-    let proxy = tokio::spawn(run(config, None, listeners, shutdown.clone()));
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    (addr, channel, shutdown, proxy)
-}
-
 #[tokio::test]
 async fn hits_are_namespaced_and_fresh() {
     let member = Member::start(MemberOpts::new(&EtcdBin::at("/usr/bin/etcd")))
@@ -121,7 +85,8 @@ async fn hits_are_namespaced_and_fresh() {
     for (k, v) in [("ns/a", "1"), ("ns/b", "2"), ("outside", "x")] {
         assert!(ctl.run(&["put", k, v]).await.expect("put").success());
     }
-    let (addr, channel, shutdown, proxy) = start_proxy(&member).await;
+    let proxy = InProcessProxy::start(&member, "ns/").await;
+    let (addr, channel) = (proxy.addr, proxy.channel.clone());
 
     // The first read fills the cache (once its watch stands), the next are hits, all with the
     // namespace stripped and nothing from outside it.
@@ -175,8 +140,7 @@ async fn hits_are_namespaced_and_fresh() {
         ))
     );
 
-    shutdown.cancel();
-    proxy.await.expect("proxy task").expect("proxy");
+    proxy.stop().await;
 }
 
 #[tokio::test]
@@ -200,7 +164,8 @@ async fn one_identity_never_gets_anothers_answer() {
         let out = ctl.run(args).await.expect("etcdctl");
         assert!(out.success(), "etcdctl {args:?}: {out:?}");
     }
-    let (_addr, channel, shutdown, proxy) = start_proxy(&member).await;
+    let proxy = InProcessProxy::start(&member, "ns/").await;
+    let channel = proxy.channel.clone();
     let root = token(&channel, "root", "rootpw").await;
     let alice = token(&channel, "alice", "alicepw").await;
 
@@ -224,6 +189,5 @@ async fn one_identity_never_gets_anothers_answer() {
     let anonymous = read(&channel, None, b"b", b"").await;
     assert!(anonymous.is_err(), "anonymous read: {anonymous:?}");
 
-    shutdown.cancel();
-    proxy.await.expect("proxy task").expect("proxy");
+    proxy.stop().await;
 }

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use etcdrs_grpcproxy::{Listeners, ProxyConfig, run};
 use etcdrs_proto::etcdserverpb::kv_client::KvClient;
 use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
 use etcdrs_proto::etcdserverpb::{
@@ -13,9 +12,11 @@ use etcdrs_proto::etcdserverpb::{
 use etcdrs_testkit::{EtcdBin, Member, MemberOpts, poll_until};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Request;
 use tonic::transport::Channel;
+
+mod common;
+use common::InProcessProxy;
 
 fn create(key: &str) -> WatchRequest {
     WatchRequest {
@@ -72,29 +73,8 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
     let member = Member::start(MemberOpts::new(&EtcdBin::at("/usr/bin/etcd")))
         .await
         .expect("etcd 3.4 member");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let shutdown = CancellationToken::new();
-    let config = ProxyConfig {
-        endpoints: vec![member.endpoint()],
-        max_recv_bytes: 4 << 20,
-        max_send_bytes: 4 << 20,
-        max_concurrent_streams: 1000,
-        ..Default::default()
-    };
-    let listeners = Listeners {
-        main: listener,
-        main_tls: None,
-        metrics: None,
-    };
-    let proxy = tokio::spawn(run(config, None, listeners, shutdown.clone()));
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
+    let proxy = InProcessProxy::start(&member, "").await;
+    let channel = proxy.channel.clone();
     // The proxy's own watches first: the cache's and the leader monitor's.
     poll_until(Duration::from_secs(5), || async {
         let n = watchers(&member).await;
@@ -155,9 +135,5 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
         assert_eq!(ids, [0, 1]);
     }
     drop((shared_tx, shared, exact_tx, exact));
-    shutdown.cancel();
-    proxy
-        .await
-        .expect("proxy task")
-        .expect("proxy stops cleanly");
+    proxy.stop().await;
 }

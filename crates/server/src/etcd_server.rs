@@ -312,7 +312,7 @@ impl EtcdServer {
         let stop = shutdown.clone();
         let election = config_election_timeout;
         tasks.spawn(async move {
-            let has_leader = move || observed.raft_status().leader != 0;
+            let has_leader = move || crate::leader::LeaderSource::has_leader(&observed);
             leader_loss.monitor(election, has_leader, stop).await;
             ("leader monitor", Ok(()))
         });

@@ -70,8 +70,9 @@ pub fn router(server: EtcdServer) -> Router {
         .layer(axum::middleware::from_fn(crate::metrics::grpc_metrics))
 }
 
-/// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest.
-async fn not_found(request: axum::extract::Request) -> axum::response::Response {
+/// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest
+/// (also the gRPC proxy's fallback).
+pub async fn not_found(request: axum::extract::Request) -> axum::response::Response {
     let is_grpc = request
         .headers()
         .get(header::CONTENT_TYPE)
