@@ -184,6 +184,20 @@ async fn member_metric(member: &Member, name: &str, label: Option<&str>) -> f64 
 /// the leader monitor's watch.
 const PROXY_OWN_WATCHERS: f64 = 2.0;
 
+/// Polls until the member counts `n` watchers (its own metric); `what` names the state.
+async fn until_cluster_watchers(member: &Member, n: f64, what: &str) {
+    poll_until(Duration::from_secs(5), || async {
+        let have = member_metric(member, "etcd_debugging_mvcc_watcher_total", None).await;
+        if have == n {
+            Ok(())
+        } else {
+            Err(format!("{have} watchers"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
 /// The next response of a watch stream (within 10 s).
 async fn next(stream: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
     tokio::time::timeout(Duration::from_secs(10), stream.message())
@@ -274,16 +288,7 @@ async fn many_watchers_cost_the_cluster_one_watcher() {
             .await
             .expect("proxy");
         // The proxy's own watchers are there before clients come.
-        poll_until(Duration::from_secs(5), || async {
-            let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
-            if n == PROXY_OWN_WATCHERS {
-                Ok(())
-            } else {
-                Err(format!("{n} watchers"))
-            }
-        })
-        .await
-        .expect("one cache watcher");
+        until_cluster_watchers(&member, PROXY_OWN_WATCHERS, "the proxy's own watchers").await;
         let mut streams = Vec::new();
         let mut clients = Vec::new();
         for _ in 0..CLIENTS {
@@ -334,16 +339,7 @@ async fn many_watchers_cost_the_cluster_one_watcher() {
         drop(streams);
         drop(clients);
         // Clients gone: the s-watcher goes too.
-        poll_until(Duration::from_secs(5), || async {
-            let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
-            if n == PROXY_OWN_WATCHERS {
-                Ok(())
-            } else {
-                Err(format!("{n} watchers"))
-            }
-        })
-        .await
-        .expect("s-watcher released");
+        until_cluster_watchers(&member, PROXY_OWN_WATCHERS, "s-watcher released").await;
     }
 }
 
@@ -972,16 +968,12 @@ async fn a_slow_reader_catches_up_without_gaps_and_rejoins() {
     }
     // Caught up: they all share one cluster watcher again (after the next event).
     direct.put("slow", "last", None).await.expect("put");
-    poll_until(Duration::from_secs(5), || async {
-        let n = member_metric(&member, "etcd_debugging_mvcc_watcher_total", None).await;
-        if n == PROXY_OWN_WATCHERS + 1.0 {
-            Ok(())
-        } else {
-            Err(format!("{n} watchers"))
-        }
-    })
-    .await
-    .expect("merged back into the live watcher");
+    until_cluster_watchers(
+        &member,
+        PROXY_OWN_WATCHERS + 1.0,
+        "merged back into the live watcher",
+    )
+    .await;
 }
 
 /// More watchers of one key on one stream than the stream's queue holds: one event still
