@@ -197,7 +197,9 @@ async fn serve_router(
     tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // gRPC answers carry no `date` (grpc-go, behind etcd, sends none); HTTP/1.1 keeps it.
+    builder.http2().auto_date_header(false);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
     loop {
