@@ -8,6 +8,14 @@
 //!   write cannot be stored after the write's invalidation.
 //! - **Keyed by auth identity**: the `token` is part of the key, so one user's permitted read is
 //!   never answered to another.
+//! - **Under auth without an identity of its own** (password auth, and a proxy with no client
+//!   certificate, or one whose user may not watch everything), the keyspace watch is refused.
+//!   Then each entry is watched instead, with the token of the client it answered (who may read
+//!   the range, so may watch it), from the revision after its answer, so no change in between
+//!   is missed ([`Mode::PerEntry`]). An entry is served only once its watch is established, and
+//!   dropped at its first event, at the watch's end (an expired token, a compaction, a failed
+//!   member) or at its eviction, which cancels the watch. One watch stream per identity (task
+//!   `grpc-proxy cache identity watch`), ended when the identity has no entry left.
 //! - **Bounded** in entries and in bytes (least recently used first out).
 //! - **Cheap hits.** An entry holds the response as the client receives it: one gRPC message
 //!   (length prefix included), already stripped of the namespace, so a hit is a lookup and a
@@ -25,10 +33,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
-use etcdrs_proto::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchRequest, watch_request};
+use etcdrs_proto::etcdserverpb::{
+    RangeRequest, WatchCancelRequest, WatchCreateRequest, WatchRequest, WatchResponse,
+    watch_request,
+};
+use etcdrs_proto::rpctypes;
 use parking_lot::Mutex;
 use prost::Message;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
 use crate::namespace::Namespace;
@@ -60,6 +74,22 @@ pub struct RangeCache {
     config: CacheConfig,
 }
 
+/// How the cache learns that an answer is out of date.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Mode {
+    /// It cannot: nothing is stored or served.
+    #[default]
+    Off,
+    /// The proxy's own watch on the whole keyspace stands.
+    Keyspace,
+    /// The proxy may not watch the keyspace: each entry is watched with its client's token.
+    PerEntry,
+}
+
+/// Entries an identity's watch task may have queued for it (creates and cancels); a store that
+/// finds the queue full is not made.
+const IDENTITY_QUEUE: usize = 64;
+
 struct Entry {
     /// The range the entry answers: `[key, end)` as the cluster reads it.
     key: Vec<u8>,
@@ -69,25 +99,100 @@ struct Entry {
     bytes: usize,
     /// When it was last used (larger is more recent).
     tick: u64,
+    /// [`Mode::PerEntry`]: the client's token, the identity watch that watches the entry (its
+    /// [`Identity::id`]), and the watch once established. Served only when `live`.
+    token: String,
+    identity: u64,
+    watch_id: Option<i64>,
+    live: bool,
+}
+
+/// An identity's watch task, as the cache sees it.
+struct Identity {
+    /// Requests to the task.
+    tx: mpsc::Sender<Command>,
+    /// Tells this task from a later one of the same token.
+    id: u64,
+    /// Entries watched by the task; the task ends when there are none.
+    entries: usize,
+}
+
+/// A request to an identity's watch task.
+#[derive(Debug)]
+enum Command {
+    /// Watch `[key, end)` from revision `from` for the entry under cache key `entry`.
+    Watch {
+        entry: Vec<u8>,
+        key: Vec<u8>,
+        end: Vec<u8>,
+        from: i64,
+    },
+    /// The entry is gone: cancel its watch.
+    Cancel(i64),
+}
+
+/// What identity watch tasks need: set once the invalidation task runs.
+#[derive(Clone)]
+struct WatchContext {
+    upstream: Upstream,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
 }
 
 #[derive(Default)]
 struct State {
-    /// Whether the invalidating watch is established (else nothing is stored or served).
-    enabled: bool,
+    /// How changes are learned (`Off`: nothing is stored or served).
+    mode: Mode,
     /// The newest revision whose changes have been applied to the cache.
     floor: i64,
     /// By [`RangeCache::key`]: the identity and the request.
     entries: HashMap<Vec<u8>, Entry>,
     next_tick: u64,
     bytes: usize,
+    /// [`Mode::PerEntry`]: the watch task of each token that has entries.
+    identities: HashMap<String, Identity>,
+    next_identity: u64,
+    context: Option<WatchContext>,
 }
 
 impl State {
     fn remove(&mut self, key: &[u8]) {
         if let Some(old) = self.entries.remove(key) {
             self.bytes -= old.bytes;
+            self.release(&old);
         }
+    }
+
+    /// The entry `e` is gone: its watch is cancelled, and an identity left with no entry is
+    /// forgotten (its task ends when it sees its queue closed).
+    fn release(&mut self, e: &Entry) {
+        if e.identity == 0 {
+            return;
+        }
+        let Some(identity) = self.identities.get_mut(&e.token) else {
+            return;
+        };
+        if identity.id != e.identity {
+            return;
+        }
+        if let Some(id) = e.watch_id {
+            // A full queue leaves the watch to the task: an event for an unknown watch
+            // cancels it there.
+            let _ = identity.tx.try_send(Command::Cancel(id));
+        }
+        identity.entries -= 1;
+        if identity.entries == 0 {
+            self.identities.remove(&e.token);
+        }
+    }
+
+    /// Empties the cache and learns of changes by `mode` from now on.
+    fn clear(&mut self, mode: Mode, floor: i64) {
+        self.mode = mode;
+        self.floor = floor;
+        self.entries.clear();
+        self.bytes = 0;
+        self.identities.clear();
     }
 
     /// Drops the least recently used entry; false when there is none.
@@ -108,18 +213,112 @@ impl State {
 
     /// Drops every entry `stale` says is stale.
     fn remove_where(&mut self, stale: impl Fn(&Entry) -> bool) {
-        let before = self.entries.len();
-        let mut freed = 0;
-        self.entries.retain(|_, e| {
-            let keep = !stale(e);
-            if !keep {
-                freed += e.bytes;
-            }
-            keep
-        });
-        if self.entries.len() != before {
-            self.bytes -= freed;
+        let keys: Vec<Vec<u8>> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| stale(e))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.remove(&key);
         }
+    }
+}
+
+/// Whether a watch was refused for want of an identity or a permission (the proxy's own
+/// keyspace watch under auth; an identity's watch whose token expired).
+fn refused_for_auth(reason: &str) -> bool {
+    [
+        &rpctypes::USER_EMPTY,
+        &rpctypes::PERMISSION_DENIED,
+        &rpctypes::INVALID_AUTH_TOKEN,
+        &rpctypes::AUTH_OLD_REVISION,
+    ]
+    .iter()
+    .any(|e| reason.contains(e.message))
+}
+
+/// An identity watch task's own books.
+#[derive(Default)]
+struct IdentityWatches {
+    /// Entries whose watch is requested, in order: a member answers creates in order.
+    pending: std::collections::VecDeque<Vec<u8>>,
+    /// Entries by established watch.
+    watched: HashMap<i64, Vec<u8>>,
+}
+
+impl IdentityWatches {
+    /// Sends `command` on the stream; false when the stream's queue is full or closed.
+    fn forward(&mut self, command: Command, req_tx: &mpsc::Sender<WatchRequest>) -> bool {
+        let union = match command {
+            Command::Watch {
+                entry,
+                key,
+                end,
+                from,
+            } => {
+                self.pending.push_back(entry);
+                watch_request::RequestUnion::CreateRequest(WatchCreateRequest {
+                    key,
+                    range_end: end,
+                    start_revision: from,
+                    ..Default::default()
+                })
+            }
+            Command::Cancel(watch_id) => {
+                self.watched.remove(&watch_id);
+                watch_request::RequestUnion::CancelRequest(WatchCancelRequest { watch_id })
+            }
+        };
+        req_tx
+            .try_send(WatchRequest {
+                request_union: Some(union),
+            })
+            .is_ok()
+    }
+
+    /// Applies one response of the stream to `cache`; false when the stream must end.
+    fn answer(
+        &mut self,
+        cache: &RangeCache,
+        identity: u64,
+        resp: WatchResponse,
+        req_tx: &mpsc::Sender<WatchRequest>,
+    ) -> bool {
+        if resp.created {
+            let Some(entry) = self.pending.pop_front() else {
+                return false;
+            };
+            if resp.canceled {
+                // Refused (the token expired, or no permission): the entry goes.
+                cache.drop_watched(&entry, identity);
+            } else if cache.confirm(&entry, identity, resp.watch_id) {
+                self.watched.insert(resp.watch_id, entry);
+            } else {
+                // Gone while its watch was being made.
+                return self.forward(Command::Cancel(resp.watch_id), req_tx);
+            }
+            return true;
+        }
+        let entry = self.watched.remove(&resp.watch_id);
+        if resp.canceled {
+            if let Some(entry) = entry {
+                cache.drop_watched(&entry, identity);
+            }
+            return true;
+        }
+        // A change (or a progress report, which carries no events): any change ends the entry
+        // and its watch.
+        if resp.events.is_empty() && resp.compact_revision == 0 {
+            if let Some(entry) = entry {
+                self.watched.insert(resp.watch_id, entry);
+            }
+            return true;
+        }
+        if let Some(entry) = entry {
+            cache.drop_watched(&entry, identity);
+        }
+        self.forward(Command::Cancel(resp.watch_id), req_tx)
     }
 }
 
@@ -162,26 +361,30 @@ impl RangeCache {
     /// The cached response (one gRPC message, as the client receives it) under `key`.
     pub fn get(&self, key: &[u8]) -> Option<Bytes> {
         let mut state = self.inner.lock();
-        if !state.enabled {
+        if state.mode == Mode::Off {
             return None;
         }
         let tick = state.next_tick;
         let entry = state.entries.get_mut(key)?;
+        if !entry.live {
+            return None;
+        }
         entry.tick = tick;
         let wire = entry.wire.clone();
         state.next_tick += 1;
         Some(wire)
     }
 
-    /// Stores `wire` (one gRPC message) as the answer to `req` under `key`, unless a change
-    /// newer than `revision` (the response's) has already been seen.
-    pub fn put(&self, key: Vec<u8>, req: &RangeRequest, revision: i64, wire: Bytes) {
+    /// Stores `wire` (one gRPC message) as the answer to `req` under `key` for the client
+    /// whose auth token is `token`, unless a change newer than `revision` (the response's) has
+    /// already been seen.
+    pub fn put(&self, token: &str, key: Vec<u8>, req: &RangeRequest, revision: i64, wire: Bytes) {
         let bytes = wire.len() + key.len() + req.key.len() + req.range_end.len();
         if bytes > self.config.max_bytes || self.config.max_entries == 0 {
             return;
         }
         let mut state = self.inner.lock();
-        if !state.enabled || revision < state.floor {
+        if state.mode == Mode::Off || revision < state.floor {
             return;
         }
         state.remove(&key);
@@ -192,6 +395,50 @@ impl RangeCache {
                 break;
             }
         }
+        let mut spawn = None;
+        let (identity, live) = match state.mode {
+            Mode::PerEntry => {
+                let Some(context) = state.context.clone() else {
+                    return;
+                };
+                // A task that has ended (its stream broke) takes what it watched with it.
+                if let Some(ended) = state
+                    .identities
+                    .get(token)
+                    .filter(|i| i.tx.is_closed())
+                    .map(|i| i.id)
+                {
+                    state.remove_where(|e| e.identity == ended);
+                    state.identities.remove(token);
+                }
+                if !state.identities.contains_key(token) {
+                    let (tx, rx) = mpsc::channel(IDENTITY_QUEUE);
+                    state.next_identity += 1;
+                    let id = state.next_identity;
+                    let identity = Identity { tx, id, entries: 0 };
+                    state.identities.insert(token.to_owned(), identity);
+                    spawn = Some((context, id, rx));
+                }
+                let Some(identity) = state.identities.get_mut(token) else {
+                    return;
+                };
+                let watch = Command::Watch {
+                    entry: key.clone(),
+                    key: req.key.clone(),
+                    end: req.range_end.clone(),
+                    from: revision + 1,
+                };
+                if identity.tx.try_send(watch).is_err() {
+                    if identity.entries == 0 {
+                        state.identities.remove(token);
+                    }
+                    return;
+                }
+                identity.entries += 1;
+                (identity.id, false)
+            }
+            _ => (0, true),
+        };
         let tick = state.next_tick;
         state.next_tick += 1;
         state.bytes += bytes;
@@ -203,8 +450,69 @@ impl RangeCache {
                 wire,
                 bytes,
                 tick,
+                token: token.to_owned(),
+                identity,
+                watch_id: None,
+                live,
             },
         );
+        self.metrics.set_cache_keys(state.entries.len());
+        drop(state);
+        if let Some((context, id, rx)) = spawn {
+            // Task `grpc-proxy cache identity watch`: watches this token's entries.
+            context.tasks.spawn(self.clone().identity_watch(
+                token.to_owned(),
+                id,
+                rx,
+                context.clone(),
+            ));
+        }
+    }
+
+    /// The watch of the entry under `key` (watched by identity task `identity`) is established
+    /// as `watch_id`: the entry may be served. False when the entry is gone (the caller then
+    /// cancels the watch).
+    fn confirm(&self, key: &[u8], identity: u64, watch_id: i64) -> bool {
+        let mut state = self.inner.lock();
+        match state.entries.get_mut(key) {
+            Some(e) if e.identity == identity && e.watch_id.is_none() => {
+                e.watch_id = Some(watch_id);
+                e.live = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Drops the entry under `key` if identity task `identity` watches it (its watch saw a
+    /// change or ended).
+    fn drop_watched(&self, key: &[u8], identity: u64) {
+        let mut state = self.inner.lock();
+        if state
+            .entries
+            .get(key)
+            .is_some_and(|e| e.identity == identity)
+        {
+            if let Some(e) = state.entries.get_mut(key) {
+                // Its watch is already gone.
+                e.watch_id = None;
+            }
+            state.remove(key);
+            self.metrics.set_cache_keys(state.entries.len());
+        }
+    }
+
+    /// Identity task `identity` of `token` ended: every entry it watched goes.
+    fn identity_ended(&self, token: &str, identity: u64) {
+        let mut state = self.inner.lock();
+        state.remove_where(|e| e.identity == identity);
+        if state
+            .identities
+            .get(token)
+            .is_some_and(|i| i.id == identity)
+        {
+            state.identities.remove(token);
+        }
         self.metrics.set_cache_keys(state.entries.len());
     }
 
@@ -241,15 +549,98 @@ impl RangeCache {
         self.metrics.set_cache_keys(state.entries.len());
     }
 
-    /// Empties the cache and serves (`enabled`) or bypasses it from now on; `floor` is the
-    /// revision from which changes are known.
-    fn reset(&self, enabled: bool, floor: i64) {
-        let mut state = self.inner.lock();
-        state.enabled = enabled;
-        state.floor = floor;
-        state.entries.clear();
-        state.bytes = 0;
+    /// Empties the cache and learns of changes by `mode` from now on; `floor` is the revision
+    /// from which changes are known.
+    fn reset(&self, mode: Mode, floor: i64) {
+        self.inner.lock().clear(mode, floor);
         self.metrics.set_cache_keys(0);
+    }
+
+    /// The keyspace watch was refused for auth: entries are watched one by one from now on
+    /// (kept as they are if that was already so).
+    fn per_entry(&self) {
+        let mut state = self.inner.lock();
+        if state.mode != Mode::PerEntry {
+            state.clear(Mode::PerEntry, 0);
+            self.metrics.set_cache_keys(0);
+        }
+    }
+
+    /// The keyspace watch is gone: a cache that relied on it stops.
+    fn keyspace_lost(&self) {
+        let mut state = self.inner.lock();
+        if state.mode == Mode::Keyspace {
+            state.clear(Mode::Off, 0);
+            self.metrics.set_cache_keys(0);
+        }
+    }
+
+    /// Task `grpc-proxy cache identity watch`: one watch stream with `token`, on which each
+    /// entry the cache hands over is watched; ends when the cache forgets the identity (no
+    /// entry left) or the stream ends, dropping every entry it watched.
+    async fn identity_watch(
+        self,
+        token: String,
+        identity: u64,
+        mut commands: mpsc::Receiver<Command>,
+        context: WatchContext,
+    ) {
+        let upstream = &context.upstream;
+        let (idx, channel) = upstream.current();
+        // As bounded as the command queue it drains: a full one ends the task.
+        let (req_tx, req_rx) = mpsc::channel::<WatchRequest>(IDENTITY_QUEUE);
+        let request = crate::leader::require_leader(crate::upstream::with_token(
+            &token,
+            tokio_stream::wrappers::ReceiverStream::new(req_rx),
+        ));
+        let mut client =
+            WatchClient::new(channel).max_decoding_message_size(upstream.max_decoding());
+        let mut watches = IdentityWatches::default();
+        // Requests made before the stream opens wait in `req_tx`'s queue.
+        let mut ok = true;
+        while let Ok(command) = commands.try_recv() {
+            ok &= watches.forward(command, &req_tx);
+        }
+        if !ok {
+            commands.close();
+            self.identity_ended(&token, identity);
+            return;
+        }
+        let opened = tokio::select! {
+            _ = context.shutdown.cancelled() => return,
+            r = client.watch(request) => r,
+        };
+        let mut stream = match opened {
+            Ok(resp) => resp.into_inner(),
+            Err(status) => {
+                if crate::upstream::failover(&status) {
+                    upstream.failed(idx);
+                }
+                commands.close();
+                self.identity_ended(&token, identity);
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = context.shutdown.cancelled() => return,
+                command = commands.recv() => {
+                    let Some(command) = command else { break };
+                    if !watches.forward(command, &req_tx) {
+                        break;
+                    }
+                }
+                message = stream.message() => {
+                    let Ok(Some(resp)) = message else { break };
+                    if !watches.answer(&self, identity, resp, &req_tx) {
+                        break;
+                    }
+                }
+            }
+        }
+        // Closed first: a store made from now on sees the task gone and starts another.
+        commands.close();
+        self.identity_ended(&token, identity);
     }
 
     /// The invalidating watch (task `grpc-proxy cache watch`): runs until `shutdown`, reconnecting
@@ -258,12 +649,18 @@ impl RangeCache {
         self,
         upstream: Upstream,
         ns: Namespace,
+        tasks: TaskTracker,
         shutdown: CancellationToken,
     ) {
+        self.inner.lock().context = Some(WatchContext {
+            upstream: upstream.clone(),
+            tasks,
+            shutdown: shutdown.clone(),
+        });
         let (key, end) = ns.range(&[0], &[0]);
         let mut backoff = Duration::from_millis(100);
         loop {
-            self.reset(false, 0);
+            self.keyspace_lost();
             let (idx, channel) = upstream.current();
             let (req_tx, req_rx) = tokio::sync::mpsc::channel::<WatchRequest>(1);
             let create = WatchRequest {
@@ -292,6 +689,9 @@ impl RangeCache {
                     if crate::upstream::failover(&status) {
                         upstream.failed(idx);
                     }
+                    if refused_for_auth(status.message()) {
+                        self.per_entry();
+                    }
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}
@@ -309,12 +709,17 @@ impl RangeCache {
                     Ok(Some(resp)) => {
                         let revision = resp.header.as_ref().map_or(0, |h| h.revision);
                         if resp.canceled {
-                            // Compaction or a permission error: start over.
+                            // Refused for auth: entries are watched one by one (and the
+                            // keyspace watch is tried again now and then, in case an identity
+                            // appears). Else a compaction: start over.
+                            if refused_for_auth(&resp.cancel_reason) {
+                                self.per_entry();
+                            }
                             break;
                         }
                         if resp.created {
                             backoff = Duration::from_millis(100);
-                            self.reset(true, revision);
+                            self.reset(Mode::Keyspace, revision);
                             continue;
                         }
                         let keys = resp
@@ -333,7 +738,7 @@ impl RangeCache {
                 }
             }
             drop(req_tx);
-            self.reset(false, 0);
+            self.keyspace_lost();
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
@@ -350,7 +755,7 @@ mod tests {
     /// Stores a response of revision `rev` for (`token`, `r`).
     fn put(cache: &RangeCache, token: &str, r: &RangeRequest, rev: i64) {
         let wire = Bytes::from(format!("rev {rev}"));
-        cache.put(RangeCache::key(token, r), r, rev, wire);
+        cache.put(token, RangeCache::key(token, r), r, rev, wire);
     }
 
     fn get(cache: &RangeCache, token: &str, r: &RangeRequest) -> Option<Bytes> {
@@ -369,7 +774,7 @@ mod tests {
     #[test]
     fn open_ended_ranges_are_invalidated_by_keys_above_start() {
         let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(true, 1);
+        cache.reset(Mode::Keyspace, 1);
         let r = req(b"b", b"\0");
         put(&cache, "", &r, 5);
         assert!(get(&cache, "", &r).is_some());
@@ -382,7 +787,7 @@ mod tests {
     #[test]
     fn responses_older_than_an_invalidation_are_not_stored() {
         let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(true, 1);
+        cache.reset(Mode::Keyspace, 1);
         cache.invalidate([b"k".as_slice()], 10);
         let r = req(b"k", b"");
         put(&cache, "", &r, 9);
@@ -398,7 +803,7 @@ mod tests {
             max_bytes: 1 << 20,
         };
         let cache = RangeCache::new(config, Metrics::new());
-        cache.reset(true, 1);
+        cache.reset(Mode::Keyspace, 1);
         let r = req(b"k", b"");
         put(&cache, "alice", &r, 5);
         assert!(get(&cache, "bob", &r).is_none());
@@ -414,13 +819,99 @@ mod tests {
     #[test]
     fn invalidation_frees_bytes() {
         let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(true, 1);
+        cache.reset(Mode::Keyspace, 1);
         put(&cache, "", &req(b"a", b""), 5);
         put(&cache, "", &req(b"b", b""), 5);
         cache.invalidate([b"a".as_slice()], 6);
         cache.invalidate_range(b"b", b"c", 7);
         let state = cache.inner.lock();
         assert_eq!((state.entries.len(), state.bytes), (0, 0));
+    }
+
+    /// A per-entry cache whose identity tasks stop at once (shutdown already requested), so
+    /// the test plays the member's part by hand.
+    fn per_entry_cache() -> RangeCache {
+        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let upstream =
+            Upstream::new(&["127.0.0.1:1".to_owned()], None, 4 << 20).expect("an upstream");
+        cache.inner.lock().context = Some(WatchContext {
+            upstream,
+            tasks: TaskTracker::new(),
+            shutdown,
+        });
+        cache.per_entry();
+        cache
+    }
+
+    fn identity_of(cache: &RangeCache, key: &[u8]) -> u64 {
+        cache
+            .inner
+            .lock()
+            .entries
+            .get(key)
+            .map_or(0, |e| e.identity)
+    }
+
+    #[tokio::test]
+    async fn per_entry_answers_wait_for_their_watch_and_go_with_it() {
+        let cache = per_entry_cache();
+        let r = req(b"k", b"");
+        let key = RangeCache::key("alice", &r);
+        put(&cache, "alice", &r, 5);
+        assert!(
+            get(&cache, "alice", &r).is_none(),
+            "not before its watch stands"
+        );
+        let identity = identity_of(&cache, &key);
+        assert_ne!(identity, 0);
+        assert!(cache.confirm(&key, identity, 7));
+        assert!(!cache.confirm(&key, identity, 8), "confirmed once");
+        assert_eq!(get(&cache, "alice", &r), Some(Bytes::from("rev 5")));
+        assert!(get(&cache, "bob", &r).is_none());
+
+        // Its watch saw a change: the entry goes, and its identity with it.
+        cache.drop_watched(&key, identity);
+        assert!(get(&cache, "alice", &r).is_none());
+        assert!(cache.inner.lock().identities.is_empty());
+
+        // A write through the proxy drops a live entry too. The identity was forgotten with
+        // its last entry, so the next store starts another.
+        put(&cache, "alice", &r, 9);
+        let again = identity_of(&cache, &key);
+        assert_ne!(again, identity);
+        assert!(cache.confirm(&key, again, 11));
+        cache.invalidate([b"k".as_slice()], 12);
+        assert!(get(&cache, "alice", &r).is_none());
+        let state = cache.inner.lock();
+        assert_eq!((state.entries.len(), state.bytes), (0, 0));
+        assert!(state.identities.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_ended_identity_takes_its_entries_and_no_other() {
+        let cache = per_entry_cache();
+        let (a, b) = (req(b"a", b""), req(b"b", b""));
+        put(&cache, "alice", &a, 5);
+        put(&cache, "bob", &b, 5);
+        let alice = identity_of(&cache, &RangeCache::key("alice", &a));
+        let bob = identity_of(&cache, &RangeCache::key("bob", &b));
+        assert!(cache.confirm(&RangeCache::key("bob", &b), bob, 1));
+        cache.identity_ended("alice", alice);
+        assert!(get(&cache, "bob", &b).is_some());
+        let state = cache.inner.lock();
+        assert_eq!(state.entries.len(), 1);
+        assert!(state.identities.contains_key("bob") && !state.identities.contains_key("alice"));
+    }
+
+    #[test]
+    fn auth_refusals_are_told_from_other_cancels() {
+        assert!(refused_for_auth("etcdserver: user name is empty"));
+        assert!(refused_for_auth("rpc error: etcdserver: permission denied"));
+        assert!(!refused_for_auth(
+            "etcdserver: mvcc: required revision has been compacted"
+        ));
     }
 
     #[test]

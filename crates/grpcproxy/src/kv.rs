@@ -105,8 +105,8 @@ impl Kv for KvProxy {
             return Err(rpctypes::EMPTY_KEY.to_status());
         }
         self.ns.range_request(&mut req);
-        let cache_key =
-            RangeCache::cacheable(&req).then(|| RangeCache::key(&token_of(&metadata), &req));
+        let token = token_of(&metadata);
+        let cache_key = RangeCache::cacheable(&req).then(|| RangeCache::key(&token, &req));
         if let Some(key) = &cache_key {
             if let Some(wire) = self.cache.get(key) {
                 self.metrics.cache_hit();
@@ -129,7 +129,8 @@ impl Kv for KvProxy {
         self.ns.range_response(&mut resp);
         if let Some(key) = cache_key {
             let revision = revision_of(resp.header.as_ref());
-            self.cache.put(key, &req, revision, grpc_message(&resp));
+            self.cache
+                .put(&token, key, &req, revision, grpc_message(&resp));
         }
         Ok(Response::new(resp))
     }

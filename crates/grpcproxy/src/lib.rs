@@ -135,11 +135,12 @@ impl Proxy {
         let metrics = metrics::Metrics::new();
         let cache = cache::RangeCache::new(config.cache, metrics.clone());
         // Task `grpc-proxy cache watch`: keeps the cache from going stale.
-        tasks.spawn(
-            cache
-                .clone()
-                .run_invalidation(upstream.clone(), ns.clone(), shutdown.clone()),
-        );
+        tasks.spawn(cache.clone().run_invalidation(
+            upstream.clone(),
+            ns.clone(),
+            tasks.clone(),
+            shutdown.clone(),
+        ));
         let leader = leader::ProxyLeader::new();
         // Task `grpc-proxy leader monitor`.
         tasks.spawn(leader.clone().monitor(upstream.clone(), shutdown.clone()));
