@@ -16,6 +16,9 @@
 //!   dropped at its first event, at the watch's end (an expired token, a compaction, a failed
 //!   member) or at its eviction, which cancels the watch. One watch stream per identity (task
 //!   `grpc-proxy cache identity watch`), ended when the identity has no entry left.
+//! - **Permissions re-checked**: an entry answers for at most [`MAX_AGE`]; then the next read
+//!   goes to the cluster, which checks the client's permission again. A permission revoked at
+//!   the cluster (which no watch reports) holds through the proxy within that time.
 //! - **Bounded** in entries and in bytes (least recently used first out).
 //! - **Cheap hits.** An entry holds the response as the client receives it: one gRPC message
 //!   (length prefix included), already stripped of the namespace, so a hit is a lookup and a
@@ -86,6 +89,10 @@ enum Mode {
     PerEntry,
 }
 
+/// How long an entry answers before a read goes to the cluster again, so that the client's
+/// permission to read is checked again.
+pub const MAX_AGE: Duration = Duration::from_secs(1);
+
 /// Entries an identity's watch task may have queued for it (creates and cancels); a store that
 /// finds the queue full is not made.
 const IDENTITY_QUEUE: usize = 64;
@@ -99,6 +106,8 @@ struct Entry {
     bytes: usize,
     /// When it was last used (larger is more recent).
     tick: u64,
+    /// When it was stored: it answers until [`MAX_AGE`] after.
+    stored: std::time::Instant,
     /// [`Mode::PerEntry`]: the client's token, the identity watch that watches the entry (its
     /// [`Identity::id`]), and the watch once established. Served only when `live`.
     token: String,
@@ -369,10 +378,16 @@ impl RangeCache {
         if !entry.live {
             return None;
         }
-        entry.tick = tick;
-        let wire = entry.wire.clone();
-        state.next_tick += 1;
-        Some(wire)
+        if entry.stored.elapsed() <= MAX_AGE {
+            entry.tick = tick;
+            let wire = entry.wire.clone();
+            state.next_tick += 1;
+            return Some(wire);
+        }
+        // Too old: the client's permission is checked again by the cluster.
+        state.remove(key);
+        self.metrics.set_cache_keys(state.entries.len());
+        None
     }
 
     /// Stores `wire` (one gRPC message) as the answer to `req` under `key` for the client
@@ -450,6 +465,7 @@ impl RangeCache {
                 wire,
                 bytes,
                 tick,
+                stored: std::time::Instant::now(),
                 token: token.to_owned(),
                 identity,
                 watch_id: None,
@@ -903,6 +919,24 @@ mod tests {
         let state = cache.inner.lock();
         assert_eq!(state.entries.len(), 1);
         assert!(state.identities.contains_key("bob") && !state.identities.contains_key("alice"));
+    }
+
+    #[test]
+    fn entries_answer_for_max_age_only() {
+        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
+        cache.reset(Mode::Keyspace, 1);
+        let r = req(b"k", b"");
+        put(&cache, "alice", &r, 5);
+        assert!(get(&cache, "alice", &r).is_some());
+        if let Some(e) = cache.inner.lock().entries.values_mut().next() {
+            e.stored = e
+                .stored
+                .checked_sub(MAX_AGE + Duration::from_millis(1))
+                .expect("an instant a second ago");
+        }
+        assert!(get(&cache, "alice", &r).is_none());
+        let state = cache.inner.lock();
+        assert_eq!((state.entries.len(), state.bytes), (0, 0));
     }
 
     #[test]

@@ -1463,6 +1463,21 @@ async fn the_cache_serves_password_users_through_watches_of_their_own() {
         );
         let got = alice.get("c", serializable()).await.expect("alice reads");
         assert_eq!(got.kvs()[0].value(), b"new");
+
+        // A permission revoked at the cluster holds through the proxy within the cache's
+        // entry age, though alice's entry is still cached.
+        root.ok(&["user", "revoke-role", "alice", "reader"]).await;
+        poll_until(Duration::from_secs(5), || {
+            let mut alice = alice.clone();
+            async move {
+                match alice.get("c", serializable()).await {
+                    Err(e) if e.to_string().contains("permission denied") => Ok(()),
+                    other => anyhow::bail!("still answered: {other:?}"),
+                }
+            }
+        })
+        .await
+        .expect("alice's revoked permission holds");
     }
 }
 
