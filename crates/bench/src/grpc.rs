@@ -354,7 +354,7 @@ impl Fields {
         let message = self
             .grpc_message
             .as_deref()
-            .map(|m| String::from_utf8_lossy(&percent_decode(m)).into_owned())
+            .map(etcdrs_proto::rpctypes::decode_grpc_message)
             .unwrap_or_default();
         Err(format!(
             "grpc-status {}: {message}",
@@ -777,27 +777,6 @@ impl State {
             }
         }
     }
-}
-
-/// `grpc-message` as sent: percent-encoded (the gRPC HTTP/2 protocol), `%XX` for each byte
-/// outside printable ASCII, and some servers encode more; anything not a valid escape is kept.
-fn percent_decode(m: &[u8]) -> Vec<u8> {
-    let hex = |b: u8| char::from(b).to_digit(16);
-    let mut out = Vec::with_capacity(m.len());
-    let mut i = 0;
-    while i < m.len() {
-        if m[i] == b'%'
-            && i + 2 < m.len()
-            && let (Some(h), Some(l)) = (hex(m[i + 1]), hex(m[i + 2]))
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(m[i]);
-        i += 1;
-    }
-    out
 }
 
 /// The payload of a DATA or HEADERS frame without its padding.

@@ -9,6 +9,7 @@ use etcdrs_proto::etcdserverpb::{
     PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
     request_op,
 };
+use etcdrs_proto::keys::prefix_end;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinSet;
@@ -76,19 +77,6 @@ impl Worker for RangeWorker {
             .await
             .map(drop)
     }
-}
-
-/// `key` plus one: the end of the range of every key with the prefix `key` (etcd's rule: the
-/// last byte below 0xff incremented, the rest dropped; all 0xff or empty: `"\0"`, no end).
-fn prefix_end(key: &[u8]) -> Vec<u8> {
-    let mut end = key.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 pub async fn range(global: &GlobalOpts, opts: &RangeOpts) -> Result<Summary> {
@@ -231,17 +219,4 @@ pub async fn lease_keepalive(global: &GlobalOpts, opts: &LeaseKeepaliveOpts) -> 
     }
     let (rec, elapsed) = run_workers(workers, global.budget(), 0, global.request_timeout).await;
     Ok(rec.summary("lease-keepalive", elapsed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_ends_follow_etcd() {
-        assert_eq!(prefix_end(b"foo"), b"fop");
-        assert_eq!(prefix_end(b"a\xff"), b"b");
-        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
-        assert_eq!(prefix_end(b""), b"\0");
-    }
 }

@@ -19,6 +19,7 @@ use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
 use etcdrs_proto::etcdserverpb::{
     AuthenticateRequest, PutRequest, RangeRequest, RangeResponse, WatchCreateRequest, WatchRequest,
 };
+use etcdrs_proto::keys::prefix_end;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
@@ -76,18 +77,6 @@ impl Keys {
             this: format!("{base}/members/{member_id:x}"),
         }
     }
-}
-
-/// The end of the range of keys starting with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// Registers this member (`id`, `entry` = `name=peerURL[,...]`) under the token and waits

@@ -25,8 +25,8 @@ use etcdrs_proto::etcdserverpb::{
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::namespace::prefix_end;
 use crate::upstream::{Upstream, forward};
+use etcdrs_proto::keys::prefix_end;
 
 /// The Cluster service of the proxy.
 #[derive(Clone)]

@@ -7,24 +7,13 @@ use etcdrs_proto::etcdserverpb::{
     Compare, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest,
     RangeResponse, RequestOp, ResponseOp, TxnRequest, TxnResponse, request_op, response_op,
 };
+use etcdrs_proto::keys::prefix_end;
 use etcdrs_proto::mvccpb::KeyValue;
 
 /// A key prefix (empty: no namespace, every function is the identity).
 #[derive(Clone, Debug, Default)]
 pub struct Namespace {
     prefix: Vec<u8>,
-}
-
-/// The smallest key greater than every key starting with `prefix` (`"\0"`: no such key).
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 impl Namespace {
@@ -202,13 +191,6 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_end_increments_last_byte() {
-        assert_eq!(prefix_end(b"ab"), b"ac".to_vec());
-        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
-        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
-    }
 
     #[test]
     fn open_ranges_are_clamped() {

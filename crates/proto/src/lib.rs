@@ -3,8 +3,9 @@
 //! gRPC errors (code and exact message) that etcd servers send.
 //!
 //! This crate is a leaf. It depends only on prost and tonic and holds no
-//! logic beyond the generated codecs and the error table; servers, proxies
-//! and clients build on it.
+//! logic beyond the generated codecs, the error table and the two wire
+//! conventions every side shares (prefix range ends, `grpc-message`
+//! decoding); servers, proxies and clients build on it.
 //!
 //! It mirrors these etcd packages (message names, field numbers and enum
 //! values are identical, so stock etcd clients interoperate):
@@ -16,7 +17,8 @@
 //! | [`authpb`] | `api/authpb` (`User`, `Role`, `Permission`, `UserAddOptions`) |
 //! | [`v3lockpb`] | `server/etcdserver/api/v3lock/v3lockpb` (Lock service) |
 //! | [`v3electionpb`] | `server/etcdserver/api/v3election/v3electionpb` (Election service) |
-//! | [`rpctypes`] | `api/v3rpc/rpctypes` (gRPC errors) |
+//! | [`rpctypes`] | `api/v3rpc/rpctypes` (gRPC errors, and `grpc-message` decoding) |
+//! | [`keys`] | `clientv3.GetPrefixRangeEnd` (the end of a prefix's range) |
 //! | [`fanout`] | (etcd-rs) `WatchResponse` with pre-encoded events, and a Watch service sending it |
 //!
 //! Each service `Foo` yields a `foo_server` module (trait `Foo`, wrapper
@@ -24,6 +26,7 @@
 #![deny(missing_docs)]
 
 pub mod fanout;
+pub mod keys;
 pub mod rpctypes;
 
 /// Multi-version store records: `KeyValue` and `Event` (etcd `mvccpb`).

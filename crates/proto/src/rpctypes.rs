@@ -260,6 +260,28 @@ etcd_errors! {
     DEADLINE_EXCEEDED = DeadlineExceeded, "etcdserver: context deadline exceeded";
 }
 
+/// A `grpc-message` header value as sent: percent-encoded (the gRPC HTTP/2 protocol encodes
+/// each byte outside printable ASCII as `%XX`, and some servers encode more). Anything that is
+/// not a valid escape is kept as it is.
+pub fn decode_grpc_message(raw: &[u8]) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%'
+            && i + 2 < raw.len()
+            && let (Some(hi), Some(lo)) = (hex(raw[i + 1]), hex(raw[i + 2]))
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(raw[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -333,6 +355,15 @@ mod tests {
             GRPC_NOT_SUPPORTED_FOR_LEARNER.message,
             "etcdserver: rpc not supported for learner"
         );
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_decoded() {
+        assert_eq!(
+            decode_grpc_message(b"etcdserver:%20request%20is%20too%20large%"),
+            "etcdserver: request is too large%"
+        );
+        assert_eq!(decode_grpc_message(b"100%zz"), "100%zz");
     }
 
     #[test]

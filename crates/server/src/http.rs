@@ -100,7 +100,7 @@ async fn grpc_size_error(mut response: axum::response::Response) -> axum::respon
     let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) else {
         return response;
     };
-    let message = percent_decode(message);
+    let message = etcdrs_proto::rpctypes::decode_grpc_message(message.as_bytes());
     let Some(rest) = message.strip_prefix("Error, decoded message length too large: found ") else {
         return response;
     };
@@ -286,27 +286,6 @@ async fn serve_connection<IO>(
     let service = TowerToHyperService::new(service);
     let conn = builder.serve_connection_with_upgrades(io, service);
     let _ = watcher.watch(conn).await;
-}
-
-/// Decode a `grpc-message` header (percent-encoded, as the gRPC spec says).
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `GET /health` (etcd 3.5 `etcdhttp.HandleHealth`): JSON `{"health":..,"reason":..}`, 200 when

@@ -35,6 +35,7 @@ use etcdrs_proto::etcdserverpb::response_op::Response as OpResponse;
 use etcdrs_proto::etcdserverpb::{
     Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
 };
+use etcdrs_proto::keys::prefix_end;
 use etcdrs_proto::mvccpb::KeyValue;
 use etcdrs_proto::mvccpb::event::EventType;
 use serde_json::{Map, Value, json};
@@ -206,17 +207,6 @@ fn ancestors(path: &str) -> Vec<String> {
         out.push(path[..at].to_owned());
     }
     out
-}
-
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 fn is_hidden(name: &str) -> bool {

@@ -150,7 +150,7 @@ impl ObserveState {
         from: i64,
     ) -> Result<(Option<ResponseHeader>, KeyValue), Status> {
         let range = WatchRange {
-            end: super::lock::prefix_end(&self.prefix),
+            end: etcdrs_proto::keys::prefix_end(&self.prefix),
             key: self.prefix.clone(),
         };
         let mut watcher = KeyWatcher::new(&self.rpc.server, range, from, false);

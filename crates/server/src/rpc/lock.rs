@@ -24,6 +24,7 @@ use etcdrs_proto::etcdserverpb::{
     Compare, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest, RangeResponse,
     RequestOp, ResponseHeader, TxnRequest, TxnResponse,
 };
+use etcdrs_proto::keys::prefix_end;
 use etcdrs_proto::mvccpb::{Event, KeyValue};
 use etcdrs_proto::rpctypes;
 use etcdrs_proto::v3lockpb::lock_server::Lock;
@@ -58,19 +59,6 @@ pub(super) fn contender_prefix(name: &[u8]) -> Vec<u8> {
     let mut prefix = name.to_vec();
     prefix.push(b'/');
     prefix
-}
-
-/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
-pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Every byte is 0xff: the range runs to the end of the keyspace.
-    vec![0]
 }
 
 /// The contender's lease: `lease`, or a fresh lease with etcd's default session TTL when the
@@ -390,12 +378,5 @@ mod tests {
         assert_eq!(contender_key(b"l/", 0x1f), b"l/1f");
         assert_eq!(contender_key(b"l/", -2), b"l/-2");
         assert_eq!(contender_prefix(b"my"), b"my/");
-    }
-
-    #[test]
-    fn prefix_end_increments_the_last_byte_below_0xff() {
-        assert_eq!(prefix_end(b"a/"), b"a0");
-        assert_eq!(prefix_end(b"a\xff"), b"b");
-        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
     }
 }
