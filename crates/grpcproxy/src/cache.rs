@@ -109,11 +109,18 @@ struct Entry {
     /// When it was stored: it answers until [`MAX_AGE`] after.
     stored: std::time::Instant,
     /// [`Mode::PerEntry`]: the client's token, the identity watch that watches the entry (its
-    /// [`Identity::id`]), and the watch once established. Served only when `live`.
+    /// [`Identity::id`]; 0 in [`Mode::Keyspace`]), and the watch once established. Served only
+    /// when [`Entry::live`].
     token: String,
     identity: u64,
     watch_id: Option<i64>,
-    live: bool,
+}
+
+impl Entry {
+    /// Whether the entry may be served: the keyspace watch covers it, or its own watch stands.
+    fn live(&self) -> bool {
+        self.identity == 0 || self.watch_id.is_some()
+    }
 }
 
 /// An identity's watch task, as the cache sees it.
@@ -375,7 +382,7 @@ impl RangeCache {
         }
         let tick = state.next_tick;
         let entry = state.entries.get_mut(key)?;
-        if !entry.live {
+        if !entry.live() {
             return None;
         }
         if entry.stored.elapsed() <= MAX_AGE {
@@ -411,7 +418,7 @@ impl RangeCache {
             }
         }
         let mut spawn = None;
-        let (identity, live) = match state.mode {
+        let identity = match state.mode {
             Mode::PerEntry => {
                 let Some(context) = state.context.clone() else {
                     return;
@@ -450,9 +457,9 @@ impl RangeCache {
                     return;
                 }
                 identity.entries += 1;
-                (identity.id, false)
+                identity.id
             }
-            _ => (0, true),
+            _ => 0,
         };
         let tick = state.next_tick;
         state.next_tick += 1;
@@ -469,7 +476,6 @@ impl RangeCache {
                 token: token.to_owned(),
                 identity,
                 watch_id: None,
-                live,
             },
         );
         self.metrics.set_cache_keys(state.entries.len());
@@ -493,7 +499,6 @@ impl RangeCache {
         match state.entries.get_mut(key) {
             Some(e) if e.identity == identity && e.watch_id.is_none() => {
                 e.watch_id = Some(watch_id);
-                e.live = true;
                 true
             }
             _ => false,
@@ -504,18 +509,13 @@ impl RangeCache {
     /// change or ended).
     fn drop_watched(&self, key: &[u8], identity: u64) {
         let mut state = self.inner.lock();
-        if state
-            .entries
-            .get(key)
-            .is_some_and(|e| e.identity == identity)
-        {
-            if let Some(e) = state.entries.get_mut(key) {
-                // Its watch is already gone.
-                e.watch_id = None;
-            }
-            state.remove(key);
-            self.metrics.set_cache_keys(state.entries.len());
+        match state.entries.get_mut(key) {
+            // Its watch is already gone: nothing to cancel.
+            Some(e) if e.identity == identity => e.watch_id = None,
+            _ => return,
         }
+        state.remove(key);
+        self.metrics.set_cache_keys(state.entries.len());
     }
 
     /// Identity task `identity` of `token` ended: every entry it watched goes.
@@ -778,6 +778,13 @@ mod tests {
         cache.get(&RangeCache::key(token, r))
     }
 
+    /// A cache learning of changes from the keyspace watch (revision 1 on).
+    fn keyspace_cache(config: CacheConfig) -> RangeCache {
+        let cache = RangeCache::new(config, Metrics::new());
+        cache.reset(Mode::Keyspace, 1);
+        cache
+    }
+
     fn req(key: &[u8], end: &[u8]) -> RangeRequest {
         RangeRequest {
             key: key.to_vec(),
@@ -789,8 +796,7 @@ mod tests {
 
     #[test]
     fn open_ended_ranges_are_invalidated_by_keys_above_start() {
-        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(Mode::Keyspace, 1);
+        let cache = keyspace_cache(CacheConfig::default());
         let r = req(b"b", b"\0");
         put(&cache, "", &r, 5);
         assert!(get(&cache, "", &r).is_some());
@@ -802,8 +808,7 @@ mod tests {
 
     #[test]
     fn responses_older_than_an_invalidation_are_not_stored() {
-        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(Mode::Keyspace, 1);
+        let cache = keyspace_cache(CacheConfig::default());
         cache.invalidate([b"k".as_slice()], 10);
         let r = req(b"k", b"");
         put(&cache, "", &r, 9);
@@ -818,8 +823,7 @@ mod tests {
             max_entries: 2,
             max_bytes: 1 << 20,
         };
-        let cache = RangeCache::new(config, Metrics::new());
-        cache.reset(Mode::Keyspace, 1);
+        let cache = keyspace_cache(config);
         let r = req(b"k", b"");
         put(&cache, "alice", &r, 5);
         assert!(get(&cache, "bob", &r).is_none());
@@ -834,8 +838,7 @@ mod tests {
 
     #[test]
     fn invalidation_frees_bytes() {
-        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(Mode::Keyspace, 1);
+        let cache = keyspace_cache(CacheConfig::default());
         put(&cache, "", &req(b"a", b""), 5);
         put(&cache, "", &req(b"b", b""), 5);
         cache.invalidate([b"a".as_slice()], 6);
@@ -923,8 +926,7 @@ mod tests {
 
     #[test]
     fn entries_answer_for_max_age_only() {
-        let cache = RangeCache::new(CacheConfig::default(), Metrics::new());
-        cache.reset(Mode::Keyspace, 1);
+        let cache = keyspace_cache(CacheConfig::default());
         let r = req(b"k", b"");
         put(&cache, "alice", &r, 5);
         assert!(get(&cache, "alice", &r).is_some());
