@@ -149,26 +149,40 @@ impl Proxy {
     }
 
     /// Reads `key` serializably through `client` until it reads `value` and the proxy's cache
-    /// has answered (its watch on the cluster is up only some time after the proxy starts).
+    /// has answered a read since the call (its watch on the cluster is up only some time after
+    /// the proxy starts; an answer is cached again only after a read that missed).
     async fn until_cached(&self, client: &Client, key: &str, value: &str) {
-        poll_until(Duration::from_secs(10), || {
-            let mut client = client.clone();
-            async move {
-                let got = client
-                    .get(key, Some(GetOptions::new().with_serializable()))
-                    .await?;
-                anyhow::ensure!(
-                    got.kvs().first().map(|kv| kv.value()) == Some(value.as_bytes()),
-                    "{got:?}"
-                );
-                let hits = self.metric("etcd_grpc_proxy_cache_hits_total").await;
-                anyhow::ensure!(hits >= 1.0, "no cache hit yet");
-                Ok(())
-            }
+        let before = self.metric("etcd_grpc_proxy_cache_hits_total").await;
+        poll_until(Duration::from_secs(10), || async {
+            read_is(client, key, value).await?;
+            let hits = self.metric("etcd_grpc_proxy_cache_hits_total").await;
+            anyhow::ensure!(hits > before, "no cache hit yet");
+            Ok(())
         })
         .await
         .expect("a read served from the cache");
     }
+}
+
+/// Reads `key` serializably through `client`; `Err` unless it reads `value`.
+async fn read_is(client: &Client, key: &str, value: &str) -> anyhow::Result<()> {
+    let got = client
+        .clone()
+        .get(key, Some(GetOptions::new().with_serializable()))
+        .await?;
+    anyhow::ensure!(
+        got.kvs().first().map(|kv| kv.value()) == Some(value.as_bytes()),
+        "stale or missing: {got:?}"
+    );
+    Ok(())
+}
+
+/// Reads `key` through the proxy until a value written around it (directly to the cluster)
+/// shows: the cache may hold the old one only until its watch reports the write.
+async fn until_fresh(client: &Client, key: &str, value: &str) {
+    poll_until(Duration::from_secs(2), || read_is(client, key, value))
+        .await
+        .expect("fresh after a direct write");
 }
 
 /// The sum of the samples of `name` (with `label` in their labels, if given) in a scrape.
@@ -1366,16 +1380,7 @@ async fn the_cache_runs_under_auth_as_the_proxys_certificate_identity() {
     let serializable = || Some(GetOptions::new().with_serializable());
     proxy.until_cached(&client, "c", "old").await;
     root.ok(&["put", "c", "new"]).await;
-    poll_until(Duration::from_secs(2), || {
-        let mut client = client.clone();
-        async move {
-            let got = client.get("c", serializable()).await?;
-            anyhow::ensure!(got.kvs()[0].value() == b"new", "stale: {got:?}");
-            Ok(())
-        }
-    })
-    .await
-    .expect("fresh after a direct write");
+    until_fresh(&client, "c", "new").await;
     let got = client.get("c", serializable()).await.expect("get");
     assert_eq!(got.kvs()[0].value(), b"new");
 }
@@ -1426,31 +1431,9 @@ async fn the_cache_serves_password_users_through_watches_of_their_own() {
         proxy.until_cached(&alice, "c", "old").await;
 
         root.ok(&["put", "c", "new"]).await;
-        poll_until(Duration::from_secs(2), || {
-            let mut alice = alice.clone();
-            async move {
-                let got = alice.get("c", serializable()).await?;
-                anyhow::ensure!(got.kvs()[0].value() == b"new", "stale: {got:?}");
-                Ok(())
-            }
-        })
-        .await
-        .expect("fresh after a direct write");
+        until_fresh(&alice, "c", "new").await;
         // Cached again, and served again.
-        let hits = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
-        poll_until(Duration::from_secs(5), || {
-            let mut alice = alice.clone();
-            let proxy = &proxy;
-            async move {
-                let got = alice.get("c", serializable()).await?;
-                anyhow::ensure!(got.kvs()[0].value() == b"new", "stale: {got:?}");
-                let now = proxy.metric("etcd_grpc_proxy_cache_hits_total").await;
-                anyhow::ensure!(now > hits, "no new hit");
-                Ok(())
-            }
-        })
-        .await
-        .expect("the new value is cached");
+        proxy.until_cached(&alice, "c", "new").await;
 
         let mut bob = as_user("bob", "bobpw").await;
         let refused = bob
