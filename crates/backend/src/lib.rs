@@ -23,6 +23,7 @@
 
 pub mod crc32c;
 mod error;
+pub mod metrics;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
@@ -37,26 +38,6 @@ use redb::{
 
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
-
-/// etcd's `etcd_disk_backend_commit_duration_seconds`.
-static BACKEND_COMMIT_SECONDS: std::sync::LazyLock<prometheus::Histogram> =
-    std::sync::LazyLock::new(|| {
-        let mut buckets = Vec::with_capacity(14);
-        let mut next = 0.001;
-        for _ in 0..14 {
-            buckets.push(next);
-            next *= 2.0;
-        }
-        let opts = prometheus::HistogramOpts::new(
-            "etcd_disk_backend_commit_duration_seconds",
-            "The latency distributions of commit called by backend.",
-        )
-        .buckets(buckets);
-        let histogram =
-            prometheus::Histogram::with_opts(opts).expect("static metric definition is valid");
-        let _ = prometheus::default_registry().register(Box::new(histogram.clone()));
-        histogram
-    });
 
 /// Bytes of database pages redb keeps in memory.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
@@ -189,7 +170,10 @@ impl Backend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .begin_read()
             .map_err(Error::storage)?;
-        Ok(ReadTx { tx })
+        Ok(ReadTx {
+            tx,
+            _open: metrics::OpenRead::begin(),
+        })
     }
 
     /// Size of the database file on disk (etcd's `dbSize`).
@@ -207,6 +191,15 @@ impl Backend {
     /// Rewrite the file to reclaim free space (etcd's defragment). Blocks new transactions
     /// while it runs and waits, within `wait`, for those in flight to finish.
     pub fn defragment(&self, wait: Duration) -> Result<()> {
+        metrics::DEFRAG_INFLIGHT.set(1);
+        let timer = metrics::DEFRAG_SECONDS.start_timer();
+        let result = self.compact_file(wait);
+        timer.observe_duration();
+        metrics::DEFRAG_INFLIGHT.set(0);
+        result
+    }
+
+    fn compact_file(&self, wait: Duration) -> Result<()> {
         // Compaction only reclaims space freed by durable commits.
         self.write()?.commit(true)?;
         let mut db = self
@@ -360,7 +353,7 @@ impl WriteTx<'_> {
             Durability::None
         };
         self.tx.set_durability(level).map_err(Error::storage)?;
-        let timer = BACKEND_COMMIT_SECONDS.start_timer();
+        let timer = metrics::COMMIT_SECONDS.start_timer();
         self.tx.commit().map_err(Error::storage)?;
         timer.observe_duration();
         if durable {
@@ -378,6 +371,8 @@ impl WriteTx<'_> {
 /// A read transaction: a snapshot of the last commit at the time it began.
 pub struct ReadTx {
     tx: redb::ReadTransaction,
+    /// Counted in `etcd_mvcc_db_open_read_transactions` while it lives.
+    _open: metrics::OpenRead,
 }
 
 impl ReadTx {

@@ -64,6 +64,9 @@ static SNAPSHOT_SEQ: AtomicU64 = AtomicU64::new(0);
 pub struct Snapshot {
     path: PathBuf,
     size: u64,
+    /// When it was taken: its lifetime is observed in
+    /// `etcd_disk_backend_snapshot_duration_seconds` when it is dropped.
+    taken: std::time::Instant,
 }
 
 impl Snapshot {
@@ -85,6 +88,7 @@ impl Snapshot {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
+        crate::metrics::SNAPSHOT_SECONDS.observe(self.taken.elapsed().as_secs_f64());
         if let Err(e) = std::fs::remove_file(&self.path)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -197,7 +201,11 @@ impl Backend {
         );
         let path = self.path.with_file_name(name);
         // From here on the guard removes the file, also when the copy fails.
-        let mut snapshot = Snapshot { path, size: 0 };
+        let mut snapshot = Snapshot {
+            path,
+            size: 0,
+            taken: std::time::Instant::now(),
+        };
         let read = self.read()?;
         {
             let copy = redb::Database::builder()

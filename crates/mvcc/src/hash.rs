@@ -207,6 +207,7 @@ pub fn db_status(backend: &Backend) -> Result<DbStatus> {
 impl KvStore {
     /// `HashKV`: the key space up to `rev` (`<= 0`: current). See the module docs.
     pub fn hash_kv(&self, rev: i64) -> Result<KvHash> {
+        let _timer = crate::metrics::HASH_REV_SECONDS.start_timer();
         hash_kv(self.backend(), rev)
     }
 
@@ -215,6 +216,7 @@ impl KvStore {
     /// consistent index and term (as etcd) and the member id (etcd keeps it in the WAL).
     /// Returns the hash and the current revision.
     pub fn hash(&self) -> Result<(u32, i64)> {
+        let _timer = crate::metrics::HASH_SECONDS.start_timer();
         let read = self.backend().read()?;
         let (current_rev, _) = revisions(&read)?;
         let hash = read.hash(&[

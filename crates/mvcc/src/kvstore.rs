@@ -296,6 +296,8 @@ impl KvStore {
 
     /// Read a range.
     pub fn range(&self, range: KeyRange<'_>, params: RangeParams) -> Result<RangeResult> {
+        // A read transaction of one range, as etcd counts it.
+        crate::metrics::RANGES.inc();
         let state = self.state.read();
         let rev = state.check_rev(params.rev)?;
         let limit = if params.count_only { 1 } else { params.limit };
@@ -412,6 +414,7 @@ impl<'a> WriteBatch<'a> {
             batch: self,
             main,
             sub: 0,
+            tally: crate::metrics::TxnTally::default(),
         }
     }
 
@@ -444,6 +447,7 @@ impl<'a> WriteBatch<'a> {
                 current: self.state.current_rev,
             });
         }
+        let started = Instant::now();
         self.tx
             .put(Bucket::META, META_SCHEDULED_COMPACT, &rev.to_be_bytes())?;
         let mut dropped = Vec::new();
@@ -451,9 +455,21 @@ impl<'a> WriteBatch<'a> {
             dropped.extend(key_index.compact(rev));
             !key_index.is_empty()
         });
+        let index_done = Instant::now();
+        crate::metrics::INDEX_COMPACTION_PAUSE_MS
+            .observe((index_done - started).as_secs_f64() * 1000.0);
+        crate::metrics::COMPACTION_KEYS.inc_by(dropped.len() as u64);
         for (revision, tombstone) in dropped {
             self.tx.delete(Bucket::KEY, &revision.to_key(tombstone))?;
         }
+        // Values go in the same batch as the index: the pause and the whole compaction are
+        // the same span here.
+        crate::metrics::DB_COMPACTION_PAUSE_MS.observe(index_done.elapsed().as_secs_f64() * 1000.0);
+        crate::metrics::DB_COMPACTION_TOTAL_MS.observe(started.elapsed().as_secs_f64() * 1000.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        crate::metrics::COMPACTION_LAST.set(i64::try_from(now).unwrap_or(i64::MAX));
         self.tx
             .put(Bucket::META, META_FINISHED_COMPACT, &rev.to_be_bytes())?;
         self.state.compact_rev = rev;
@@ -468,6 +484,8 @@ impl<'a> WriteBatch<'a> {
         self.tx
             .put(Bucket::LEASE, &id.to_be_bytes(), &ttl.to_be_bytes())?;
         self.store.lessor.insert(id, ttl, Instant::now());
+        crate::metrics::LEASES_GRANTED.inc();
+        crate::metrics::LEASE_TTLS.observe(ttl as f64);
         Ok(())
     }
 
@@ -484,6 +502,7 @@ impl<'a> WriteBatch<'a> {
         txn.end();
         self.tx.delete(Bucket::LEASE, &id.to_be_bytes())?;
         self.store.lessor.remove(id);
+        crate::metrics::LEASES_REVOKED.inc();
         Ok(())
     }
 
@@ -536,6 +555,14 @@ pub struct Txn<'b, 'a> {
     batch: &'b mut WriteBatch<'a>,
     main: i64,
     sub: i64,
+    /// Its operations, counted when it ends (dropped).
+    tally: crate::metrics::TxnTally,
+}
+
+impl Drop for Txn<'_, '_> {
+    fn drop(&mut self) {
+        self.tally.end();
+    }
 }
 
 impl Txn<'_, '_> {
@@ -551,6 +578,7 @@ impl Txn<'_, '_> {
 
     /// Read a range as this transaction sees it.
     pub fn range(&self, range: KeyRange<'_>, params: RangeParams) -> Result<RangeResult> {
+        self.tally.ranges.set(self.tally.ranges.get() + 1);
         let state = &self.batch.state;
         let read_rev = if self.sub > 0 {
             self.main
@@ -595,6 +623,8 @@ impl Txn<'_, '_> {
         if lease != NO_LEASE && !self.batch.store.lessor.contains(lease) {
             return Err(Error::LeaseNotFound(lease));
         }
+        self.tally.puts += 1;
+        self.tally.put_bytes += (key.len() + value.len()) as u64;
         let rev = Revision::new(self.main, self.sub);
         let key_index = self.batch.state.index.entry(key.to_vec()).or_default();
         let (create_revision, version) = match key_index.get(i64::MAX) {
@@ -632,6 +662,7 @@ impl Txn<'_, '_> {
 
     /// Delete every key in `range`; returns the deleted keys, in key order.
     pub fn delete_range(&mut self, range: KeyRange<'_>) -> Result<Vec<Vec<u8>>> {
+        self.tally.deletes += 1;
         let Some(bounds) = range.bounds() else {
             return Ok(Vec::new());
         };

@@ -273,6 +273,7 @@ impl Lessor {
             return Renewal::Expired;
         }
         lease.expiry = expiry_at(now, Duration::ZERO, lease.ttl);
+        crate::metrics::LEASES_RENEWED.inc();
         Renewal::Renewed(lease.ttl)
     }
 

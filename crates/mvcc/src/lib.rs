@@ -21,6 +21,7 @@ pub mod hash;
 pub mod key_index;
 mod kvstore;
 pub mod lease;
+pub mod metrics;
 pub mod revision;
 pub mod watch;
 

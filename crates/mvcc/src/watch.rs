@@ -92,6 +92,8 @@ pub enum HubMsg {
         events: Vec<Arc<SharedEvent>>,
         /// The store revision the batch brings the watcher to.
         revision: i64,
+        /// Counts the events as pending until the message is dropped.
+        pending: crate::metrics::Pending,
     },
     /// The watcher asked for history that compaction removed; it is canceled.
     Compacted {
@@ -190,6 +192,7 @@ impl WatchHub {
 
     /// A fresh stream id.
     pub fn new_stream(&self) -> StreamId {
+        crate::metrics::WATCH_STREAMS.inc();
         self.next_stream.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -233,6 +236,7 @@ impl WatchHub {
 
     /// Remove every watcher of a stream.
     pub fn close_stream(&self, stream: StreamId) {
+        crate::metrics::WATCH_STREAMS.dec();
         let mut groups = self.groups.lock();
         groups.synced.retain(|k, _| k.0 != stream);
         groups.unsynced.retain(|k, _| k.0 != stream);
@@ -291,13 +295,18 @@ impl WatchHub {
                 if wanted.is_empty() {
                     continue;
                 }
+                let n_events = wanted.len();
                 let msg = HubMsg::Events {
                     watch_id: key.1,
+                    pending: crate::metrics::Pending::new(n_events),
                     events: wanted,
                     revision: *event_rev,
                 };
                 match watcher.tx.try_send(msg) {
-                    Ok(()) => watcher.next_rev = event_rev + 1,
+                    Ok(()) => {
+                        watcher.next_rev = event_rev + 1;
+                        crate::metrics::EVENTS.inc_by(n_events as u64);
+                    }
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         fell_behind.push(*key);
                         break;
@@ -413,14 +422,17 @@ impl WatchHub {
                     .cloned()
                     .collect();
                 if !wanted.is_empty() {
+                    let n_events = wanted.len();
                     let msg = HubMsg::Events {
                         watch_id: key.1,
+                        pending: crate::metrics::Pending::new(n_events),
                         events: wanted,
                         revision: head,
                     };
                     if watcher.tx.try_send(msg).is_err() {
                         continue;
                     }
+                    crate::metrics::EVENTS.inc_by(n_events as u64);
                 }
                 watcher.next_rev = to + 1;
                 advanced += 1;

@@ -548,9 +548,14 @@ fn persist(
         vote: hs.vote,
         commit: hs.commit,
     });
-    let timer = metrics::WAL_FSYNC_SECONDS.start_timer();
+    let before = wal.write_stats();
     wal.save(wal_hard_state, &records)?;
-    timer.observe_duration();
+    let after = wal.write_stats();
+    if after.bytes_written > before.bytes_written {
+        metrics::WAL_WRITE_BYTES.add((after.bytes_written - before.bytes_written) as f64);
+        metrics::WAL_WRITE_SECONDS.observe(after.last_write.as_secs_f64());
+        metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
+    }
     let mut core = storage.wl();
     if !entries.is_empty() {
         core.append(entries)?;
@@ -558,6 +563,18 @@ fn persist(
     if let Some(hs) = hard_state {
         core.set_hardstate(hs.clone());
     }
+    Ok(())
+}
+
+/// Record a snapshot in the WAL: our counterpart of etcd's `.snap` file save (the mark is
+/// what etcd's snapshot file holds besides the conf state), timed as etcd times that save.
+fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
+    let started = std::time::Instant::now();
+    wal.save_snapshot_mark(mark)?;
+    metrics::SNAP_SAVE_SECONDS.observe(started.elapsed().as_secs_f64());
+    metrics::SNAP_FSYNC_SECONDS.observe(wal.write_stats().last_sync.as_secs_f64());
+    // The mark is a fixed-size record: encoding it is the whole of the marshalling cost.
+    metrics::SNAP_MARSHALLING_SECONDS.observe(wal.write_stats().last_write.as_secs_f64());
     Ok(())
 }
 
@@ -810,10 +827,11 @@ impl NodeCore {
         let Some(machine) = self.state_machine.as_mut() else {
             return Err(Error::Stopped);
         };
-        machine
-            .restore(index, term, meta.get_conf_state())
-            .map_err(Error::Apply)?;
-        self.wal.save_snapshot_mark(SnapshotMark { index, term })?;
+        metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(1);
+        let restored = machine.restore(index, term, meta.get_conf_state());
+        metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(0);
+        restored.map_err(Error::Apply)?;
+        save_snapshot_mark(&mut self.wal, SnapshotMark { index, term })?;
         let store = &self.node.raft.raft_log.store;
         *store.conf_state.lock() = meta.get_conf_state().clone();
         store.mem.wl().apply_snapshot(snapshot)?;
@@ -841,7 +859,7 @@ impl NodeCore {
         }
         // Everything up to `index` is durable in the backend: the WAL no longer needs it.
         let wal = &mut self.wal;
-        wal.save_snapshot_mark(SnapshotMark { index, term })?;
+        save_snapshot_mark(wal, SnapshotMark { index, term })?;
         wal.release_to(index)?;
         self.last_mark = index;
         let keep_from = index.saturating_sub(self.config.catch_up_entries);

@@ -483,7 +483,11 @@ impl EtcdServer {
             match attempt {
                 Ok(Ok(index)) => return self.wait_applied(index).await,
                 Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) | Err(_) => {
+                    if attempt.is_err() {
+                        crate::metrics::SLOW_READ_INDEXES.inc();
+                    }
                     if Instant::now() >= deadline {
+                        crate::metrics::READ_INDEXES_FAILED.inc();
                         return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
                     }
                     if attempt.is_ok() {
@@ -491,7 +495,10 @@ impl EtcdServer {
                         tokio::time::sleep(self.inner.config.heartbeat_interval).await;
                     }
                 }
-                Ok(Err(e)) => return Err(e.into()),
+                Ok(Err(e)) => {
+                    crate::metrics::READ_INDEXES_FAILED.inc();
+                    return Err(e.into());
+                }
             }
         }
     }
@@ -753,6 +760,9 @@ impl EtcdServer {
                 .map(|(_, matched)| *matched)
                 .unwrap_or(0);
             if (learner_match as f64) < 0.9 * leader_match as f64 {
+                crate::metrics::LEARNER_PROMOTE_FAILURES
+                    .with_label_values(&[rpctypes::LEARNER_NOT_READY.message])
+                    .inc();
                 return Err(ServerError::Etcd(&rpctypes::LEARNER_NOT_READY));
             }
         }
@@ -763,7 +773,11 @@ impl EtcdServer {
         change.context = serde_json::to_vec(&member)
             .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
             .into();
-        self.propose_conf_change(change).await
+        self.propose_conf_change(change).await?;
+        if status.is_leader {
+            crate::metrics::LEARNER_PROMOTE_SUCCESSES.inc();
+        }
+        Ok(())
     }
 
     /// Change a member's peer URLs (etcd's MemberUpdate).
@@ -943,7 +957,12 @@ impl EtcdServer {
                         username: h.username,
                         revision: h.auth_revision,
                     });
+                    let metric = op.metric_index();
+                    let started = Instant::now();
                     let output = self.apply_op(&mut batch, op, auth.as_ref());
+                    if let Some(metric) = metric {
+                        crate::metrics::observe_apply(metric, output.is_ok(), started.elapsed());
+                    }
                     if let Err(ServerError::Mvcc(
                         e @ (etcdrs_mvcc::Error::Backend(_) | etcdrs_mvcc::Error::Corrupt(_)),
                     )) = &output
@@ -1321,7 +1340,8 @@ impl EtcdServer {
                 .for_each_concurrent(16, |id| async move {
                     let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
                     match self.propose(Op::LeaseRevoke(revoke)).await {
-                        Ok(_) | Err(ServerError::Etcd(_)) => {}
+                        Ok(_) => crate::metrics::LEASES_EXPIRED.inc(),
+                        Err(ServerError::Etcd(_)) => {}
                         Err(e) => {
                             tracing::warn!(lease_id = id, error = %e, "failed to revoke expired lease")
                         }

@@ -275,14 +275,19 @@ async fn serve_connection<IO>(
     // etcdctl 3.4 sends a full URL as `:authority` when given http:// endpoints; etcd accepts
     // that, hyper does not: rewrite it before hyper sees it.
     let io = TokioIo::new(LenientAuthority::new(io));
+    // gRPC messages and bytes are counted here, outside axum, where counting allocates nothing;
+    // on the peer and metrics ports no path is one of etcd's client methods.
     let service = tower::ServiceBuilder::new()
         .map_request(
-            move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+            move |mut request: axum::extract::Request<
+                metrics::wire::Counted<hyper::body::Incoming>,
+            >| {
                 request.extensions_mut().insert(identity.clone());
                 request
             },
         )
         .service(router);
+    let service = metrics::wire::CountGrpc::new(service);
     let service = TowerToHyperService::new(service);
     let conn = builder.serve_connection_with_upgrades(io, service);
     let _ = watcher.watch(conn).await;

@@ -17,6 +17,8 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+pub mod wire;
+
 use crate::EtcdServer;
 use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
 
@@ -55,6 +57,180 @@ pub static PROPOSALS_FAILED: LazyLock<IntCounter> = LazyLock::new(|| {
     register(IntCounter::new(
         "etcd_server_proposals_failed_total",
         "The total number of failed proposals seen.",
+    ))
+});
+
+macro_rules! counter {
+    ($(#[$doc:meta])* $static:ident, $name:literal, $help:literal) => {
+        $(#[$doc])*
+        pub static $static: LazyLock<IntCounter> =
+            LazyLock::new(|| register(IntCounter::new($name, $help)));
+    };
+}
+
+counter!(
+    /// `etcd_server_slow_apply_total`: entries whose apply took longer than 100 ms (etcd's
+    /// `warnApplyDuration`).
+    SLOW_APPLIES,
+    "etcd_server_slow_apply_total",
+    "The total number of slow apply requests (likely overloaded from slow disk)."
+);
+counter!(
+    /// `etcd_server_heartbeat_send_failures_total`: heartbeats the leader could not hand to a
+    /// peer's link (its queue was full: the peer or the network is not keeping up).
+    HEARTBEAT_SEND_FAILURES,
+    "etcd_server_heartbeat_send_failures_total",
+    "The total number of leader heartbeat send failures (likely overloaded from slow disk)."
+);
+counter!(
+    /// `etcd_server_slow_read_indexes_total`: read index requests that timed out and were
+    /// asked again.
+    SLOW_READ_INDEXES,
+    "etcd_server_slow_read_indexes_total",
+    "The total number of pending read indexes not in sync with leader's or timed out read index requests."
+);
+counter!(
+    /// `etcd_server_read_indexes_failed_total`: linearizable reads that got no read index.
+    READ_INDEXES_FAILED,
+    "etcd_server_read_indexes_failed_total",
+    "The total number of failed read indexes seen."
+);
+counter!(
+    /// `etcd_debugging_server_lease_expired_total`: leases revoked because they expired.
+    LEASES_EXPIRED,
+    "etcd_debugging_server_lease_expired_total",
+    "The total number of expired leases."
+);
+counter!(
+    /// `etcd_server_learner_promote_successes`: promotions this member made as leader.
+    LEARNER_PROMOTE_SUCCESSES,
+    "etcd_server_learner_promote_successes",
+    "The total number of successful learner promotions while this member is leader."
+);
+
+/// `etcd_server_learner_promote_failures{Reason}`: refused promotions, by etcd's error text
+/// (a fixed set).
+pub static LEARNER_PROMOTE_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(IntCounterVec::new(
+        Opts::new(
+            "etcd_server_learner_promote_failures",
+            "The total number of failed learner promotions (likely learner not ready) while this member is leader.",
+        ),
+        &["Reason"],
+    ))
+});
+
+/// `etcd_snap_db_save_total_duration_seconds`: receiving and saving a database snapshot
+/// from the leader.
+pub static SNAP_DB_SAVE_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
+    register(prometheus::Histogram::with_opts(
+        HistogramOpts::new(
+            "etcd_snap_db_save_total_duration_seconds",
+            "The total latency distributions of v3 snapshot save",
+        )
+        .buckets(etcdrs_raftnode::metrics::exponential(0.1, 2.0, 10)),
+    ))
+});
+
+/// `etcd_snap_db_fsync_duration_seconds`: syncing a received database snapshot.
+pub static SNAP_DB_FSYNC_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
+    register(prometheus::Histogram::with_opts(
+        HistogramOpts::new(
+            "etcd_snap_db_fsync_duration_seconds",
+            "The latency distributions of fsyncing .snap.db file",
+        )
+        .buckets(etcdrs_raftnode::metrics::exponential(0.001, 2.0, 14)),
+    ))
+});
+
+/// `etcd_server_apply_duration_seconds{version, op, success}` (etcd 3.5): each applied
+/// request, by operation.
+static APPLY_SECONDS: LazyLock<prometheus::HistogramVec> = LazyLock::new(|| {
+    register(prometheus::HistogramVec::new(
+        HistogramOpts::new(
+            "etcd_server_apply_duration_seconds",
+            "The latency distributions of v2 apply called by backend.",
+        )
+        .buckets(etcdrs_raftnode::metrics::exponential(0.0001, 2.0, 20)),
+        &["version", "op", "success"],
+    ))
+});
+
+/// etcd 3.5's names of the operations it applies (the `op` label), in [`apply_op_index`]'s
+/// order.
+pub(crate) const APPLY_OPS: [&str; 23] = [
+    "Range",
+    "Put",
+    "DeleteRange",
+    "Txn",
+    "Compaction",
+    "LeaseGrant",
+    "LeaseRevoke",
+    "LeaseCheckpoint",
+    "Alarm",
+    "Authenticate",
+    "AuthEnable",
+    "AuthDisable",
+    "UserAdd",
+    "UserDelete",
+    "UserChangePassword",
+    "UserGrantRole",
+    "UserRevokeRole",
+    "RoleAdd",
+    "RoleGrantPermission",
+    "RoleRevokePermission",
+    "RoleDelete",
+    "ClusterVersionSet",
+    "ClusterMemberAttrSet",
+];
+
+/// `etcd_server_apply_duration_seconds` series, `[failed, succeeded]` per [`APPLY_OPS`]
+/// entry; created with the first apply.
+static APPLY_SERIES: LazyLock<Vec<[prometheus::Histogram; 2]>> = LazyLock::new(|| {
+    APPLY_OPS
+        .iter()
+        .map(|op| {
+            [
+                APPLY_SECONDS.with_label_values(&["v3", op, "false"]),
+                APPLY_SECONDS.with_label_values(&["v3", op, "true"]),
+            ]
+        })
+        .collect()
+});
+
+/// etcd's `warnApplyDuration`: an apply slower than this is counted as slow.
+const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Record one applied request: operation `op` (an index into [`APPLY_OPS`]) took `took`.
+pub(crate) fn observe_apply(op: usize, success: bool, took: std::time::Duration) {
+    if let Some(series) = APPLY_SERIES.get(op) {
+        series[usize::from(success)].observe(took.as_secs_f64());
+    }
+    if took > SLOW_APPLY {
+        SLOW_APPLIES.inc();
+    }
+}
+
+/// `promhttp_metric_handler_requests_total{code}`: scrapes of `/metrics`.
+static SCRAPES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    let scrapes = register(IntCounterVec::new(
+        Opts::new(
+            "promhttp_metric_handler_requests_total",
+            "Total number of scrapes by HTTP status code.",
+        ),
+        &["code"],
+    ));
+    for code in ["200", "500", "503"] {
+        let _ = scrapes.with_label_values(&[code]);
+    }
+    scrapes
+});
+
+/// `promhttp_metric_handler_requests_in_flight`: scrapes being served.
+static SCRAPES_IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(IntGauge::new(
+        "promhttp_metric_handler_requests_in_flight",
+        "Current number of scrapes being served.",
     ))
 });
 
@@ -156,6 +332,7 @@ fn grpc_type(service: &str, method: &str) -> &'static str {
 }
 
 /// gRPC's name for a status code, as go-grpc-prometheus writes it.
+#[cfg(test)]
 fn code_name(code: &str) -> &'static str {
     match code {
         "0" => "OK",
@@ -246,45 +423,167 @@ const ETCD_GRPC_METHODS: &[(&str, &str)] = &[
     ("grpc.health.v1.Health", "Watch"),
 ];
 
+/// Methods etcd serves beside those, registered after go-grpc-prometheus took its list: their
+/// series appear with their first call.
+const LATE_GRPC_METHODS: &[(&str, &str)] = &[
+    ("v3lockpb.Lock", "Lock"),
+    ("v3lockpb.Lock", "Unlock"),
+    ("v3electionpb.Election", "Campaign"),
+    ("v3electionpb.Election", "Proclaim"),
+    ("v3electionpb.Election", "Leader"),
+    ("v3electionpb.Election", "Observe"),
+    ("v3electionpb.Election", "Resign"),
+];
+
+/// `grpc_server_msg_received_total`.
+static GRPC_MSG_RECEIVED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(IntCounterVec::new(
+        Opts::new(
+            "grpc_server_msg_received_total",
+            "Total number of RPC stream messages received on the server.",
+        ),
+        &["grpc_method", "grpc_service", "grpc_type"],
+    ))
+});
+
+/// `grpc_server_msg_sent_total`.
+static GRPC_MSG_SENT: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(IntCounterVec::new(
+        Opts::new(
+            "grpc_server_msg_sent_total",
+            "Total number of gRPC stream messages sent by the server.",
+        ),
+        &["grpc_method", "grpc_service", "grpc_type"],
+    ))
+});
+
+/// `etcd_network_client_grpc_received_bytes_total`: request message bytes, as decoded.
+pub(crate) static GRPC_RECEIVED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(IntCounter::new(
+        "etcd_network_client_grpc_received_bytes_total",
+        "The total number of bytes received from grpc clients.",
+    ))
+});
+
+/// `etcd_network_client_grpc_sent_bytes_total`: response message bytes, as encoded.
+pub(crate) static GRPC_SENT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(IntCounter::new(
+        "etcd_network_client_grpc_sent_bytes_total",
+        "The total number of bytes sent to grpc clients.",
+    ))
+});
+
+/// `etcd_server_client_requests_total{type, client_api_version}`.
+static CLIENT_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(IntCounterVec::new(
+        Opts::new(
+            "etcd_server_client_requests_total",
+            "The total number of client requests per client version.",
+        ),
+        &["type", "client_api_version"],
+    ))
+});
+
+/// The client API versions counted by name (etcd's clients send their major.minor as
+/// `client-api-version`); any other value counts as "unknown", as a missing one does in
+/// etcd, so that clients cannot create series.
+const CLIENT_API_VERSIONS: [&str; 8] = ["3.0", "3.1", "3.2", "3.3", "3.4", "3.5", "3.6", "3.7"];
+
+/// `etcd_server_client_requests_total` series, `[unary, stream]` per version, "unknown"
+/// last; each created with its first request, as etcd's appear.
+static CLIENT_REQUEST_SERIES: LazyLock<Vec<[std::sync::OnceLock<IntCounter>; 2]>> =
+    LazyLock::new(|| {
+        (0..=CLIENT_API_VERSIONS.len())
+            .map(|_| [std::sync::OnceLock::new(), std::sync::OnceLock::new()])
+            .collect()
+    });
+
+/// Count one client call of a streaming (or unary) method with this `client-api-version`.
+pub(crate) fn count_client_request(streaming: bool, version: Option<&[u8]>) {
+    let known = version.and_then(|v| CLIENT_API_VERSIONS.iter().position(|k| k.as_bytes() == v));
+    let at = known.unwrap_or(CLIENT_API_VERSIONS.len());
+    let label = CLIENT_API_VERSIONS.get(at).copied().unwrap_or("unknown");
+    let kind = if streaming { "stream" } else { "unary" };
+    CLIENT_REQUEST_SERIES[at][usize::from(streaming)]
+        .get_or_init(|| CLIENT_REQUESTS.with_label_values(&[kind, label]))
+        .inc();
+}
+
 /// One method's series, resolved once so that counting a call hashes no labels.
-struct MethodSeries {
+pub(crate) struct MethodSeries {
     started: IntCounter,
     /// `grpc_server_handled_total` by code, indexed as [`CODE_NAMES`].
     handled: Vec<IntCounter>,
-    handling: prometheus::Histogram,
+    /// Only with `--metrics=extensive`, as etcd.
+    handling: Option<prometheus::Histogram>,
+    pub(crate) msg_received: IntCounter,
+    pub(crate) msg_sent: IntCounter,
+    /// Whether the method streams (etcd's `type="stream"` of client requests).
+    pub(crate) streaming: bool,
 }
 
 impl MethodSeries {
     fn new(service: &str, method: &str) -> Self {
         let kind = grpc_type(service, method);
+        let labels = [method, service, kind];
         MethodSeries {
-            started: GRPC_STARTED.with_label_values(&[method, service, kind]),
+            started: GRPC_STARTED.with_label_values(&labels),
             handled: CODE_NAMES
                 .iter()
                 .map(|code| GRPC_HANDLED.with_label_values(&[code, method, service, kind]))
                 .collect(),
-            handling: GRPC_HANDLING.with_label_values(&[method, service, kind]),
+            handling: EXTENSIVE
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .then(|| GRPC_HANDLING.with_label_values(&labels)),
+            msg_received: GRPC_MSG_RECEIVED.with_label_values(&labels),
+            msg_sent: GRPC_MSG_SENT.with_label_values(&labels),
+            streaming: kind != "unary",
         }
     }
 }
 
-/// Series of etcd's methods by request path (`/service/method`), created at start-up.
-static METHOD_SERIES: LazyLock<std::collections::HashMap<String, MethodSeries>> =
+/// A method's series, created at start-up or with its first call.
+struct MethodEntry {
+    service: &'static str,
+    method: &'static str,
+    series: std::sync::OnceLock<MethodSeries>,
+}
+
+/// etcd's methods by request path (`/service/method`); no other path gets series.
+static METHOD_SERIES: LazyLock<std::collections::HashMap<String, MethodEntry>> =
     LazyLock::new(|| {
         ETCD_GRPC_METHODS
             .iter()
-            .map(|(service, method)| {
-                (
-                    format!("/{service}/{method}"),
-                    MethodSeries::new(service, method),
-                )
+            .chain(LATE_GRPC_METHODS)
+            .map(|&(service, method)| {
+                let entry = MethodEntry {
+                    service,
+                    method,
+                    series: std::sync::OnceLock::new(),
+                };
+                (format!("/{service}/{method}"), entry)
             })
             .collect()
     });
 
+/// The series of the method at `path`, if it is one of etcd's.
+pub(crate) fn method_series(path: &str) -> Option<&'static MethodSeries> {
+    let entry = METHOD_SERIES.get(path)?;
+    Some(
+        entry
+            .series
+            .get_or_init(|| MethodSeries::new(entry.service, entry.method)),
+    )
+}
+
 /// Creates the gRPC series of etcd's methods (at zero), as etcd shows them from start-up.
 pub fn init_grpc_series() {
-    LazyLock::force(&METHOD_SERIES);
+    for (service, method) in ETCD_GRPC_METHODS {
+        let _ = method_series(&format!("/{service}/{method}"));
+    }
+    LazyLock::force(&GRPC_RECEIVED_BYTES);
+    LazyLock::force(&GRPC_SENT_BYTES);
+    LazyLock::force(&CLIENT_REQUESTS);
 }
 
 /// The code of a finished call: errors come back trailers-only, with the status among the
@@ -297,50 +596,27 @@ fn response_code(response: &Response) -> Option<usize> {
     }
 }
 
-/// Middleware counting gRPC calls by service, method and code.
+/// Middleware counting gRPC calls of etcd's methods by service, method and code (other
+/// paths get no series: grpc-go answers them before go-grpc-prometheus sees them).
 pub async fn grpc_metrics(request: Request, next: Next) -> Response {
     let is_grpc = request
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/grpc"));
-    if !is_grpc {
+    let series = is_grpc
+        .then(|| method_series(request.uri().path()))
+        .flatten();
+    let Some(series) = series else {
         return next.run(request).await;
-    }
-    if let Some(series) = METHOD_SERIES.get(request.uri().path()) {
-        series.started.inc();
-        let started = Instant::now();
-        let response = next.run(request).await;
-        let code = response_code(&response).filter(|c| *c < CODE_NAMES.len());
-        series.handled[code.unwrap_or(2)].inc();
-        if EXTENSIVE.load(std::sync::atomic::Ordering::Relaxed) {
-            series.handling.observe(started.elapsed().as_secs_f64());
-        }
-        return response;
-    }
-    let path = request.uri().path().trim_start_matches('/').to_string();
-    let (service, method) = path.split_once('/').unwrap_or((path.as_str(), ""));
-    let (service, method) = (service.to_string(), method.to_string());
-    let kind = grpc_type(&service, &method);
-    GRPC_STARTED
-        .with_label_values(&[method.as_str(), service.as_str(), kind])
-        .inc();
-    let started = Instant::now();
+    };
+    series.started.inc();
+    let started = series.handling.as_ref().map(|_| Instant::now());
     let response = next.run(request).await;
-    // Errors come back trailers-only, with the status among the headers; a response whose
-    // status is in its trailers succeeded as far as the handler is concerned.
-    let code = response
-        .headers()
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .map_or("OK", code_name);
-    GRPC_HANDLED
-        .with_label_values(&[code, method.as_str(), service.as_str(), kind])
-        .inc();
-    if EXTENSIVE.load(std::sync::atomic::Ordering::Relaxed) {
-        GRPC_HANDLING
-            .with_label_values(&[method.as_str(), service.as_str(), kind])
-            .observe(started.elapsed().as_secs_f64());
+    let code = response_code(&response).filter(|c| *c < CODE_NAMES.len());
+    series.handled[code.unwrap_or(2)].inc();
+    if let (Some(handling), Some(started)) = (&series.handling, started) {
+        handling.observe(started.elapsed().as_secs_f64());
     }
     response
 }
@@ -386,7 +662,7 @@ fn process_metrics(registry: &Registry) {
     // vsize 23, rss 24.
     let ticks = 100.0;
     let page = 4096.0;
-    gauge(
+    counter(
         registry,
         "process_cpu_seconds_total",
         "Total user and system CPU time spent in seconds.",
@@ -427,25 +703,84 @@ fn process_metrics(registry: &Registry) {
         "Number of open file descriptors.",
         open_fds as f64,
     );
-    let max_fds = std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Max open files"))
-                .and_then(|l| l.split_whitespace().nth(3))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0);
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    // The soft limit of a row of proc(5)'s limits table; "unlimited" is RLIM_INFINITY.
+    let soft_limit = |row: &str| {
+        limits
+            .lines()
+            .find_map(|l| l.strip_prefix(row))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|v| {
+                if v == "unlimited" {
+                    u64::MAX as f64
+                } else {
+                    v.parse::<f64>().unwrap_or(0.0)
+                }
+            })
+            .unwrap_or(0.0)
+    };
+    let max_fds = soft_limit("Max open files");
     gauge(
         registry,
         "process_max_fds",
         "Maximum number of open file descriptors.",
         max_fds,
     );
+    gauge(
+        registry,
+        "process_virtual_memory_max_bytes",
+        "Maximum amount of virtual memory available in bytes.",
+        soft_limit("Max address space"),
+    );
+    // etcd's own pair (`pkg/runtime`), from the same sources.
+    gauge(
+        registry,
+        "os_fd_used",
+        "The number of used file descriptors.",
+        open_fds as f64,
+    );
+    gauge(
+        registry,
+        "os_fd_limit",
+        "The file descriptor limit.",
+        max_fds,
+    );
+}
+
+/// Creates the event series of the server and the crates under it, so that they show (at
+/// zero) before their first event, as etcd's registered series do.
+pub fn init() {
+    for counter in [
+        &SLOW_APPLIES,
+        &HEARTBEAT_SEND_FAILURES,
+        &SLOW_READ_INDEXES,
+        &READ_INDEXES_FAILED,
+        &LEASES_EXPIRED,
+        &LEARNER_PROMOTE_SUCCESSES,
+    ] {
+        LazyLock::force(counter);
+    }
+    LazyLock::force(&SNAP_DB_SAVE_SECONDS);
+    LazyLock::force(&SNAP_DB_FSYNC_SECONDS);
+    LazyLock::force(&LEARNER_PROMOTE_FAILURES);
+    LazyLock::force(&APPLY_SECONDS);
+    LazyLock::force(&SCRAPES);
+    LazyLock::force(&SCRAPES_IN_FLIGHT);
+    etcdrs_mvcc::metrics::init();
+    etcdrs_backend::metrics::init();
+    etcdrs_raftnode::metrics::init();
 }
 
 /// The metrics text for `server`.
 pub fn render(server: &EtcdServer) -> String {
+    SCRAPES_IN_FLIGHT.inc();
+    let text = render_families(server);
+    SCRAPES_IN_FLIGHT.dec();
+    SCRAPES.with_label_values(&["200"]).inc();
+    text
+}
+
+fn render_families(server: &EtcdServer) -> String {
     let registry = Registry::new();
     let raft = server.raft_status();
     let backend = server.store().backend();
@@ -532,6 +867,78 @@ pub fn render(server: &EtcdServer) -> String {
         "The revision of the last compaction in store.",
         server.store().compact_rev() as f64,
     );
+    // etcd 3.4 exports these under their debugging names too (3.5 dropped all but range).
+    gauge(
+        &registry,
+        "etcd_debugging_mvcc_db_total_size_in_bytes",
+        "Total size of the underlying database physically allocated in bytes.",
+        backend.size() as f64,
+    );
+    use etcdrs_mvcc::metrics as mvcc;
+    for (name, help, value) in [
+        (
+            "etcd_debugging_mvcc_range_total",
+            "Total number of ranges seen by this member.",
+            mvcc::RANGES.get(),
+        ),
+        (
+            "etcd_debugging_mvcc_put_total",
+            "Total number of puts seen by this member.",
+            mvcc::PUTS.get(),
+        ),
+        (
+            "etcd_debugging_mvcc_delete_total",
+            "Total number of deletes seen by this member.",
+            mvcc::DELETES.get(),
+        ),
+        (
+            "etcd_debugging_mvcc_txn_total",
+            "Total number of txns seen by this member.",
+            mvcc::TXNS.get(),
+        ),
+    ] {
+        counter(&registry, name, help, value as f64);
+    }
+    gauge(
+        &registry,
+        "etcd_mvcc_db_open_read_transactions",
+        "The number of currently open read transactions",
+        etcdrs_backend::metrics::open_read_transactions() as f64,
+    );
+    gauge(
+        &registry,
+        "etcd_debugging_auth_revision",
+        "The current revision of auth store.",
+        server.auth().revision() as f64,
+    );
+    // etcd links its gRPC proxy's package into the member, whose series it then exports at
+    // zero; dashboards written for both find them here too.
+    for (name, help) in [
+        (
+            "etcd_grpc_proxy_cache_hits_total",
+            "Total number of cache hits",
+        ),
+        (
+            "etcd_grpc_proxy_cache_misses_total",
+            "Total number of cache misses",
+        ),
+        (
+            "etcd_grpc_proxy_cache_keys_total",
+            "Total number of keys/ranges cached",
+        ),
+        (
+            "etcd_grpc_proxy_watchers_coalescing_total",
+            "Total number of current watchers coalescing",
+        ),
+    ] {
+        gauge(&registry, name, help, 0.0);
+    }
+    counter(
+        &registry,
+        "etcd_grpc_proxy_events_coalescing_total",
+        "Total number of events coalescing",
+        0.0,
+    );
     let (synced, unsynced) = server.watch_hub().counts();
     gauge(
         &registry,
@@ -566,7 +973,7 @@ pub fn render(server: &EtcdServer) -> String {
     LazyLock::force(&HEALTH_SUCCESS);
     LazyLock::force(&HEALTH_FAILURES);
     init_grpc_series();
-    LazyLock::force(&etcdrs_raftnode::metrics::WAL_FSYNC_SECONDS);
+    init();
     let mut families = registry.gather();
     families.extend(prometheus::gather());
     families.sort_by(|a, b| a.name().cmp(b.name()));

@@ -179,8 +179,11 @@ impl Transport for PeerTransport {
         let links = self.links.read();
         for message in messages {
             if let Some(link) = links.get(&message.to) {
+                let is_heartbeat = message.get_msg_type() == MessageType::MsgHeartbeat;
                 // A full queue means the peer is not keeping up: raft will retransmit.
-                let _ = link.tx.try_send(message);
+                if link.tx.try_send(message).is_err() && is_heartbeat {
+                    crate::metrics::HEARTBEAT_SEND_FAILURES.inc();
+                }
             }
         }
     }
@@ -508,6 +511,7 @@ impl Peer for PeerService {
             return Err(Status::invalid_argument("malformed snapshot message"));
         }
         let index = message.get_snapshot().get_metadata().index;
+        let saving = std::time::Instant::now();
         let path = self.server.snapshot_receive_path(index);
         let io_error = |e: std::io::Error| Status::internal(format!("receiving snapshot: {e}"));
         let mut file = tokio::fs::File::create(&path).await.map_err(io_error)?;
@@ -515,8 +519,11 @@ impl Peer for PeerService {
         while let Some(chunk) = stream.message().await? {
             file.write_all(&chunk.data).await.map_err(io_error)?;
         }
+        let syncing = std::time::Instant::now();
         file.sync_all().await.map_err(io_error)?;
+        crate::metrics::SNAP_DB_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
         drop(file);
+        crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
         tracing::info!(index, "received database snapshot");
         self.server.snapshot_received(index, path);
         self.server

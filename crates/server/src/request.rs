@@ -118,6 +118,37 @@ pub enum Op {
     RoleRevokePermission(AuthRoleRevokePermissionRequest),
 }
 
+impl Op {
+    /// The operation's index in [`crate::metrics::APPLY_OPS`] (etcd 3.5's `op` label of
+    /// `etcd_server_apply_duration_seconds`); `None` for what etcd does not apply as a request.
+    pub(crate) fn metric_index(&self) -> Option<usize> {
+        let name = match self {
+            Op::Put(_) => "Put",
+            Op::DeleteRange(_) => "DeleteRange",
+            Op::Txn(_) => "Txn",
+            Op::Compaction(_) => "Compaction",
+            Op::LeaseGrant(_) => "LeaseGrant",
+            Op::LeaseRevoke(_) => "LeaseRevoke",
+            Op::Alarm(_) => "Alarm",
+            Op::Publish(_) => "ClusterMemberAttrSet",
+            Op::UpdatePeerUrls(_) => return None,
+            Op::AuthEnable(_) => "AuthEnable",
+            Op::AuthDisable(_) => "AuthDisable",
+            Op::Authenticate(_) => "Authenticate",
+            Op::UserAdd(_) => "UserAdd",
+            Op::UserDelete(_) => "UserDelete",
+            Op::UserChangePassword(_) => "UserChangePassword",
+            Op::UserGrantRole(_) => "UserGrantRole",
+            Op::UserRevokeRole(_) => "UserRevokeRole",
+            Op::RoleAdd(_) => "RoleAdd",
+            Op::RoleDelete(_) => "RoleDelete",
+            Op::RoleGrantPermission(_) => "RoleGrantPermission",
+            Op::RoleRevokePermission(_) => "RoleRevokePermission",
+        };
+        crate::metrics::APPLY_OPS.iter().position(|op| *op == name)
+    }
+}
+
 /// A member's new peer URLs.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct MemberPeerUrls {

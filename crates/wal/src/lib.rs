@@ -50,4 +50,4 @@ mod wal;
 
 pub use error::{CorruptReason, Error, Result};
 pub use types::{EntryRecord, HardState, SnapshotMark, WalState};
-pub use wal::{DEFAULT_SEGMENT_SIZE, Options, Wal};
+pub use wal::{DEFAULT_SEGMENT_SIZE, Options, Wal, WriteStats};

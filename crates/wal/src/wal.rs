@@ -64,6 +64,20 @@ pub struct Wal {
     buf: Vec<u8>,
     /// Set when a write-path operation failed; the tail is then in an unknown state.
     poisoned: bool,
+    /// What the writes of this handle cost so far, for the caller's metrics.
+    stats: WriteStats,
+}
+
+/// What a [`Wal`]'s writes cost so far (etcd's `etcd_disk_wal_write_bytes_total`,
+/// `etcd_disk_wal_write_duration_seconds`, `etcd_disk_wal_fsync_duration_seconds`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    /// Record bytes written to segments by this handle.
+    pub bytes_written: u64,
+    /// How long the last write (without its sync) took.
+    pub last_write: std::time::Duration,
+    /// How long the last fdatasync took.
+    pub last_sync: std::time::Duration,
 }
 
 impl std::fmt::Debug for Wal {
@@ -126,6 +140,7 @@ impl Wal {
             snapshot: SnapshotMark::default(),
             buf: Vec::new(),
             poisoned: false,
+            stats: WriteStats::default(),
         })
     }
 
@@ -211,6 +226,7 @@ impl Wal {
             snapshot: state.snapshot,
             buf: Vec::new(),
             poisoned: false,
+            stats: WriteStats::default(),
         };
         Ok((wal, state))
     }
@@ -253,6 +269,11 @@ impl Wal {
             self.hard_state = hard_state;
         }
         Ok(())
+    }
+
+    /// What this handle's writes cost so far.
+    pub fn write_stats(&self) -> WriteStats {
+        self.stats
     }
 
     /// Record that a snapshot at (index, term) exists; entries up to index are no longer needed on replay.
@@ -353,14 +374,19 @@ impl Wal {
             self.cut()?;
         }
         // The path is only built on error: the hot path allocates nothing.
+        let started = std::time::Instant::now();
         self.tail.write_all(&self.buf).map_err(|source| Error::Io {
             path: self.tail_path(),
             source,
         })?;
+        let written = std::time::Instant::now();
+        self.stats.last_write = written - started;
+        self.stats.bytes_written += self.buf.len() as u64;
         self.tail.sync_data().map_err(|source| Error::Io {
             path: self.tail_path(),
             source,
         })?;
+        self.stats.last_sync = written.elapsed();
         self.tail_len += self.buf.len() as u64;
         Ok(())
     }

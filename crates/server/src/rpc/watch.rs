@@ -220,6 +220,7 @@ impl StreamState {
                 watch_id,
                 events,
                 revision,
+                ..
             } => {
                 let Some(opts) = self.watches.get_mut(&watch_id) else {
                     return;

@@ -1,0 +1,94 @@
+//! The backend's Prometheus series, with etcd's names (etcd `server/storage/backend/metrics.go`),
+//! in the process-wide default registry.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use prometheus::{Histogram, HistogramOpts, IntGauge};
+
+/// Buckets `start`, `start*2`, ... (`count` of them), as Go's `ExponentialBuckets(start, 2, n)`.
+fn doubling(start: f64, count: usize) -> Vec<f64> {
+    std::iter::successors(Some(start), |b| Some(b * 2.0))
+        .take(count)
+        .collect()
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    let opts = HistogramOpts::new(name, help).buckets(buckets);
+    let histogram = Histogram::with_opts(opts).expect("static metric definition is valid");
+    // Registering twice (several backends in one test process) is harmless: the first wins.
+    let _ = prometheus::default_registry().register(Box::new(histogram.clone()));
+    histogram
+}
+
+/// `etcd_disk_backend_commit_duration_seconds`: each commit of a write transaction.
+pub(crate) static COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_backend_commit_duration_seconds",
+        "The latency distributions of commit called by backend.",
+        doubling(0.001, 14),
+    )
+});
+
+/// `etcd_disk_backend_defrag_duration_seconds`: each defragmentation, start to end.
+pub(crate) static DEFRAG_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_backend_defrag_duration_seconds",
+        "The latency distribution of backend defragmentation.",
+        doubling(0.1, 13),
+    )
+});
+
+/// `etcd_disk_backend_snapshot_duration_seconds`: how long each snapshot image lived, from
+/// taking it to releasing it after it was sent (etcd observes it when the snapshot closes).
+pub(crate) static SNAPSHOT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "etcd_disk_backend_snapshot_duration_seconds",
+        "The latency distribution of backend snapshots.",
+        doubling(0.01, 17),
+    )
+});
+
+/// `etcd_disk_defrag_inflight`: 1 while a defragmentation runs.
+pub(crate) static DEFRAG_INFLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
+    let gauge = IntGauge::new(
+        "etcd_disk_defrag_inflight",
+        "Whether or not defrag is active on the member. 1 means active, 0 means not.",
+    )
+    .expect("static metric definition is valid");
+    let _ = prometheus::default_registry().register(Box::new(gauge.clone()));
+    gauge
+});
+
+/// Read transactions currently open, in every backend of the process.
+static OPEN_READS: AtomicI64 = AtomicI64::new(0);
+
+/// Counts one open read transaction for as long as it lives.
+pub(crate) struct OpenRead(());
+
+impl OpenRead {
+    pub(crate) fn begin() -> OpenRead {
+        OPEN_READS.fetch_add(1, Ordering::Relaxed);
+        OpenRead(())
+    }
+}
+
+impl Drop for OpenRead {
+    fn drop(&mut self) {
+        OPEN_READS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The number of read transactions open now (etcd's `etcd_mvcc_db_open_read_transactions`).
+pub fn open_read_transactions() -> i64 {
+    OPEN_READS.load(Ordering::Relaxed)
+}
+
+/// Creates the backend's series, so that they show (at zero) before their first event, as
+/// Go's registered histograms do.
+pub fn init() {
+    LazyLock::force(&COMMIT_SECONDS);
+    LazyLock::force(&DEFRAG_SECONDS);
+    LazyLock::force(&SNAPSHOT_SECONDS);
+    LazyLock::force(&DEFRAG_INFLIGHT);
+}
