@@ -838,7 +838,6 @@ impl NodeCore {
         *store.applied.lock() = (index, term);
         self.last_mark = index;
         self.status.write().applied = index;
-        metrics::SNAPSHOTS_INSTALLED.inc();
         tracing::info!(index, term, "applied snapshot from the leader");
         Ok(())
     }

@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge};
+use prometheus::{Gauge, Histogram, HistogramOpts, IntGauge};
 
 /// etcd's `etcd_disk_wal_fsync_duration_seconds`: how long each WAL fdatasync took.
 pub static WAL_FSYNC_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
@@ -89,15 +89,6 @@ pub fn init() {
     LazyLock::force(&SNAP_MARSHALLING_SECONDS);
     LazyLock::force(&SNAP_FSYNC_SECONDS);
 }
-
-/// etcd's `etcd_server_snapshot_apply_in_progress_total` is a gauge; this counts snapshots
-/// installed from a leader (`etcd_debugging_server_snapshots_installed_total`).
-pub static SNAPSHOTS_INSTALLED: LazyLock<IntCounter> = LazyLock::new(|| {
-    register(IntCounter::new(
-        "etcd_debugging_server_snapshots_installed_total",
-        "The total number of snapshots installed from the leader.",
-    ))
-});
 
 /// Buckets `start`, `start*factor`, ... (`count` of them), as Go's `ExponentialBuckets`.
 pub fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {

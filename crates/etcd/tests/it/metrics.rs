@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use etcd_client::WatchOptions;
+use etcd_client::{GetOptions, Txn, TxnOp, WatchOptions};
 use etcdrs_testkit::{Member, poll_until};
 
 use crate::start;
@@ -150,4 +150,316 @@ async fn health_checks_are_counted() {
         after.value("etcd_server_health_failures", None),
         before.value("etcd_server_health_failures", None)
     );
+}
+
+/// The families etcd 3.4.23 and etcd-rs both export on a single member after
+/// [`run_workload`], with their types (the Go runtime's `go_*` aside).
+const FAMILIES: &[(&str, &str)] = &[
+    ("etcd_cluster_version", "gauge"),
+    ("etcd_debugging_auth_revision", "gauge"),
+    ("etcd_debugging_lease_granted_total", "counter"),
+    ("etcd_debugging_lease_renewed_total", "counter"),
+    ("etcd_debugging_lease_revoked_total", "counter"),
+    ("etcd_debugging_lease_ttl_total", "histogram"),
+    ("etcd_debugging_mvcc_compact_revision", "gauge"),
+    ("etcd_debugging_mvcc_current_revision", "gauge"),
+    ("etcd_debugging_mvcc_db_compaction_keys_total", "counter"),
+    (
+        "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds",
+        "histogram",
+    ),
+    (
+        "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds",
+        "histogram",
+    ),
+    ("etcd_debugging_mvcc_db_total_size_in_bytes", "gauge"),
+    ("etcd_debugging_mvcc_delete_total", "counter"),
+    ("etcd_debugging_mvcc_events_total", "counter"),
+    (
+        "etcd_debugging_mvcc_index_compaction_pause_duration_milliseconds",
+        "histogram",
+    ),
+    ("etcd_debugging_mvcc_keys_total", "gauge"),
+    ("etcd_debugging_mvcc_pending_events_total", "gauge"),
+    ("etcd_debugging_mvcc_put_total", "counter"),
+    ("etcd_debugging_mvcc_range_total", "counter"),
+    ("etcd_debugging_mvcc_slow_watcher_total", "gauge"),
+    ("etcd_debugging_mvcc_total_put_size_in_bytes", "gauge"),
+    ("etcd_debugging_mvcc_txn_total", "counter"),
+    ("etcd_debugging_mvcc_watch_stream_total", "gauge"),
+    ("etcd_debugging_mvcc_watcher_total", "gauge"),
+    ("etcd_debugging_server_lease_expired_total", "counter"),
+    (
+        "etcd_debugging_snap_save_marshalling_duration_seconds",
+        "histogram",
+    ),
+    (
+        "etcd_debugging_snap_save_total_duration_seconds",
+        "histogram",
+    ),
+    ("etcd_disk_backend_commit_duration_seconds", "histogram"),
+    ("etcd_disk_backend_defrag_duration_seconds", "histogram"),
+    ("etcd_disk_backend_snapshot_duration_seconds", "histogram"),
+    ("etcd_disk_defrag_inflight", "gauge"),
+    ("etcd_disk_wal_fsync_duration_seconds", "histogram"),
+    ("etcd_disk_wal_write_bytes_total", "gauge"),
+    ("etcd_grpc_proxy_cache_hits_total", "gauge"),
+    ("etcd_grpc_proxy_cache_keys_total", "gauge"),
+    ("etcd_grpc_proxy_cache_misses_total", "gauge"),
+    ("etcd_grpc_proxy_events_coalescing_total", "counter"),
+    ("etcd_grpc_proxy_watchers_coalescing_total", "gauge"),
+    ("etcd_mvcc_db_open_read_transactions", "gauge"),
+    ("etcd_mvcc_db_total_size_in_bytes", "gauge"),
+    ("etcd_mvcc_db_total_size_in_use_in_bytes", "gauge"),
+    ("etcd_mvcc_delete_total", "counter"),
+    ("etcd_mvcc_hash_duration_seconds", "histogram"),
+    ("etcd_mvcc_hash_rev_duration_seconds", "histogram"),
+    ("etcd_mvcc_put_total", "counter"),
+    ("etcd_mvcc_range_total", "counter"),
+    ("etcd_mvcc_txn_total", "counter"),
+    ("etcd_network_client_grpc_received_bytes_total", "counter"),
+    ("etcd_network_client_grpc_sent_bytes_total", "counter"),
+    ("etcd_server_client_requests_total", "counter"),
+    ("etcd_server_has_leader", "gauge"),
+    ("etcd_server_health_failures", "counter"),
+    ("etcd_server_health_success", "counter"),
+    ("etcd_server_heartbeat_send_failures_total", "counter"),
+    ("etcd_server_id", "gauge"),
+    ("etcd_server_is_leader", "gauge"),
+    ("etcd_server_is_learner", "gauge"),
+    ("etcd_server_leader_changes_seen_total", "counter"),
+    ("etcd_server_learner_promote_successes", "counter"),
+    ("etcd_server_proposals_applied_total", "gauge"),
+    ("etcd_server_proposals_committed_total", "gauge"),
+    ("etcd_server_proposals_failed_total", "counter"),
+    ("etcd_server_proposals_pending", "gauge"),
+    ("etcd_server_quota_backend_bytes", "gauge"),
+    ("etcd_server_read_indexes_failed_total", "counter"),
+    ("etcd_server_slow_apply_total", "counter"),
+    ("etcd_server_slow_read_indexes_total", "counter"),
+    ("etcd_server_snapshot_apply_in_progress_total", "gauge"),
+    ("etcd_server_version", "gauge"),
+    ("etcd_snap_db_fsync_duration_seconds", "histogram"),
+    ("etcd_snap_db_save_total_duration_seconds", "histogram"),
+    ("etcd_snap_fsync_duration_seconds", "histogram"),
+    ("grpc_server_handled_total", "counter"),
+    ("grpc_server_msg_received_total", "counter"),
+    ("grpc_server_msg_sent_total", "counter"),
+    ("grpc_server_started_total", "counter"),
+    ("os_fd_limit", "gauge"),
+    ("os_fd_used", "gauge"),
+    ("process_cpu_seconds_total", "counter"),
+    ("process_max_fds", "gauge"),
+    ("process_open_fds", "gauge"),
+    ("process_resident_memory_bytes", "gauge"),
+    ("process_start_time_seconds", "gauge"),
+    ("process_virtual_memory_bytes", "gauge"),
+    ("process_virtual_memory_max_bytes", "gauge"),
+    ("promhttp_metric_handler_requests_in_flight", "gauge"),
+    ("promhttp_metric_handler_requests_total", "counter"),
+];
+
+/// Families etcd 3.5 added, exported by servers that report 3.5 (etcd-rs does).
+const FAMILIES_SINCE_3_5: &[(&str, &str)] = &[
+    ("etcd_debugging_mvcc_db_compaction_last", "gauge"),
+    ("etcd_disk_wal_write_duration_seconds", "histogram"),
+    ("etcd_server_apply_duration_seconds", "histogram"),
+];
+
+/// etcd 3.4's families that etcd-rs does not export (README, "Metrics", says why): the v2
+/// store's, bbolt's commit phases, and the Go version.
+const NOT_EXPORTED: &[&str] = &[
+    "etcd_debugging_disk_backend_commit_rebalance_duration_seconds",
+    "etcd_debugging_disk_backend_commit_spill_duration_seconds",
+    "etcd_debugging_disk_backend_commit_write_duration_seconds",
+    "etcd_debugging_store_expires_total",
+    "etcd_debugging_store_reads_total",
+    "etcd_debugging_store_watch_requests_total",
+    "etcd_debugging_store_watchers",
+    "etcd_debugging_store_writes_total",
+    "etcd_server_go_version",
+];
+
+/// Prefixes of families whose series only appear with their events (peers, learner
+/// promotions, stream failures, `--metrics=extensive`): allowed, not required.
+const ON_EVENT: &[&str] = &[
+    "etcd_network_",
+    "etcd_server_learner_promote_failures",
+    "grpc_server_handling_seconds",
+];
+
+/// One of everything etcdctl users do: puts, a txn, a delete, reads, a watch, a lease with a
+/// keep-alive, compaction, defragmentation, HashKV and a snapshot. Returns the numbers the
+/// counters must show, and the watch, which stays open.
+async fn run_workload(c: &mut etcd_client::Client) -> (Workload, etcd_client::WatchStream) {
+    let mut w = Workload::default();
+    let mut watch = c
+        .watch("mw", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(watch.message().await.unwrap().unwrap().created());
+    c.put("mw1", "event", None).await.unwrap();
+    w.puts += 1;
+    w.put_bytes += 3 + 5;
+    let event = watch.message().await.unwrap().unwrap();
+    assert_eq!(event.events().len(), 1);
+    w.events += 1;
+    for i in 0..7 {
+        c.put(format!("mf{i}"), format!("value{i}"), None)
+            .await
+            .unwrap();
+        w.puts += 1;
+        w.put_bytes += 3 + 6;
+    }
+    c.txn(Txn::new().and_then([TxnOp::put("mt1", "a", None), TxnOp::put("mt2", "b", None)]))
+        .await
+        .unwrap();
+    w.puts += 2;
+    w.put_bytes += 2 * (3 + 1);
+    w.txns += 1;
+    c.delete("mf0", None).await.unwrap();
+    w.deletes += 1;
+    c.get("mf", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    c.get("mf1", Some(GetOptions::new().with_serializable()))
+        .await
+        .unwrap();
+    let lease = c.lease_grant(60, None).await.unwrap().id();
+    let (mut keeper, mut renewals) = c.lease_keep_alive(lease).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    renewals.message().await.unwrap().unwrap();
+    let rev = c
+        .get("mf1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    c.compact(rev, None).await.unwrap();
+    c.defragment().await.unwrap();
+    c.hash_kv(0).await.unwrap();
+    let mut snapshot = c.snapshot().await.unwrap();
+    while snapshot.message().await.unwrap().is_some() {}
+    (w, watch)
+}
+
+#[derive(Debug, Default)]
+struct Workload {
+    puts: u64,
+    txns: u64,
+    deletes: u64,
+    put_bytes: u64,
+    events: u64,
+}
+
+#[tokio::test]
+async fn families_match_etcd_and_count_the_workload() {
+    let (m, mut c) = start().await;
+    let version = m.http_get("/version").await.expect("GET /version").body;
+    let is_3_5 = version.contains(r#""etcdserver":"3.5"#);
+    let before = Scrape::of(&m).await;
+    let (w, _watch) = run_workload(&mut c).await;
+    // Compaction of the backend runs in the background in etcd, and the snapshot is released
+    // after its stream ends: wait for both to be counted.
+    let after = poll_until(Duration::from_secs(10), || async {
+        let after = Scrape::of(&m).await;
+        let compacted = after.value("etcd_debugging_mvcc_db_compaction_keys_total", None) > 0.0;
+        let snapshotted = after.value("etcd_disk_backend_snapshot_duration_seconds_count", None)
+            > before.value("etcd_disk_backend_snapshot_duration_seconds_count", None);
+        if compacted && snapshotted {
+            Ok(after)
+        } else {
+            Err("compaction or snapshot not counted yet")
+        }
+    })
+    .await
+    .expect("compaction and snapshot are counted");
+
+    // The family set: everything both export, with its type; 3.5's additions where the server
+    // reports 3.5; nothing that etcd does not have.
+    let mut expected: Vec<(&str, &str)> = FAMILIES.to_vec();
+    if is_3_5 {
+        expected.extend_from_slice(FAMILIES_SINCE_3_5);
+    }
+    for (family, kind) in &expected {
+        assert_eq!(after.kind(family), Some(*kind), "{family}");
+    }
+    for family in after.types.keys() {
+        let known = family.starts_with("go_")
+            || expected.iter().any(|(f, _)| f == family)
+            || FAMILIES_SINCE_3_5.iter().any(|(f, _)| f == family)
+            || NOT_EXPORTED.contains(&family.as_str())
+            || ON_EVENT.iter().any(|p| family.starts_with(p));
+        assert!(known, "{family} is not one of etcd's families");
+    }
+
+    // The counters count what they say.
+    let delta = |series: &str, label: Option<&str>| {
+        after.value(series, label) - before.value(series, label)
+    };
+    assert_eq!(delta("etcd_mvcc_put_total", None), w.puts as f64);
+    assert_eq!(delta("etcd_mvcc_txn_total", None), w.txns as f64);
+    assert_eq!(delta("etcd_mvcc_delete_total", None), w.deletes as f64);
+    assert!(delta("etcd_mvcc_range_total", None) >= 3.0);
+    assert_eq!(
+        delta("etcd_debugging_mvcc_total_put_size_in_bytes", None),
+        w.put_bytes as f64
+    );
+    assert_eq!(
+        delta("etcd_debugging_mvcc_events_total", None),
+        w.events as f64
+    );
+    assert_eq!(
+        after.value("etcd_debugging_mvcc_watch_stream_total", None),
+        1.0
+    );
+    assert_eq!(
+        after.value("etcd_debugging_mvcc_pending_events_total", None),
+        0.0
+    );
+    let put = Some(r#"grpc_method="Put""#);
+    assert_eq!(delta("grpc_server_msg_received_total", put), 8.0);
+    assert_eq!(delta("grpc_server_msg_sent_total", put), 8.0);
+    let keep_alive = Some(r#"grpc_method="LeaseKeepAlive""#);
+    // etcd-client sends a keep-alive when it opens the stream, and the workload one more.
+    assert_eq!(delta("grpc_server_msg_received_total", keep_alive), 2.0);
+    assert!(delta("grpc_server_msg_sent_total", keep_alive) >= 1.0);
+    // Requests carry at least their keys and values; responses at least a header each.
+    assert!(delta("etcd_network_client_grpc_received_bytes_total", None) >= w.put_bytes as f64);
+    assert!(delta("etcd_network_client_grpc_sent_bytes_total", None) > 20.0 * 8.0);
+    assert!(delta("etcd_server_client_requests_total", Some(r#"type="unary""#)) >= 17.0);
+    assert!(
+        delta(
+            "etcd_server_client_requests_total",
+            Some(r#"type="stream""#)
+        ) >= 3.0
+    );
+    assert!(delta("etcd_disk_wal_write_bytes_total", None) > 0.0);
+    assert!(delta("etcd_disk_wal_fsync_duration_seconds_count", None) >= w.puts as f64 / 2.0);
+    assert_eq!(delta("etcd_debugging_lease_granted_total", None), 1.0);
+    assert_eq!(delta("etcd_debugging_lease_ttl_total_count", None), 1.0);
+    assert!(delta("etcd_debugging_lease_renewed_total", None) >= 1.0);
+    assert_eq!(
+        delta("etcd_disk_backend_defrag_duration_seconds_count", None),
+        1.0
+    );
+    assert_eq!(after.value("etcd_disk_defrag_inflight", None), 0.0);
+    assert_eq!(
+        delta("etcd_mvcc_hash_rev_duration_seconds_count", None),
+        1.0
+    );
+    assert!(after.value("os_fd_used", None) > 0.0);
+    assert!(after.value("os_fd_limit", None) >= after.value("os_fd_used", None));
+    assert!(after.value("process_cpu_seconds_total", None) > 0.0);
+    if is_3_5 {
+        assert_eq!(
+            delta(
+                "etcd_server_apply_duration_seconds_count",
+                Some(r#"op="Put""#)
+            ),
+            (w.puts - 2) as f64
+        );
+        assert!(after.value("etcd_debugging_mvcc_db_compaction_last", None) > 1.0e9);
+    }
 }
