@@ -354,6 +354,11 @@ impl EtcdServer {
         self.inner.removed_members.read().contains(&id)
     }
 
+    /// Whether `id` is a member of the cluster now.
+    pub fn is_member(&self, id: u64) -> bool {
+        self.inner.members.read().contains_key(&id)
+    }
+
     /// This member learned from a peer that it was removed: it stops, as etcd does.
     pub fn removed_by_peer(&self) {
         if !self.inner.removed.swap(true, AtomicOrdering::AcqRel) {

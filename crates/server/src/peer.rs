@@ -46,6 +46,10 @@ const LINK_QUEUE: usize = 4096;
 const MAX_BATCH: usize = 512;
 /// How long one send may take before the peer counts as unreachable.
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a link probes its peer with an empty batch (etcd's prober runs every few
+/// seconds too): followers send each other nothing, yet each must know whether the other is
+/// reachable (`etcd_network_active_peers`), and probes time the round trip.
+const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 struct Link {
     /// The member's peer URLs, as the membership lists them.
@@ -263,10 +267,21 @@ impl LinkWorker {
             tracing::warn!(remote_peer_id = %id_hex(self.to), urls = ?self.urls, "invalid peer URL");
             return;
         };
-        let mut active = false;
+        let mut active = crate::metrics::PeerActivity::new(self.local_id, self.to);
+        let mut probe = tokio::time::interval(PROBE_INTERVAL);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let first = tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = probe.tick() => {
+                    if !self.probe(&mut client, &mut active).await {
+                        url_index = (url_index + 1) % self.urls.len();
+                        if let Ok(next) = peer_client(&self.urls[url_index]) {
+                            client = next;
+                        }
+                    }
+                    continue;
+                }
                 message = rx.recv() => match message {
                     Some(message) => message,
                     None => return,
@@ -309,8 +324,7 @@ impl LinkWorker {
             }
             match result {
                 Ok(Ok(_)) => {
-                    if !active {
-                        active = true;
+                    if active.up() {
                         tracing::info!(remote_peer_id = %id_hex(self.to), "peer became active");
                     }
                 }
@@ -329,12 +343,11 @@ impl LinkWorker {
                         error = %status.message(),
                         "peer refused messages"
                     );
-                    active = false;
+                    active.down();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
                 Ok(Err(_)) | Err(_) => {
-                    if active {
-                        active = false;
+                    if active.down() {
                         tracing::warn!(remote_peer_id = %id_hex(self.to), "peer became inactive (message send to peer failed)");
                     }
                     // Try the member's next URL after a short pause; raft retransmits.
@@ -350,6 +363,35 @@ impl LinkWorker {
 }
 
 impl LinkWorker {
+    /// Probe the peer with an empty batch: marks the link active or not and times the round
+    /// trip. Returns whether the peer answered.
+    async fn probe(
+        &self,
+        client: &mut PeerClient<Channel>,
+        active: &mut crate::metrics::PeerActivity,
+    ) -> bool {
+        let mut request = Request::new(RaftBatch {
+            messages: Vec::new(),
+        });
+        stamp(&mut request, self.cluster_id, self.local_id);
+        let started = std::time::Instant::now();
+        let answered = matches!(
+            tokio::time::timeout(SEND_TIMEOUT, client.raft(request)).await,
+            Ok(Ok(_))
+        );
+        if answered {
+            crate::metrics::PEER_RTT
+                .with_label_values(&[id_hex(self.to).as_str()])
+                .observe(started.elapsed().as_secs_f64());
+            if active.up() {
+                tracing::info!(remote_peer_id = %id_hex(self.to), "peer became active");
+            }
+        } else if active.down() {
+            tracing::warn!(remote_peer_id = %id_hex(self.to), "peer became inactive (probe failed)");
+        }
+        answered
+    }
+
     /// Send a snapshot message with the store's image (etcd's snapshot sender), and tell raft
     /// whether it arrived.
     async fn send_snapshot(&self, client: &mut PeerClient<Channel>, message: Message) {
@@ -358,6 +400,10 @@ impl LinkWorker {
         };
         let index = message.get_snapshot().get_metadata().index;
         tracing::info!(remote_peer_id = %id_hex(self.to), index, "sending database snapshot");
+        let to = id_hex(self.to);
+        let inflight = crate::metrics::SNAPSHOT_SEND_INFLIGHTS.with_label_values(&[to.as_str()]);
+        inflight.inc();
+        let started = std::time::Instant::now();
         let store = source.store.clone();
         let image = tokio::task::spawn_blocking(move || store.backend().snapshot()).await;
         let ok = match image {
@@ -368,8 +414,19 @@ impl LinkWorker {
             }
             Err(_) => false,
         };
+        inflight.dec();
         if ok {
             tracing::info!(remote_peer_id = %id_hex(self.to), index, "sent database snapshot");
+            crate::metrics::SNAPSHOT_SEND_SUCCESS
+                .with_label_values(&[to.as_str()])
+                .inc();
+            crate::metrics::SNAPSHOT_SEND_SECONDS
+                .with_label_values(&[to.as_str()])
+                .observe(started.elapsed().as_secs_f64());
+        } else {
+            crate::metrics::SNAPSHOT_SEND_FAILURES
+                .with_label_values(&[to.as_str()])
+                .inc();
         }
         let _ = source.raft.report_snapshot(self.to, ok).await;
     }
@@ -437,6 +494,51 @@ impl PeerService {
         PeerService { server }
     }
 
+    /// Receive a database snapshot from the leader into its file and hand it to raft.
+    async fn receive_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<PeerAck>, Status> {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = request.into_inner();
+        let Some(first) = stream.message().await? else {
+            return Err(Status::invalid_argument("empty snapshot stream"));
+        };
+        let mut message = Message::default();
+        if message.merge_from_bytes(&first.message).is_err()
+            || message.get_msg_type() != MessageType::MsgSnapshot
+        {
+            return Err(Status::invalid_argument("malformed snapshot message"));
+        }
+        let index = message.get_snapshot().get_metadata().index;
+        let saving = std::time::Instant::now();
+        let path = self.server.snapshot_receive_path(index);
+        let io_error = |e: std::io::Error| Status::internal(format!("receiving snapshot: {e}"));
+        let mut file = tokio::fs::File::create(&path).await.map_err(io_error)?;
+        file.write_all(&first.data).await.map_err(io_error)?;
+        while let Some(chunk) = stream.message().await? {
+            file.write_all(&chunk.data).await.map_err(io_error)?;
+        }
+        let syncing = std::time::Instant::now();
+        file.sync_all().await.map_err(io_error)?;
+        crate::metrics::SNAP_DB_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
+        drop(file);
+        crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
+        tracing::info!(index, "received database snapshot");
+        self.server.snapshot_received(index, path);
+        self.server
+            .raft_step(message)
+            .await
+            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
+        Ok(Response::new(PeerAck {}))
+    }
+
+    /// The label of the member with hex id `from` for per-peer series, if it is a member.
+    fn member_label(&self, from: &str) -> Option<String> {
+        let id = u64::from_str_radix(from, 16).ok()?;
+        self.server.is_member(id).then(|| id_hex(id))
+    }
+
     fn check_cluster<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let remote = request
             .metadata()
@@ -477,13 +579,22 @@ impl Peer for PeerService {
         if u64::from_str_radix(&from, 16).is_ok_and(|id| self.server.is_removed_member(id)) {
             return Err(Status::permission_denied(MEMBER_REMOVED));
         }
+        // Series are labelled by member only: a caller that is none gets no series.
+        let label = self.member_label(&from);
         let bytes: usize = request.get_ref().messages.iter().map(Vec::len).sum();
-        crate::metrics::PEER_RECEIVED_BYTES
-            .with_label_values(&[from.as_str()])
-            .inc_by(bytes as u64);
+        if let Some(label) = &label {
+            crate::metrics::PEER_RECEIVED_BYTES
+                .with_label_values(&[label.as_str()])
+                .inc_by(bytes as u64);
+        }
         for bytes in request.into_inner().messages {
             let mut message = Message::default();
             if message.merge_from_bytes(&bytes).is_err() {
+                if let Some(label) = &label {
+                    crate::metrics::PEER_RECEIVED_FAILURES
+                        .with_label_values(&[label.as_str()])
+                        .inc();
+                }
                 return Err(Status::invalid_argument("malformed raft message"));
             }
             self.server
@@ -498,39 +609,34 @@ impl Peer for PeerService {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<PeerAck>, Status> {
-        use tokio::io::AsyncWriteExt;
         self.check_cluster(&request)?;
-        let mut stream = request.into_inner();
-        let Some(first) = stream.message().await? else {
-            return Err(Status::invalid_argument("empty snapshot stream"));
+        let from = request
+            .metadata()
+            .get(FROM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|from| self.member_label(from));
+        let Some(from) = from else {
+            return self.receive_snapshot(request).await;
         };
-        let mut message = Message::default();
-        if message.merge_from_bytes(&first.message).is_err()
-            || message.get_msg_type() != MessageType::MsgSnapshot
-        {
-            return Err(Status::invalid_argument("malformed snapshot message"));
+        let label = [from.as_str()];
+        let inflight = crate::metrics::SNAPSHOT_RECEIVE_INFLIGHTS.with_label_values(&label);
+        inflight.inc();
+        let started = std::time::Instant::now();
+        let received = self.receive_snapshot(request).await;
+        inflight.dec();
+        if received.is_ok() {
+            crate::metrics::SNAPSHOT_RECEIVE_SUCCESS
+                .with_label_values(&label)
+                .inc();
+            crate::metrics::SNAPSHOT_RECEIVE_SECONDS
+                .with_label_values(&label)
+                .observe(started.elapsed().as_secs_f64());
+        } else {
+            crate::metrics::SNAPSHOT_RECEIVE_FAILURES
+                .with_label_values(&label)
+                .inc();
         }
-        let index = message.get_snapshot().get_metadata().index;
-        let saving = std::time::Instant::now();
-        let path = self.server.snapshot_receive_path(index);
-        let io_error = |e: std::io::Error| Status::internal(format!("receiving snapshot: {e}"));
-        let mut file = tokio::fs::File::create(&path).await.map_err(io_error)?;
-        file.write_all(&first.data).await.map_err(io_error)?;
-        while let Some(chunk) = stream.message().await? {
-            file.write_all(&chunk.data).await.map_err(io_error)?;
-        }
-        let syncing = std::time::Instant::now();
-        file.sync_all().await.map_err(io_error)?;
-        crate::metrics::SNAP_DB_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
-        drop(file);
-        crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
-        tracing::info!(index, "received database snapshot");
-        self.server.snapshot_received(index, path);
-        self.server
-            .raft_step(message)
-            .await
-            .map_err(|_| Status::unavailable("etcdserver: server stopped"))?;
-        Ok(Response::new(PeerAck {}))
+        received
     }
 
     async fn members(

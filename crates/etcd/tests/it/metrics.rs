@@ -2,6 +2,8 @@
 //! and move when they should. The same assertions hold against etcd 3.4.
 
 use std::collections::BTreeMap;
+
+use anyhow::Context as _;
 use std::time::Duration;
 
 use etcd_client::{GetOptions, Txn, TxnOp, WatchOptions};
@@ -291,57 +293,51 @@ const ON_EVENT: &[&str] = &[
 /// One of everything etcdctl users do: puts, a txn, a delete, reads, a watch, a lease with a
 /// keep-alive, compaction, defragmentation, HashKV and a snapshot. Returns the numbers the
 /// counters must show, and the watch, which stays open.
-async fn run_workload(c: &mut etcd_client::Client) -> (Workload, etcd_client::WatchStream) {
+async fn run_workload(
+    c: &mut etcd_client::Client,
+) -> anyhow::Result<(Workload, etcd_client::WatchStream)> {
     let mut w = Workload::default();
     let mut watch = c
         .watch("mw", Some(WatchOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    assert!(watch.message().await.unwrap().unwrap().created());
-    c.put("mw1", "event", None).await.unwrap();
+        .await?;
+    assert!(watch.message().await?.context("stream ended")?.created());
+    c.put("mw1", "event", None).await?;
     w.puts += 1;
     w.put_bytes += 3 + 5;
-    let event = watch.message().await.unwrap().unwrap();
+    let event = watch.message().await?.context("stream ended")?;
     assert_eq!(event.events().len(), 1);
     w.events += 1;
     for i in 0..7 {
-        c.put(format!("mf{i}"), format!("value{i}"), None)
-            .await
-            .unwrap();
+        c.put(format!("mf{i}"), format!("value{i}"), None).await?;
         w.puts += 1;
         w.put_bytes += 3 + 6;
     }
     c.txn(Txn::new().and_then([TxnOp::put("mt1", "a", None), TxnOp::put("mt2", "b", None)]))
-        .await
-        .unwrap();
+        .await?;
     w.puts += 2;
     w.put_bytes += 2 * (3 + 1);
     w.txns += 1;
-    c.delete("mf0", None).await.unwrap();
+    c.delete("mf0", None).await?;
     w.deletes += 1;
-    c.get("mf", Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
+    c.get("mf", Some(GetOptions::new().with_prefix())).await?;
     c.get("mf1", Some(GetOptions::new().with_serializable()))
-        .await
-        .unwrap();
-    let lease = c.lease_grant(60, None).await.unwrap().id();
-    let (mut keeper, mut renewals) = c.lease_keep_alive(lease).await.unwrap();
-    keeper.keep_alive().await.unwrap();
-    renewals.message().await.unwrap().unwrap();
+        .await?;
+    let lease = c.lease_grant(60, None).await?.id();
+    let (mut keeper, mut renewals) = c.lease_keep_alive(lease).await?;
+    keeper.keep_alive().await?;
+    renewals.message().await?.context("stream ended")?;
     let rev = c
         .get("mf1", None)
-        .await
-        .unwrap()
+        .await?
         .header()
-        .unwrap()
+        .context("no header")?
         .revision();
-    c.compact(rev, None).await.unwrap();
-    c.defragment().await.unwrap();
-    c.hash_kv(0).await.unwrap();
-    let mut snapshot = c.snapshot().await.unwrap();
-    while snapshot.message().await.unwrap().is_some() {}
-    (w, watch)
+    c.compact(rev, None).await?;
+    c.defragment().await?;
+    c.hash_kv(0).await?;
+    let mut snapshot = c.snapshot().await?;
+    while snapshot.message().await?.is_some() {}
+    Ok((w, watch))
 }
 
 #[derive(Debug, Default)]
@@ -359,7 +355,7 @@ async fn families_match_etcd_and_count_the_workload() {
     let version = m.http_get("/version").await.expect("GET /version").body;
     let is_3_5 = version.contains(r#""etcdserver":"3.5"#);
     let before = Scrape::of(&m).await;
-    let (w, _watch) = run_workload(&mut c).await;
+    let (w, _watch) = run_workload(&mut c).await.expect("workload runs");
     // Compaction of the backend runs in the background in etcd, and the snapshot is released
     // after its stream ends: wait for both to be counted.
     let after = poll_until(Duration::from_secs(10), || async {
@@ -461,5 +457,86 @@ async fn families_match_etcd_and_count_the_workload() {
             (w.puts - 2) as f64
         );
         assert!(after.value("etcd_debugging_mvcc_db_compaction_last", None) > 1.0e9);
+    }
+}
+
+/// The label values of `series` in a sample line `name{a="x",b="y"}`.
+fn label_values(series: &str) -> Vec<&str> {
+    let Some((_, labels)) = series.split_once('{') else {
+        return Vec::new();
+    };
+    labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter_map(|pair| pair.split_once('=').map(|(_, v)| v.trim_matches('"')))
+        .collect()
+}
+
+#[tokio::test]
+async fn peer_families_are_labelled_by_member() {
+    let cluster =
+        etcdrs_testkit::Cluster::start(3, etcdrs_testkit::ClusterOpts::new(&crate::bin()))
+            .await
+            .expect("cluster starts");
+    let mut c = cluster.client().await.expect("client connects");
+    for i in 0..5 {
+        c.put(format!("p{i}"), "v", None).await.unwrap();
+    }
+    let ids: Vec<String> = c
+        .member_list()
+        .await
+        .unwrap()
+        .members()
+        .iter()
+        .map(|m| format!("{:x}", m.id()))
+        .collect();
+    for m in cluster.members() {
+        // Every member sees its two peers as active once it has talked to them.
+        let scrape = poll_until(Duration::from_secs(10), || async {
+            let scrape = Scrape::of(m).await;
+            let active = scrape.value("etcd_network_active_peers", None) == 2.0;
+            let sent = scrape.value("etcd_network_peer_sent_bytes_total", None) > 0.0;
+            let received = scrape.value("etcd_network_peer_received_bytes_total", None) > 0.0;
+            if active && sent && received {
+                Ok(scrape)
+            } else {
+                Err(format!(
+                    "peers not active yet: active {}, sent {}, received {}",
+                    scrape.value("etcd_network_active_peers", None),
+                    scrape.value("etcd_network_peer_sent_bytes_total", None),
+                    scrape.value("etcd_network_peer_received_bytes_total", None)
+                ))
+            }
+        })
+        .await
+        .expect("peer series move");
+        for (family, kind) in [
+            ("etcd_network_active_peers", "gauge"),
+            ("etcd_network_peer_sent_bytes_total", "counter"),
+            ("etcd_network_peer_received_bytes_total", "counter"),
+        ] {
+            assert_eq!(scrape.kind(family), Some(kind), "{family}");
+        }
+        // etcd probes round trips every few seconds; ours times each batch.
+        if let Some(kind) = scrape.kind("etcd_network_peer_round_trip_time_seconds") {
+            assert_eq!(kind, "histogram");
+        }
+        // Every label of the peer series names a member.
+        for (series, _) in &scrape.samples {
+            if !series.starts_with("etcd_network_peer_")
+                && !series.starts_with("etcd_network_active")
+            {
+                continue;
+            }
+            for value in label_values(series) {
+                if value.parse::<f64>().is_ok() || value == "+Inf" {
+                    continue; // a histogram's `le`
+                }
+                assert!(
+                    ids.iter().any(|id| id == value),
+                    "{series}: {value} is no member"
+                );
+            }
+        }
     }
 }
