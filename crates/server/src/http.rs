@@ -461,7 +461,7 @@ fn probe_routes(mut router: Router<EtcdServer>) -> Router<EtcdServer> {
                         .copied()
                         .filter(|check| !query.exclude.iter().any(|e| e == check.name()))
                         .collect();
-                    probe(&server, method, &query, &checks).await
+                    probe(&server, &root[1..], method, &query, &checks).await
                 },
             ),
         );
@@ -473,7 +473,7 @@ fn probe_routes(mut router: Router<EtcdServer>) -> Router<EtcdServer> {
                           method: Method,
                           RawQuery(query): RawQuery| async move {
                         let query = HealthQuery::parse(query.as_deref());
-                        probe(&server, method, &query, &[check]).await
+                        probe(&server, &root[1..], method, &query, &[check]).await
                     },
                 ),
             );
@@ -486,6 +486,7 @@ fn probe_routes(mut router: Router<EtcdServer>) -> Router<EtcdServer> {
 /// `?verbose`), or 503 with the check list, failures marked `[-]`.
 async fn probe(
     server: &EtcdServer,
+    kind: &str,
     method: Method,
     query: &HealthQuery,
     checks: &[Check],
@@ -496,7 +497,9 @@ async fn probe(
     let mut report = String::new();
     let mut failed = false;
     for &check in checks {
-        match check.run(server).await {
+        let outcome = check.run(server).await;
+        metrics::record_healthcheck(kind, check.name(), outcome.is_ok());
+        match outcome {
             Ok(()) => report.push_str(&format!("[+]{} ok\n", check.name())),
             Err(e) => {
                 failed = true;

@@ -234,6 +234,59 @@ static SCRAPES_IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
     ))
 });
 
+/// `etcd_network_server_stream_failures_total{Type, API}`.
+static STREAM_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(IntCounterVec::new(
+        Opts::new(
+            "etcd_network_server_stream_failures_total",
+            "The total number of stream failures from the local server.",
+        ),
+        &["Type", "API"],
+    ))
+});
+
+/// A watch (`api` "watch") or keep-alive ("lease-keepalive") stream failed to receive: counted
+/// unless the client canceled or timed out, as etcd counts.
+pub(crate) fn stream_receive_failed(api: &'static str, status: &tonic::Status) {
+    if !matches!(
+        status.code(),
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+    ) {
+        STREAM_FAILURES.with_label_values(&["receive", api]).inc();
+    }
+}
+
+/// `etcd_server_healthcheck{type, name}` (etcd 3.5.11): 1 if the last check passed.
+static HEALTHCHECK: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(IntGaugeVec::new(
+        Opts::new(
+            "etcd_server_healthcheck",
+            "The result of each kind of healthcheck.",
+        ),
+        &["type", "name"],
+    ))
+});
+
+/// `etcd_server_healthchecks_total{type, name, status}` (etcd 3.5.11).
+static HEALTHCHECKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(IntCounterVec::new(
+        Opts::new(
+            "etcd_server_healthchecks_total",
+            "The total number of each kind of healthcheck.",
+        ),
+        &["type", "name", "status"],
+    ))
+});
+
+/// Record one `/livez` or `/readyz` check (`kind`), named by the server's fixed list.
+pub(crate) fn record_healthcheck(kind: &str, name: &str, passed: bool) {
+    HEALTHCHECK
+        .with_label_values(&[kind, name])
+        .set(i64::from(passed));
+    let status = if passed { "success" } else { "error" };
+    HEALTHCHECKS.with_label_values(&[kind, name, status]).inc();
+}
+
 /// `grpc_server_started_total`, as go-grpc-prometheus labels it.
 static GRPC_STARTED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(IntCounterVec::new(

@@ -286,6 +286,7 @@ const NOT_EXPORTED: &[&str] = &[
 /// promotions, stream failures, `--metrics=extensive`): allowed, not required.
 const ON_EVENT: &[&str] = &[
     "etcd_network_",
+    "etcd_server_healthcheck",
     "etcd_server_learner_promote_failures",
     "grpc_server_handling_seconds",
 ];
@@ -354,6 +355,11 @@ async fn families_match_etcd_and_count_the_workload() {
     let (m, mut c) = start().await;
     let version = m.http_get("/version").await.expect("GET /version").body;
     let is_3_5 = version.contains(r#""etcdserver":"3.5"#);
+    if is_3_5 {
+        // etcd 3.5.11 counts `/livez` and `/readyz` checks.
+        let livez = m.http_get("/livez").await.expect("GET /livez");
+        assert_eq!(livez.status, 200, "{}", livez.body);
+    }
     let before = Scrape::of(&m).await;
     let (w, _watch) = run_workload(&mut c).await.expect("workload runs");
     // Compaction of the backend runs in the background in etcd, and the snapshot is released
@@ -457,6 +463,18 @@ async fn families_match_etcd_and_count_the_workload() {
             (w.puts - 2) as f64
         );
         assert!(after.value("etcd_debugging_mvcc_db_compaction_last", None) > 1.0e9);
+        assert_eq!(after.kind("etcd_server_healthcheck"), Some("gauge"));
+        assert_eq!(
+            after.value(
+                "etcd_server_healthcheck",
+                Some(r#"name="serializable_read",type="livez""#)
+            ),
+            1.0
+        );
+        assert_eq!(
+            after.kind("etcd_server_healthchecks_total"),
+            Some("counter")
+        );
     }
 }
 

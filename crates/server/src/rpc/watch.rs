@@ -324,7 +324,11 @@ impl StreamState {
             match step {
                 Step::Request(Some(Ok(req))) => self.handle_request(req),
                 // The client closed its side or the stream broke: the watch stream ends.
-                Step::Request(Some(Err(_))) | Step::Request(None) => return None,
+                Step::Request(Some(Err(status))) => {
+                    crate::metrics::stream_receive_failed("watch", &status);
+                    return None;
+                }
+                Step::Request(None) => return None,
                 Step::Hub(Some(msg)) => {
                     self.handle_hub(msg);
                     self.try_progress();
