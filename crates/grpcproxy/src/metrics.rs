@@ -1,10 +1,12 @@
-//! The proxy's own Prometheus series, with etcd's grpc-proxy names (etcd
+//! The proxy's own Prometheus series, with etcd's grpc-proxy names and types (etcd
 //! `server/proxy/grpcproxy/metrics.go`): cache hits, misses and size, and how much watch
-//! coalescing saves. They live in a registry of their own, rendered by `/metrics`.
+//! coalescing saves; plus the process collector's `process_*` and promhttp's scrape counts.
+//! They live in a registry of their own, rendered by `/proxy/metrics` (etcd 3.5; `/metrics`
+//! relays a member's, as etcd's proxy does).
 
 use std::sync::Arc;
 
-use prometheus::{Encoder, IntCounter, IntGauge, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// The proxy's metrics. Cheap to clone.
 #[derive(Clone)]
@@ -14,18 +16,20 @@ pub struct Metrics {
 
 struct Inner {
     registry: Registry,
-    /// `etcd_grpc_proxy_cache_hits_total`.
-    cache_hits: IntCounter,
-    /// `etcd_grpc_proxy_cache_misses_total`.
-    cache_misses: IntCounter,
+    /// `etcd_grpc_proxy_cache_hits_total` (a gauge in etcd, that only grows).
+    cache_hits: IntGauge,
+    /// `etcd_grpc_proxy_cache_misses_total` (a gauge in etcd, that only grows).
+    cache_misses: IntGauge,
     /// `etcd_grpc_proxy_cache_keys_total`.
     cache_keys: IntGauge,
     /// `etcd_grpc_proxy_watchers_coalescing_total`.
     watchers_coalescing: IntGauge,
     /// `etcd_grpc_proxy_events_coalescing_total`.
     events_coalescing: IntCounter,
-    /// `process_resident_memory_bytes`, read at scrape time.
-    resident_memory: IntGauge,
+    /// `promhttp_metric_handler_requests_total{code}`.
+    scrapes: IntCounterVec,
+    /// `promhttp_metric_handler_requests_in_flight`.
+    scrapes_in_flight: IntGauge,
 }
 
 impl Default for Metrics {
@@ -48,11 +52,11 @@ impl Metrics {
             let _ = registry.register(Box::new(g.clone()));
             g
         };
-        let cache_hits = counter(
+        let cache_hits = gauge(
             "etcd_grpc_proxy_cache_hits_total",
             "Total number of cache hits",
         );
-        let cache_misses = counter(
+        let cache_misses = gauge(
             "etcd_grpc_proxy_cache_misses_total",
             "Total number of cache misses",
         );
@@ -68,13 +72,26 @@ impl Metrics {
             "etcd_grpc_proxy_events_coalescing_total",
             "Total number of events coalescing",
         );
-        let resident_memory = gauge(
-            "process_resident_memory_bytes",
-            "Resident memory size in bytes.",
+        let scrapes = IntCounterVec::new(
+            Opts::new(
+                "promhttp_metric_handler_requests_total",
+                "Total number of scrapes by HTTP status code.",
+            ),
+            &["code"],
+        )
+        .expect("static metric definition is valid");
+        for code in ["200", "500", "503"] {
+            let _ = scrapes.with_label_values(&[code]);
+        }
+        let _ = registry.register(Box::new(scrapes.clone()));
+        let scrapes_in_flight = gauge(
+            "promhttp_metric_handler_requests_in_flight",
+            "Current number of scrapes being served.",
         );
         Metrics {
             inner: Arc::new(Inner {
-                resident_memory,
+                scrapes,
+                scrapes_in_flight,
                 registry,
                 cache_hits,
                 cache_misses,
@@ -112,18 +129,17 @@ impl Metrics {
 
     /// The Prometheus text exposition of every series.
     pub fn render(&self) -> String {
-        if let Some(bytes) = resident_bytes() {
-            self.inner.resident_memory.set(bytes);
-        }
+        self.inner.scrapes_in_flight.inc();
+        // Process state is read fresh for each scrape, as Go's process collector does.
+        let process = Registry::new();
+        let _ = etcdrs_server::metrics::register_process_families(&process);
+        let mut families = self.inner.registry.gather();
+        families.extend(process.gather());
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
-        let _ = TextEncoder::new().encode(&self.inner.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&families, &mut out);
+        self.inner.scrapes_in_flight.dec();
+        self.inner.scrapes.with_label_values(&["200"]).inc();
         String::from_utf8_lossy(&out).into_owned()
     }
-}
-
-/// This process's resident set size, from `/proc/self/statm` (pages of 4 KiB).
-fn resident_bytes() -> Option<i64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: i64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
 }

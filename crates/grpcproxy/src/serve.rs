@@ -1,6 +1,6 @@
-//! The proxy's listeners: gRPC and HTTP/1.1 (`/health`, `/metrics`, and their `/proxy/...`
-//! aliases) on one port, plain or TLS (etcd's cmux on the grpc-proxy listener), and the
-//! HTTP-only `--metrics-addr` listener.
+//! The proxy's listeners: gRPC and HTTP/1.1 (`/health`, `/metrics` relayed from a member,
+//! `/proxy/health`, `/proxy/metrics` with the proxy's own series) on one port, plain or TLS
+//! (etcd's cmux on the grpc-proxy listener), and the HTTP-only `--metrics-addr` listener.
 //!
 //! [`Front`] is what a connection serves: it answers a cached serializable range before any
 //! routing or gRPC machinery (the request's one message decoded, the cache's encoded response
@@ -283,7 +283,8 @@ impl HttpBody for Prefixed {
     }
 }
 
-/// The HTTP endpoints: `/health` and `/metrics` (also as `/proxy/health`, `/proxy/metrics`).
+/// The HTTP endpoints: `/health` (also as `/proxy/health`), `/metrics` (a member's, relayed,
+/// as etcd's proxy does) and `/proxy/metrics` (the proxy's own series, etcd 3.5).
 pub fn http_router(proxy: &Proxy) -> Router {
     let state = HttpState {
         upstream: proxy.upstream.clone(),
@@ -292,7 +293,7 @@ pub fn http_router(proxy: &Proxy) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/proxy/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(member_metrics))
         .route("/proxy/metrics", get(metrics))
         .with_state(state)
 }
@@ -337,6 +338,28 @@ async fn health(axum::extract::State(state): axum::extract::State<HttpState>) ->
         .into_response()
 }
 
+/// `/metrics`: the current endpoint's `/metrics`, as it answered (etcd's `HandleMetrics`).
+async fn member_metrics(axum::extract::State(state): axum::extract::State<HttpState>) -> Response {
+    match state.upstream.http_get("/metrics").await {
+        Ok((_, body)) => {
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "failed to fetch a member's metrics");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [
+                    (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                ],
+                "Internal server error\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// `/proxy/metrics`: the proxy's own series.
 async fn metrics(axum::extract::State(state): axum::extract::State<HttpState>) -> Response {
     (
         [(

@@ -37,7 +37,12 @@ struct Inner {
     /// Index of the endpoint calls go to.
     current: AtomicUsize,
     max_decoding: usize,
+    /// TLS for plain HTTP requests to members (`/metrics`), offering HTTP/1.1 only.
+    http_tls: Option<ClusterTls>,
 }
+
+/// How long relaying a member's `/metrics` may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// TLS to the cluster (`--cert`, `--key`, `--cacert`, `--insecure-skip-tls-verify`).
 pub type ClusterTls = Arc<rustls::ClientConfig>;
@@ -81,6 +86,11 @@ impl Upstream {
                 channels,
                 current: AtomicUsize::new(start),
                 max_decoding,
+                http_tls: tls.map(|config| {
+                    let mut config = (*config).clone();
+                    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                    Arc::new(config)
+                }),
             }),
         })
     }
@@ -136,6 +146,40 @@ impl Upstream {
     /// Whether there is no endpoint (never: [`Upstream::new`] refuses that).
     pub fn is_empty(&self) -> bool {
         self.inner.channels.is_empty()
+    }
+
+    /// `GET path` over HTTP/1.1 from the current endpoint, as etcd's proxy fetches a member's
+    /// `/metrics` to relay it: the status and the body.
+    pub async fn http_get(&self, path: &str) -> std::io::Result<(u16, bytes::Bytes)> {
+        let (idx, _) = self.current();
+        let host_port = self.inner.names[idx].clone();
+        let fetch = async {
+            let tcp = tokio::net::TcpStream::connect(host_port.as_str()).await?;
+            let _ = tcp.set_nodelay(true);
+            match &self.inner.http_tls {
+                None => http1_get(tcp, &host_port, path).await,
+                Some(config) => {
+                    let host = host_port
+                        .rsplit_once(':')
+                        .map_or(host_port.as_str(), |(host, _)| host)
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned();
+                    let name = rustls::pki_types::ServerName::try_from(host).map_err(|_| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "endpoint host is not a valid TLS server name",
+                        )
+                    })?;
+                    let connector = tokio_rustls::TlsConnector::from(config.clone());
+                    let tls = connector.connect(name, tcp).await?;
+                    http1_get(tls, &host_port, path).await
+                }
+            }
+        };
+        tokio::time::timeout(HTTP_TIMEOUT, fetch)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"))?
     }
 
     /// Runs `call` on the current endpoint; when it fails with `Unavailable`, moves to an
@@ -222,6 +266,39 @@ pub fn with_token<M>(token: &str, message: M) -> Request<M> {
         request.metadata_mut().insert("token", value);
     }
     request
+}
+
+/// One HTTP/1.1 GET on a fresh connection `io` to `host`, which closes after the answer.
+async fn http1_get<IO>(io: IO, host: &str, path: &str) -> std::io::Result<(u16, bytes::Bytes)>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use http_body_util::BodyExt as _;
+    let other = |e: hyper::Error| std::io::Error::other(e);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(other)?;
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, host)
+        .header(hyper::header::CONNECTION, "close")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(std::io::Error::other)?;
+    let exchange = async {
+        let response = sender.send_request(request).await.map_err(other)?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.map_err(other)?;
+        Ok((status, body.to_bytes()))
+    };
+    let mut exchange = std::pin::pin!(exchange);
+    let mut conn = std::pin::pin!(conn);
+    // The connection is driven until the answer is read; it may end first (the server closes
+    // after the last byte), which leaves the answer to be read.
+    tokio::select! {
+        biased;
+        answer = &mut exchange => return answer,
+        ended = &mut conn => ended.map_err(other)?,
+    }
+    exchange.await
 }
 
 /// A tonic connector that opens TCP, then TLS with `config`, to the URI's host and port.

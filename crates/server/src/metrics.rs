@@ -859,14 +859,15 @@ fn labelled(registry: &Registry, name: &str, help: &str, label: &str, value: &st
     }
 }
 
-/// The `process_*` series of the Go client's process collector, from `/proc/self`.
-fn process_metrics(registry: &Registry) {
+/// The `process_*` series of the Go client's process collector, from `/proc/self`, in
+/// `registry` (also the gRPC proxy's). Returns the open and the maximum file descriptors.
+pub fn register_process_families(registry: &Registry) -> (f64, f64) {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return;
+        return (0.0, 0.0);
     };
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-        return;
+        return (0.0, 0.0);
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let field = |i: usize| {
@@ -949,19 +950,7 @@ fn process_metrics(registry: &Registry) {
         "Maximum amount of virtual memory available in bytes.",
         soft_limit("Max address space"),
     );
-    // etcd's own pair (`pkg/runtime`), from the same sources.
-    gauge(
-        registry,
-        "os_fd_used",
-        "The number of used file descriptors.",
-        open_fds as f64,
-    );
-    gauge(
-        registry,
-        "os_fd_limit",
-        "The file descriptor limit.",
-        max_fds,
-    );
+    (open_fds as f64, max_fds)
 }
 
 /// Creates the event series of the server and the crates under it, so that they show (at
@@ -1183,7 +1172,20 @@ fn render_families(server: &EtcdServer) -> String {
         "cluster_version",
         &CLUSTER_VERSION[..3],
     );
-    process_metrics(&registry);
+    let (open_fds, max_fds) = register_process_families(&registry);
+    // etcd's own pair (`pkg/runtime`), from the same sources.
+    gauge(
+        &registry,
+        "os_fd_used",
+        "The number of used file descriptors.",
+        open_fds,
+    );
+    gauge(
+        &registry,
+        "os_fd_limit",
+        "The file descriptor limit.",
+        max_fds,
+    );
     // Touch the event series so they are present (at zero) before the first event.
     LazyLock::force(&PROPOSALS_PENDING);
     LazyLock::force(&PROPOSALS_FAILED);

@@ -86,13 +86,36 @@ impl Proxy {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> anyhow::Result<Proxy> {
+        Self::spawn_bin(&proxy_bin(), endpoints, extra, env)
+    }
+
+    /// Starts the proxy of another `etcd` binary (etcd 3.4's, for comparison) and waits until
+    /// `/health` is OK.
+    async fn start_bin(bin: &Path, endpoints: &[String]) -> anyhow::Result<Proxy> {
+        let proxy = Self::spawn_bin(bin, endpoints, &[], &[])?;
+        let metrics = proxy.metrics_addr.clone();
+        poll_until(Duration::from_secs(10), || async {
+            let resp = http_get(&metrics, "/health").await?;
+            anyhow::ensure!(resp.status == 200, "health {}: {}", resp.status, resp.body);
+            Ok(())
+        })
+        .await?;
+        Ok(proxy)
+    }
+
+    fn spawn_bin(
+        bin: &Path,
+        endpoints: &[String],
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Proxy> {
         let dir = tempfile::tempdir()?;
         let ports = (reserve()?, reserve()?);
         let addr = format!("127.0.0.1:{}", ports.0.port());
         let metrics_addr = format!("127.0.0.1:{}", ports.1.port());
         let log = dir.path().join("proxy.log");
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(proxy_bin())
+        let child = Command::new(bin)
             .args(["grpc-proxy", "start"])
             .arg(format!("--endpoints={}", endpoints.join(",")))
             .arg(format!("--listen-addr={addr}"))
@@ -136,8 +159,9 @@ impl Proxy {
         Etcdctl::new(self.endpoint())
     }
 
+    /// A series of the proxy's own (`/proxy/metrics`; `/metrics` relays a member's).
     async fn metric(&self, name: &str) -> f64 {
-        let body = http_get(&self.metrics_addr, "/metrics")
+        let body = http_get(&self.metrics_addr, "/proxy/metrics")
             .await
             .expect("proxy metrics")
             .body;
@@ -798,7 +822,7 @@ async fn health_and_metrics_over_http1_on_both_listeners() {
         let health = http_get(addr, "/health").await.expect("health");
         assert_eq!(health.status, 200);
         assert_eq!(health.json().expect("json")["health"], "true");
-        let metrics = http_get(addr, "/metrics").await.expect("metrics");
+        let metrics = http_get(addr, "/proxy/metrics").await.expect("metrics");
         assert_eq!(metrics.status, 200);
         for name in [
             "etcd_grpc_proxy_cache_hits_total",
@@ -1549,4 +1573,105 @@ async fn discovery_srv_finds_the_cluster_in_dns() {
         proxy.log_text()
     );
     drop(dead);
+}
+
+/// Family names and types of a text exposition (its `# TYPE` lines), the Go runtime's aside.
+fn families(body: &str) -> std::collections::BTreeMap<String, String> {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .filter(|(name, _)| !name.starts_with("go_"))
+        .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
+        .collect()
+}
+
+/// The proxy's own families at `/proxy/metrics` (etcd 3.5's path), with etcd's types.
+const PROXY_FAMILIES: &[(&str, &str)] = &[
+    ("etcd_grpc_proxy_cache_hits_total", "gauge"),
+    ("etcd_grpc_proxy_cache_keys_total", "gauge"),
+    ("etcd_grpc_proxy_cache_misses_total", "gauge"),
+    ("etcd_grpc_proxy_events_coalescing_total", "counter"),
+    ("etcd_grpc_proxy_watchers_coalescing_total", "gauge"),
+    ("process_cpu_seconds_total", "counter"),
+    ("process_max_fds", "gauge"),
+    ("process_open_fds", "gauge"),
+    ("process_resident_memory_bytes", "gauge"),
+    ("process_start_time_seconds", "gauge"),
+    ("process_virtual_memory_bytes", "gauge"),
+    ("process_virtual_memory_max_bytes", "gauge"),
+    ("promhttp_metric_handler_requests_in_flight", "gauge"),
+    ("promhttp_metric_handler_requests_total", "counter"),
+];
+
+/// etcd's proxy (3.4 and 3.5) answers `/metrics` with a member's metrics, fetched for each
+/// scrape; 3.5 adds `/proxy/metrics` with the proxy's own. Ours and etcd 3.4's run side by
+/// side in front of one member, with the same workload through each.
+#[tokio::test]
+async fn metrics_relay_a_members_and_proxy_metrics_are_the_proxys_own() {
+    let member = start_member(&crate::bin()).await;
+    let ours = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("our proxy");
+    let theirs = Proxy::start_bin(Path::new("/usr/bin/etcd"), &[member.endpoint()])
+        .await
+        .expect("etcd 3.4's proxy");
+    for proxy in [&ours, &theirs] {
+        let mut client = proxy.client().await;
+        client.put("pm", "v", None).await.expect("put");
+        read_is(&client, "pm", "v").await.expect("read");
+    }
+    let member_families = families(&member.http_get("/metrics").await.expect("metrics").body);
+    assert!(member_families.contains_key("etcd_server_has_leader"));
+    for proxy in [&ours, &theirs] {
+        for addr in [&proxy.addr, &proxy.metrics_addr] {
+            let relayed = http_get(addr, "/metrics").await.expect("metrics");
+            assert_eq!(relayed.status, 200);
+            assert_eq!(families(&relayed.body), member_families, "{addr}");
+        }
+    }
+    // etcd 3.4's proxy has no /proxy/metrics; ours serves etcd 3.5's.
+    let none = http_get(&theirs.addr, "/proxy/metrics").await.expect("GET");
+    assert_eq!(none.status, 404);
+
+    let mut client = ours.client().await;
+    ours.until_cached(&client, "pm", "v").await;
+    let mut s1 = client.watch("pw", None).await.expect("watch");
+    let mut s2 = client.watch("pw", None).await.expect("watch");
+    for stream in [&mut s1, &mut s2] {
+        assert!(
+            stream
+                .message()
+                .await
+                .expect("created")
+                .expect("open")
+                .created()
+        );
+    }
+    client.put("pw", "x", None).await.expect("put");
+    for stream in [&mut s1, &mut s2] {
+        let event = stream.message().await.expect("event").expect("open");
+        assert_eq!(event.events().len(), 1);
+    }
+    let own = poll_until(Duration::from_secs(5), || async {
+        let body = http_get(&ours.metrics_addr, "/proxy/metrics").await?.body;
+        let coalesced = metric_value(&body, "etcd_grpc_proxy_events_coalescing_total", None);
+        anyhow::ensure!(coalesced >= 1.0, "no coalesced event yet");
+        Ok(body)
+    })
+    .await
+    .expect("coalescing counted");
+    let expected: std::collections::BTreeMap<String, String> = PROXY_FAMILIES
+        .iter()
+        .map(|(name, kind)| (name.to_string(), kind.to_string()))
+        .collect();
+    assert_eq!(families(&own), expected);
+    assert!(metric_value(&own, "etcd_grpc_proxy_cache_hits_total", None) >= 1.0);
+    assert!(metric_value(&own, "etcd_grpc_proxy_cache_misses_total", None) >= 1.0);
+    assert!(metric_value(&own, "etcd_grpc_proxy_cache_keys_total", None) >= 1.0);
+    assert_eq!(
+        metric_value(&own, "etcd_grpc_proxy_watchers_coalescing_total", None),
+        1.0
+    );
+    assert!(metric_value(&own, "process_resident_memory_bytes", None) > 0.0);
+    assert!(metric_value(&own, "process_open_fds", None) > 0.0);
 }
