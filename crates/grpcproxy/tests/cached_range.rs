@@ -66,7 +66,7 @@ async fn token(channel: &Channel, name: &str, password: &str) -> String {
 }
 
 async fn cache_hits(addr: std::net::SocketAddr) -> f64 {
-    let body = etcdrs_testkit::http_get(&addr.to_string(), "/metrics")
+    let body = etcdrs_testkit::http_get(&addr.to_string(), "/proxy/metrics")
         .await
         .expect("metrics")
         .body;
