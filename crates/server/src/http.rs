@@ -67,7 +67,6 @@ pub fn router(server: EtcdServer) -> Router {
             crate::leader::require_leader,
         ))
         .layer(axum::middleware::map_response(grpc_size_error))
-        .layer(axum::middleware::from_fn(crate::metrics::grpc_metrics))
 }
 
 /// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest

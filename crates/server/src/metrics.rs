@@ -9,9 +9,6 @@
 use std::sync::LazyLock;
 use std::time::Instant;
 
-use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::Response;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -740,6 +737,21 @@ pub(crate) struct MethodSeries {
 }
 
 impl MethodSeries {
+    /// Count a call of the method as started; returns when, if its duration is observed.
+    pub(crate) fn count_started(&self) -> Option<Instant> {
+        self.started.inc();
+        self.handling.as_ref().map(|_| Instant::now())
+    }
+
+    /// Count a call as handled with gRPC code `code`, started at `started` (if timed).
+    pub(crate) fn count_handled(&self, code: usize, started: Option<Instant>) {
+        let code = if code < CODE_NAMES.len() { code } else { 2 };
+        self.handled[code].inc();
+        if let (Some(handling), Some(started)) = (&self.handling, started) {
+            handling.observe(started.elapsed().as_secs_f64());
+        }
+    }
+
     fn new(service: &str, method: &str) -> Self {
         let kind = grpc_type(service, method);
         let labels = [method, service, kind];
@@ -801,41 +813,6 @@ pub fn init_grpc_series() {
     LazyLock::force(&GRPC_RECEIVED_BYTES);
     LazyLock::force(&GRPC_SENT_BYTES);
     LazyLock::force(&CLIENT_REQUESTS);
-}
-
-/// The code of a finished call: errors come back trailers-only, with the status among the
-/// headers; a response whose status is in its trailers succeeded as far as the handler is
-/// concerned.
-fn response_code(response: &Response) -> Option<usize> {
-    match response.headers().get("grpc-status") {
-        None => Some(0),
-        Some(v) => v.to_str().ok().and_then(|v| v.parse().ok()),
-    }
-}
-
-/// Middleware counting gRPC calls of etcd's methods by service, method and code (other
-/// paths get no series: grpc-go answers them before go-grpc-prometheus sees them).
-pub async fn grpc_metrics(request: Request, next: Next) -> Response {
-    let is_grpc = request
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    let series = is_grpc
-        .then(|| method_series(request.uri().path()))
-        .flatten();
-    let Some(series) = series else {
-        return next.run(request).await;
-    };
-    series.started.inc();
-    let started = series.handling.as_ref().map(|_| Instant::now());
-    let response = next.run(request).await;
-    let code = response_code(&response).filter(|c| *c < CODE_NAMES.len());
-    series.handled[code.unwrap_or(2)].inc();
-    if let (Some(handling), Some(started)) = (&series.handling, started) {
-        handling.observe(started.elapsed().as_secs_f64());
-    }
-    response
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, value: f64) {

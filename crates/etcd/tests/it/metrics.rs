@@ -334,6 +334,12 @@ async fn run_workload(
         .context("no header")?
         .revision();
     c.compact(rev, None).await?;
+    // A read of compacted history fails with OutOfRange.
+    let compacted = c.get("mf1", Some(GetOptions::new().with_revision(1))).await;
+    anyhow::ensure!(
+        compacted.is_err(),
+        "read below the compaction: {compacted:?}"
+    );
     c.defragment().await?;
     c.hash_kv(0).await?;
     let mut snapshot = c.snapshot().await?;
@@ -423,6 +429,10 @@ async fn families_match_etcd_and_count_the_workload() {
     let put = Some(r#"grpc_method="Put""#);
     assert_eq!(delta("grpc_server_msg_received_total", put), 8.0);
     assert_eq!(delta("grpc_server_msg_sent_total", put), 8.0);
+    let out_of_range = Some(r#"grpc_code="OutOfRange",grpc_method="Range""#);
+    assert_eq!(delta("grpc_server_handled_total", out_of_range), 1.0);
+    let ok_puts = Some(r#"grpc_code="OK",grpc_method="Put""#);
+    assert_eq!(delta("grpc_server_handled_total", ok_puts), 8.0);
     let keep_alive = Some(r#"grpc_method="LeaseKeepAlive""#);
     // etcd-client sends a keep-alive when it opens the stream, and the workload one more.
     assert_eq!(delta("grpc_server_msg_received_total", keep_alive), 2.0);

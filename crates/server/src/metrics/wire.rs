@@ -1,7 +1,12 @@
-//! Counting gRPC messages and their bytes on the client port, as etcd's codec
-//! (`etcd_network_client_grpc_{received,sent}_bytes_total`, v3rpc `codec.go`) and
-//! go-grpc-prometheus (`grpc_server_msg_{received,sent}_total`) count them, plus etcd's
+//! Counting gRPC calls on the client port: calls started and handled by code, with
+//! `--metrics=extensive` their duration, and their messages (go-grpc-prometheus's
+//! `grpc_server_*`), message bytes as etcd's codec counts them
+//! (`etcd_network_client_grpc_{received,sent}_bytes_total`, v3rpc `codec.go`), and etcd's
 //! `etcd_server_client_requests_total` (v3rpc `interceptor.go`).
+//!
+//! A call's code is its `grpc-status`: among the response headers for an error answered at
+//! once, else in the trailers that end the response body; a response dropped before its
+//! trailers (the client went away) counts as `Canceled`, what a Go handler returns then.
 //!
 //! [`CountGrpc`] wraps the client router outside axum, where hyper hands it the connection's
 //! request bodies: it wraps the request body and the response body in [`Counted`], which
@@ -13,6 +18,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use axum::http::{Request, Response};
 use bytes::Buf;
@@ -95,12 +101,35 @@ impl Framing {
     }
 }
 
+/// A call whose code is not counted yet.
+struct Pending {
+    series: &'static MethodSeries,
+    /// When it started, if its duration is observed (`--metrics=extensive`).
+    started: Option<Instant>,
+}
+
+impl Pending {
+    /// Count the call as handled with gRPC code `code`.
+    fn finish(self, code: usize) {
+        self.series.count_handled(code, self.started);
+    }
+}
+
+/// The code in a `grpc-status` header value (2, Unknown, when unreadable).
+fn status_code(value: &axum::http::HeaderValue) -> usize {
+    std::str::from_utf8(value.as_bytes())
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
 /// A body whose gRPC messages are counted as they pass (bodies of other requests pass
-/// untouched).
+/// untouched); a response body also counts its call's code when its trailers pass.
 pub struct Counted<B> {
     inner: B,
     sink: Option<Sink>,
     framing: Framing,
+    pending: Option<Pending>,
 }
 
 impl<B> Counted<B> {
@@ -109,6 +138,15 @@ impl<B> Counted<B> {
             inner,
             sink,
             framing: Framing::default(),
+            pending: None,
+        }
+    }
+}
+
+impl<B> Drop for Counted<B> {
+    fn drop(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            pending.finish(1);
         }
     }
 }
@@ -127,6 +165,24 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if this.pending.is_some() {
+            match &polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status"))
+                        && let Some(pending) = this.pending.take()
+                    {
+                        pending.finish(status_code(status));
+                    }
+                }
+                // A gRPC response must end with trailers.
+                Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
+                    if let Some(pending) = this.pending.take() {
+                        pending.finish(2);
+                    }
+                }
+                Poll::Pending => {}
+            }
+        }
         if let (Some(sink), Poll::Ready(Some(Ok(frame)))) = (this.sink, &polled)
             && let Some(data) = frame.data_ref()
         {
@@ -181,12 +237,17 @@ where
         let series = is_grpc(&request)
             .then(|| method_series(request.uri().path()))
             .flatten();
+        let mut pending = None;
         if let Some(series) = series {
             let version = request
                 .headers()
                 .get("client-api-version")
                 .map(|v| v.as_bytes());
             super::count_client_request(series.streaming, version);
+            pending = Some(Pending {
+                series,
+                started: series.count_started(),
+            });
         }
         let request = request.map(|body| {
             Counted::new(
@@ -197,6 +258,7 @@ where
         CountedCall {
             inner: self.inner.call(request),
             sink: series.map(|series| Sink::new(series, Direction::Sent)),
+            pending,
         }
     }
 }
@@ -212,6 +274,7 @@ fn is_grpc<B>(request: &Request<B>) -> bool {
 pub struct CountedCall<F> {
     inner: F,
     sink: Option<Sink>,
+    pending: Option<Pending>,
 }
 
 impl<F, R, E> std::future::Future for CountedCall<F>
@@ -221,10 +284,25 @@ where
     type Output = Result<Response<Counted<R>>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let sink = self.sink;
-        Pin::new(&mut self.inner)
-            .poll(cx)
-            .map(|result| result.map(|response| response.map(|body| Counted::new(body, sink))))
+        let this = self.as_mut().get_mut();
+        let Poll::Ready(result) = Pin::new(&mut this.inner).poll(cx) else {
+            return Poll::Pending;
+        };
+        let sink = this.sink;
+        let mut pending = this.pending.take();
+        Poll::Ready(result.map(|response| {
+            // An error answered at once carries its status among the headers.
+            if let Some(status) = response.headers().get("grpc-status")
+                && let Some(call) = pending.take()
+            {
+                call.finish(status_code(status));
+            }
+            response.map(|body| {
+                let mut counted = Counted::new(body, sink);
+                counted.pending = pending;
+                counted
+            })
+        }))
     }
 }
 
@@ -240,6 +318,65 @@ mod tests {
             out.extend_from_slice(payload);
         }
         out
+    }
+
+    /// A response body of the given frames.
+    struct Frames(std::collections::VecDeque<Frame<bytes::Bytes>>);
+
+    impl Body for Frames {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    fn drain(body: &mut Counted<Frames>) {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        while let Poll::Ready(Some(_)) = Pin::new(&mut *body).poll_frame(&mut cx) {}
+    }
+
+    #[test]
+    fn a_response_counts_its_messages_and_the_code_of_its_trailers() {
+        let series = method_series("/etcdserverpb.Lease/LeaseKeepAlive").expect("etcd's method");
+        let (ok, sent, canceled, not_found) = (
+            series.handled[0].get(),
+            series.msg_sent.get(),
+            series.handled[1].get(),
+            series.handled[5].get(),
+        );
+        let mut trailers = axum::http::HeaderMap::new();
+        trailers.insert("grpc-status", axum::http::HeaderValue::from_static("5"));
+        let frames = [
+            Frame::data(bytes::Bytes::from(framed(&[b"one", b"two"]))),
+            Frame::trailers(trailers),
+        ];
+        let mut body = Counted::new(
+            Frames(frames.into_iter().collect()),
+            Some(Sink::new(series, Direction::Sent)),
+        );
+        body.pending = Some(Pending {
+            series,
+            started: None,
+        });
+        drain(&mut body);
+        drop(body);
+        assert_eq!(series.msg_sent.get() - sent, 2);
+        assert_eq!(series.handled[5].get() - not_found, 1);
+        // A response dropped before its trailers: the client canceled.
+        let mut body = Counted::new(Frames(Default::default()), None);
+        body.pending = Some(Pending {
+            series,
+            started: None,
+        });
+        drop(body);
+        assert_eq!(series.handled[1].get() - canceled, 1);
+        assert_eq!(series.handled[0].get(), ok);
     }
 
     #[test]
