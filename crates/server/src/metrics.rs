@@ -168,40 +168,39 @@ pub(crate) const APPLY_OPS: [&str; 23] = [
     "Authenticate",
     "AuthEnable",
     "AuthDisable",
-    "UserAdd",
-    "UserDelete",
-    "UserChangePassword",
-    "UserGrantRole",
-    "UserRevokeRole",
-    "RoleAdd",
-    "RoleGrantPermission",
-    "RoleRevokePermission",
-    "RoleDelete",
+    "AuthUserAdd",
+    "AuthUserDelete",
+    "AuthUserChangePassword",
+    "AuthUserGrantRole",
+    "AuthUserRevokeRole",
+    "AuthRoleAdd",
+    "AuthRoleGrantPermission",
+    "AuthRoleRevokePermission",
+    "AuthRoleDelete",
     "ClusterVersionSet",
     "ClusterMemberAttrSet",
 ];
 
 /// `etcd_server_apply_duration_seconds` series, `[failed, succeeded]` per [`APPLY_OPS`]
-/// entry; created with the first apply.
-static APPLY_SERIES: LazyLock<Vec<[prometheus::Histogram; 2]>> = LazyLock::new(|| {
-    APPLY_OPS
-        .iter()
-        .map(|op| {
-            [
-                APPLY_SECONDS.with_label_values(&["v3", op, "false"]),
-                APPLY_SECONDS.with_label_values(&["v3", op, "true"]),
-            ]
-        })
-        .collect()
-});
+/// entry; each created with its first apply, as etcd's appear.
+static APPLY_SERIES: LazyLock<Vec<[std::sync::OnceLock<prometheus::Histogram>; 2]>> =
+    LazyLock::new(|| {
+        APPLY_OPS
+            .iter()
+            .map(|_| [std::sync::OnceLock::new(), std::sync::OnceLock::new()])
+            .collect()
+    });
 
 /// etcd's `warnApplyDuration`: an apply slower than this is counted as slow.
 const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Record one applied request: operation `op` (an index into [`APPLY_OPS`]) took `took`.
 pub(crate) fn observe_apply(op: usize, success: bool, took: std::time::Duration) {
-    if let Some(series) = APPLY_SERIES.get(op) {
-        series[usize::from(success)].observe(took.as_secs_f64());
+    if let (Some(series), Some(name)) = (APPLY_SERIES.get(op), APPLY_OPS.get(op)) {
+        let outcome = if success { "true" } else { "false" };
+        series[usize::from(success)]
+            .get_or_init(|| APPLY_SECONDS.with_label_values(&["v3", name, outcome]))
+            .observe(took.as_secs_f64());
     }
     if took > SLOW_APPLY {
         SLOW_APPLIES.inc();

@@ -135,17 +135,19 @@ impl Op {
             Op::AuthEnable(_) => "AuthEnable",
             Op::AuthDisable(_) => "AuthDisable",
             Op::Authenticate(_) => "Authenticate",
-            Op::UserAdd(_) => "UserAdd",
-            Op::UserDelete(_) => "UserDelete",
-            Op::UserChangePassword(_) => "UserChangePassword",
-            Op::UserGrantRole(_) => "UserGrantRole",
-            Op::UserRevokeRole(_) => "UserRevokeRole",
-            Op::RoleAdd(_) => "RoleAdd",
-            Op::RoleDelete(_) => "RoleDelete",
-            Op::RoleGrantPermission(_) => "RoleGrantPermission",
-            Op::RoleRevokePermission(_) => "RoleRevokePermission",
+            Op::UserAdd(_) => "AuthUserAdd",
+            Op::UserDelete(_) => "AuthUserDelete",
+            Op::UserChangePassword(_) => "AuthUserChangePassword",
+            Op::UserGrantRole(_) => "AuthUserGrantRole",
+            Op::UserRevokeRole(_) => "AuthUserRevokeRole",
+            Op::RoleAdd(_) => "AuthRoleAdd",
+            Op::RoleDelete(_) => "AuthRoleDelete",
+            Op::RoleGrantPermission(_) => "AuthRoleGrantPermission",
+            Op::RoleRevokePermission(_) => "AuthRoleRevokePermission",
         };
-        crate::metrics::APPLY_OPS.iter().position(|op| *op == name)
+        let index = crate::metrics::APPLY_OPS.iter().position(|op| *op == name);
+        debug_assert!(index.is_some(), "{name} is not in APPLY_OPS");
+        index
     }
 }
 
