@@ -261,6 +261,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Ok(run::Stopped::Removed) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "etcd server failed");
             ExitCode::FAILURE

@@ -354,6 +354,12 @@ impl EtcdServer {
         self.inner.removed_members.read().contains(&id)
     }
 
+    /// Whether this member has been removed from the cluster (by an applied membership
+    /// change or by a peer's word); its process then exits with status 0, as etcd's does.
+    pub fn is_removed(&self) -> bool {
+        self.inner.removed.load(AtomicOrdering::Acquire)
+    }
+
     /// This member learned from a peer that it was removed: it stops, as etcd does.
     pub fn removed_by_peer(&self) {
         if !self.inner.removed.swap(true, AtomicOrdering::AcqRel) {

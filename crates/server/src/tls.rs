@@ -447,6 +447,12 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     common_name_of(&parsed)
 }
 
+/// The common name of the first certificate in a PEM file; `None` if it has none or the file
+/// cannot be read (whoever loads the file reports that).
+pub fn file_common_name(path: &Path) -> Option<String> {
+    common_name(read_certs(path).ok()?.first()?)
+}
+
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|iter| iter.collect::<std::result::Result<Vec<_>, _>>())

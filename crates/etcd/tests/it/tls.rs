@@ -10,6 +10,7 @@ use etcdrs_testkit::{
     ClientTls, Cluster, ClusterOpts, Etcdctl, Member, PeerTls, poll_until, served_certificate,
 };
 
+use crate::ours;
 use crate::{bin, opts};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -373,11 +374,6 @@ async fn tls_three_member_cluster_with_peer_auto_tls() {
             "member {i}: no self-signed certificate"
         );
     }
-}
-
-/// Whether the server under test is our binary (etcd 3.4 has no `--tls-min-version`).
-fn ours() -> bool {
-    std::env::var_os(etcdrs_testkit::EtcdBin::ENV).is_none_or(|v| v.is_empty())
 }
 
 #[tokio::test]
