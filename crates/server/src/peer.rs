@@ -261,6 +261,8 @@ impl LinkWorker {
             return;
         };
         let mut active = false;
+        // The last failure logged: a link that keeps failing the same way logs it once.
+        let mut last_error = String::new();
         loop {
             let first = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -329,10 +331,17 @@ impl LinkWorker {
                     active = false;
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                Ok(Err(_)) | Err(_) => {
-                    if active {
+                failed => {
+                    // etcd logs why, in Go's words for TLS alerts
+                    // (`remote error: tls: bad certificate` for a refused certificate).
+                    let error = match &failed {
+                        Ok(Err(status)) => crate::tls::transport_error_text(status),
+                        _ => "timed out".to_owned(),
+                    };
+                    if active || error != last_error {
                         active = false;
-                        tracing::warn!(remote_peer_id = %id_hex(self.to), "peer became inactive (message send to peer failed)");
+                        tracing::warn!(remote_peer_id = %id_hex(self.to), error = %error, "peer became inactive (message send to peer failed)");
+                        last_error = error;
                     }
                     // Try the member's next URL after a short pause; raft retransmits.
                     url_index = (url_index + 1) % self.urls.len();

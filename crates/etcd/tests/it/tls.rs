@@ -328,6 +328,59 @@ async fn tls_peer_cert_allowed_cn_refuses_other_members() {
     );
 }
 
+/// A member refused by its peer's `--peer-cert-allowed-cn` says why, in etcd's words
+/// (`remote error: tls: bad certificate`, what operators grep for): the refusal happens in the
+/// handshake, with the alert Go sends. Runs on etcd 3.4 too.
+#[tokio::test]
+async fn tls_member_refused_by_peer_cert_allowed_cn_logs_bad_certificate() {
+    let pki = pki();
+    let allowed = pki.ca.issue_loopback("allowed", "m-allowed").expect("cert");
+    let other = pki.ca.issue_loopback("other", "m-other").expect("cert");
+    let host = std::net::Ipv4Addr::LOCALHOST;
+    let reserve = || etcdrs_testkit::ports::reserve_on(host).expect("port");
+    let (a_client, a_peer, b_client, b_peer) = (reserve(), reserve(), reserve(), reserve());
+    let url = |port: &etcdrs_testkit::ports::PortLease| format!("https://{host}:{}", port.port());
+    let (a_url, b_url) = (url(&a_peer), url(&b_peer));
+    let peer_tls = |cert: &CertFiles| PeerTls {
+        ca_file: pki.ca.ca_file(),
+        cert: cert.clone(),
+        client_cert_auth: true,
+    };
+    let a = Member::spawn_on(
+        opts()
+            .name("a")
+            .initial_peers([("b", b_url)])
+            .peer_tls(peer_tls(&allowed))
+            .setting("peer-cert-allowed-cn", "m-allowed"),
+        a_client,
+        a_peer,
+    )
+    .expect("a spawns");
+    let b = Member::spawn_on(
+        opts()
+            .name("b")
+            .initial_peers([("a", a_url)])
+            .peer_tls(peer_tls(&other)),
+        b_client,
+        b_peer,
+    )
+    .expect("b spawns");
+    let logged = poll_until(Duration::from_secs(20), || async {
+        anyhow::ensure!(
+            b.log_contains("remote error: tls: bad certificate"),
+            "not logged yet"
+        );
+        Ok(())
+    })
+    .await;
+    assert!(
+        logged.is_ok(),
+        "the refused member does not say why:\n{}\n--- the refusing member:\n{}",
+        b.log_tail(20),
+        a.log_tail(20)
+    );
+}
+
 #[tokio::test]
 async fn tls_https_metrics_url_serves_with_the_client_certificate() {
     let pki = pki();
