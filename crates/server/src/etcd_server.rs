@@ -100,6 +100,9 @@ type Waiter = oneshot::Sender<Result<ApplyOutput>>;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd refuses new proposals when the applied index trails the committed index by this much.
 const MAX_GAP_APPLY_COMMIT: u64 = 5000;
+
+/// How often a write refused for an overtaken auth revision is proposed again ([`EtcdServer::propose_as`]).
+const MAX_AUTH_RETRIES: u32 = 8;
 /// Cost etcd's quota charges per key on top of its key and value.
 const KV_OVERHEAD: u64 = 256;
 const META_MEMBER_ID: &[u8] = b"memberID";
@@ -556,7 +559,37 @@ impl EtcdServer {
     }
 
     /// Propose a request on behalf of `auth` (checked against its permissions when applied).
+    /// An identity whose revision is live and that an auth change overtook between the check
+    /// and the apply is proposed again under the new revision (etcd's `raftRequest` loop), at
+    /// most [`MAX_AUTH_RETRIES`] times.
     pub async fn propose_as(
+        &self,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
+        let Some(info) = auth.filter(|info| info.live) else {
+            return self.propose_once(op, auth).await;
+        };
+        let mut info = info.clone();
+        let mut tries = 0;
+        loop {
+            let outcome = self.propose_once(op.clone(), Some(&info)).await;
+            let current = self.inner.auth.revision();
+            match outcome {
+                Err(ServerError::Etcd(e))
+                    if *e == rpctypes::AUTH_OLD_REVISION
+                        && current > info.revision
+                        && tries < MAX_AUTH_RETRIES =>
+                {
+                    info.revision = current;
+                    tries += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn propose_once(
         &self,
         op: Op,
         auth: Option<&crate::auth::AuthInfo>,
@@ -948,6 +981,7 @@ impl EtcdServer {
                     let auth = request.auth.map(|h| crate::auth::AuthInfo {
                         username: h.username,
                         revision: h.auth_revision,
+                        live: false,
                     });
                     let output = self.apply_op(&mut batch, op, auth.as_ref());
                     if let Err(ServerError::Mvcc(

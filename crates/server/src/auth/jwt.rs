@@ -236,6 +236,7 @@ impl Jwt {
         Some(AuthInfo {
             username: claims["username"].as_str()?.to_owned(),
             revision: claims["revision"].as_f64()? as u64,
+            live: false,
         })
     }
 }
