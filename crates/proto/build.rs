@@ -36,10 +36,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // As `protoc --include_imports --include_source_info`: the comments become doc comments.
     let file_set = protox::compile(PROTOS, ["proto"])?;
     let descriptors = prost::Message::encode_to_vec(&file_set);
+    // Kept for the JSON gateway, which reads requests by their descriptors (jsonpb's rules).
+    std::fs::write(out_dir.join("descriptors.bin"), &descriptors)?;
+    let mut config = tonic_prost_build::Config::new();
+    // `prost::Name`: the JSON gateway finds a request's descriptor by its full name.
+    config.enable_type_names();
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_fds(file_set)?;
+        .compile_fds_with_config(file_set, config)?;
 
     // grpc-gateway marshals with jsonpb `OrigName: true`: the proto's field names,
     // 64-bit integers as strings, bytes as base64 and zero values omitted. pbjson does the same
