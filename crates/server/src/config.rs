@@ -72,6 +72,11 @@ pub struct ServerConfig {
     pub peer_tls: Option<crate::tls::TlsInfo>,
     /// Authentication settings (`--auth-token`, `--bcrypt-cost`, `--auth-token-ttl`).
     pub auth: crate::auth::AuthConfig,
+    /// `--strict-reconfig-check`: a voter is added only while the started voters would still
+    /// form a quorum of the grown cluster.
+    pub strict_reconfig_check: bool,
+    /// `--experimental-max-learners` (etcd 3.5; 3.4 allows one).
+    pub max_learners: usize,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -107,6 +112,8 @@ impl ServerConfig {
             client_tls: None,
             peer_tls: None,
             auth: crate::auth::AuthConfig::default(),
+            strict_reconfig_check: true,
+            max_learners: 1,
         }
     }
 

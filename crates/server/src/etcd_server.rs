@@ -716,10 +716,11 @@ impl EtcdServer {
             {
                 return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
             }
-            if is_learner && members.values().filter(|m| m.is_learner).count() >= 1 {
+            let learners = members.values().filter(|m| m.is_learner).count();
+            if is_learner && learners >= self.inner.config.max_learners {
                 return Err(ServerError::Etcd(&rpctypes::TOO_MANY_LEARNERS));
             }
-            if !is_learner {
+            if !is_learner && self.inner.config.strict_reconfig_check {
                 // etcd's strict reconfiguration check: the started voters must still form a
                 // quorum of the grown cluster.
                 let voters = members.values().filter(|m| !m.is_learner).count();

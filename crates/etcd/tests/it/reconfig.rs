@@ -1085,3 +1085,38 @@ async fn move_leader_transfers_leadership() {
         .await
         .expect("writes after the move");
 }
+
+/// etcd allows one learner at a time (3.4 always; 3.5 by default): a second `member add
+/// --learner` is refused with etcd's error and changes nothing. etcd 3.5's
+/// `--experimental-max-learners` raises the limit (ours only: etcd 3.4 has no such flag).
+#[tokio::test]
+async fn learners_are_limited_as_etcd_limits_them() {
+    let peer = |port: u16| format!("--peer-urls=http://127.0.0.1:{port}");
+    let (m, _c) = crate::start().await;
+    let ctl = m.etcdctl();
+    reconfig(&ctl, &["member", "add", "l1", "--learner", &peer(1)])
+        .await
+        .expect("the first learner is added");
+    let refused = reconfig(&ctl, &["member", "add", "l2", "--learner", &peer(2)])
+        .await
+        .expect_err("a second learner is refused");
+    assert!(
+        refused.contains("etcdserver: too many learner members in cluster"),
+        "{refused}"
+    );
+    assert_eq!(member_rows(&ctl).await.expect("member list").len(), 2);
+    if !crate::ours() {
+        return;
+    }
+    let (m, _c) = crate::start_with(&["--experimental-max-learners", "2"]).await;
+    let ctl = m.etcdctl();
+    for (name, port) in [("l1", 1), ("l2", 2)] {
+        reconfig(&ctl, &["member", "add", name, "--learner", &peer(port)])
+            .await
+            .unwrap_or_else(|e| panic!("learner {name}: {e}"));
+    }
+    let refused = reconfig(&ctl, &["member", "add", "l3", "--learner", &peer(3)])
+        .await
+        .expect_err("a third learner is refused");
+    assert!(refused.contains("too many learner members"), "{refused}");
+}
