@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub strict_reconfig_check: bool,
     /// `--experimental-max-learners` (etcd 3.5; 3.4 allows one).
     pub max_learners: usize,
+    /// `--force-new-cluster`: a restarting member drops every other member (recovery from a
+    /// lost quorum).
+    pub force_new_cluster: bool,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -114,6 +117,7 @@ impl ServerConfig {
             auth: crate::auth::AuthConfig::default(),
             strict_reconfig_check: true,
             max_learners: 1,
+            force_new_cluster: false,
         }
     }
 

@@ -179,6 +179,7 @@ impl EtcdServer {
             let start = Start::Restart {
                 applied: store.consistent_index(),
                 conf_state,
+                force_new_cluster: config.force_new_cluster,
             };
             (member_id, cluster_id, start)
         } else if config.new_cluster {
