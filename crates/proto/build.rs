@@ -1,8 +1,8 @@
 //! Generates the prost messages and tonic clients/servers for etcd's API, and the serde
 //! (grpc-gateway JSON) impls of etcdserverpb, mvccpb, authpb, v3lockpb and v3electionpb.
 //!
-//! protoc is taken from `PROTOC` or `PATH` (Debian's `protobuf-compiler`);
-//! this script deliberately does not set `PROTOC` itself.
+//! The `.proto` files are parsed by `protox`, a protobuf compiler written in Rust, so building
+//! needs nothing but a Rust toolchain: no system `protoc`, and `PROTOC` is not read.
 
 use std::path::PathBuf;
 
@@ -33,17 +33,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    let descriptors_path = out_dir.join("descriptors.bin");
+    // As `protoc --include_imports --include_source_info`: the comments become doc comments.
+    let file_set = protox::compile(PROTOS, ["proto"])?;
+    let descriptors = prost::Message::encode_to_vec(&file_set);
+    // Kept for the JSON gateway, which reads requests by their descriptors (jsonpb's rules).
+    std::fs::write(out_dir.join("descriptors.bin"), &descriptors)?;
+    let mut config = tonic_prost_build::Config::new();
+    // `prost::Name`: the JSON gateway finds a request's descriptor by its full name.
+    config.enable_type_names();
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .file_descriptor_set_path(&descriptors_path)
-        .compile_protos(PROTOS, &["proto"])?;
+        .compile_fds_with_config(file_set, config)?;
 
     // grpc-gateway marshals with jsonpb `OrigName: true`: the proto's field names,
     // 64-bit integers as strings, bytes as base64 and zero values omitted. pbjson does the same
     // once told to keep the proto names.
-    let descriptors = std::fs::read(&descriptors_path)?;
     let prefixes: Vec<String> = JSON_PACKAGES.iter().map(|p| format!(".{p}")).collect();
     pbjson_build::Builder::new()
         .register_descriptors(&descriptors)?

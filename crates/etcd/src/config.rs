@@ -17,6 +17,7 @@
 // The lead wires this parser into main.rs; until then most of it is unused.
 #![allow(dead_code)] // Some parsed settings are read only by later issues (TLS, discovery, proxies).
 
+mod effect;
 mod file;
 mod flags;
 pub(crate) mod goparse;
@@ -1201,6 +1202,16 @@ fn finish(
         .to_string();
     let dur = |name: &str| to_std_duration(flags.duration(name));
 
+    for (name, why) in effect::NO_EFFECT {
+        let slot = flags.slot(name);
+        let value = flags::value_text(&slot.value);
+        if value != flags::value_text(&slot.def.default_value()) {
+            report
+                .warnings
+                .push(format!("--{name}={value} has no effect in etcd-rs: {why}"));
+        }
+    }
+
     let extra = flags::FLAGS
         .iter()
         .filter(|def| def.group != Group::Hidden && !MODELED.contains(&def.name))
@@ -1979,6 +1990,41 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let path = path.to_string_lossy().into_owned();
         (dir, path)
+    }
+
+    #[test]
+    fn flags_without_effect_are_named_when_set() {
+        let warnings = |list: &[&str], env: &[(String, String)]| {
+            parse(&args(list), env)
+                .map(|parsed| parsed.warnings)
+                .unwrap_or_else(|e| panic!("{}", e.message))
+        };
+        let told = warnings(&["--max-wals", "3", "--heartbeat-interval", "50"], &[]);
+        assert!(
+            told.iter()
+                .any(|w| w.starts_with("--max-wals=3 has no effect in etcd-rs: ")),
+            "{told:?}"
+        );
+        assert!(!told.iter().any(|w| w.contains("heartbeat")), "{told:?}");
+        // etcd's default, even set explicitly, changes nothing and is not worth a word.
+        assert!(
+            !warnings(&["--max-wals", "5"], &[])
+                .iter()
+                .any(|w| w.contains("has no effect"))
+        );
+        let env = [("ETCD_FORCE_NEW_CLUSTER".to_owned(), "true".to_owned())];
+        assert!(
+            warnings(&[], &env)
+                .iter()
+                .any(|w| w.starts_with("--force-new-cluster=true has no effect")),
+        );
+        let (_dir, path) = write_config("enable-pprof: true\n");
+        let told = warnings(&["--config-file", &path], &[]);
+        assert!(
+            told.iter()
+                .any(|w| w.starts_with("--enable-pprof=true has no effect")),
+            "{told:?}"
+        );
     }
 
     #[test]

@@ -325,8 +325,14 @@ fn usage_error(why: &str, usage: &str) -> ExitCode {
 
 /// Runs `etcd gateway <args>`; returns the process exit code.
 pub fn main(args: &[String]) -> ExitCode {
+    let is_bool = |name: &str| FLAGS.iter().any(|d| d.name == name && d.kind == Kind::Bool);
+    // As cobra, `start`'s flags may stand before or after the word `start`.
+    if let Some((command, start_args)) = crate::config::pflag::split_subcommand(args, is_bool)
+        && command == "start"
+    {
+        return start(&start_args);
+    }
     match args.first().map(String::as_str) {
-        Some("start") => {}
         Some(flag) if flag.starts_with('-') && flag != "-h" && flag != "--help" => {
             let why = if flag.starts_with("--") {
                 format!("unknown flag: {}", flag.split('=').next().unwrap_or(flag))
@@ -336,15 +342,19 @@ pub fn main(args: &[String]) -> ExitCode {
                     flag.chars().nth(1).unwrap_or('-')
                 )
             };
-            return usage_error(&why, &gateway_usage());
+            usage_error(&why, &gateway_usage())
         }
         // No subcommand, help, or an unknown one: cobra prints the command's help.
         _ => {
             print!("gateway related command\n\n{}", gateway_usage());
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
     }
-    let flags = match parse(&args[1..]) {
+}
+
+/// Runs `etcd gateway start` with its flags.
+fn start(start_args: &[String]) -> ExitCode {
+    let flags = match parse(start_args) {
         Ok(flags) => flags,
         Err(Stop::Help) => {
             print!("{}", start_help());

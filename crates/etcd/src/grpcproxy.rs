@@ -289,6 +289,18 @@ fn check(flags: &StartFlags) -> Result<(), String> {
             goparse::quote(&flags.discovery_srv)
         ));
     }
+    // etcd (`TLSInfo.EmptyCN`): the cluster would take a client certificate's Common Name as
+    // the user of every request the proxy forwards, whoever its client is.
+    if let Some(cn) = (!flags.cert.is_empty())
+        .then(|| etcdrs_server::tls::file_common_name(Path::new(&flags.cert)))
+        .flatten()
+        .filter(|cn| !cn.is_empty())
+    {
+        return Err(format!(
+            "cert has non empty Common Name ({cn}): {}",
+            flags.cert
+        ));
+    }
     Ok(())
 }
 
@@ -320,14 +332,16 @@ fn metrics_host(addr: &str) -> Result<String, String> {
 /// Runs `etcd grpc-proxy <args>`; returns the process exit code.
 pub fn main(args: &[String]) -> ExitCode {
     let usage = START_USAGE.replace("FLAGS", START_FLAGS);
-    match args.first().map(String::as_str) {
-        Some("start") => {}
+    // As cobra, `start`'s flags may stand before or after the word `start`.
+    let is_bool = |name: &str| FLAGS.iter().any(|(n, k)| *n == name && *k == Kind::Bool);
+    let start_args = match crate::config::pflag::split_subcommand(args, is_bool) {
+        Some((command, rest)) if command == "start" => rest,
         _ => {
             print!("{GROUP_HELP}");
             return ExitCode::SUCCESS;
         }
-    }
-    let flags = match parse_start(&args[1..]) {
+    };
+    let flags = match parse_start(&start_args) {
         Ok(flags) => flags,
         Err(e) => {
             eprint!("Error: {e}\n{usage}\n{e}");

@@ -106,6 +106,9 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
             bcrypt_cost: u32::try_from(cfg.bcrypt_cost).unwrap_or(u32::MAX),
             token_ttl: std::time::Duration::from_secs(cfg.auth_token_ttl),
         },
+        strict_reconfig_check: cfg.strict_reconfig_check,
+        max_learners: usize::try_from(cfg.experimental_max_learners).unwrap_or(0),
+        force_new_cluster: cfg.force_new_cluster,
     })
 }
 
@@ -261,6 +264,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Ok(run::Stopped::Removed) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "etcd server failed");
             ExitCode::FAILURE

@@ -69,6 +69,9 @@ fn listener_tls(
 pub enum Stopped {
     /// By this signal, after a clean shutdown; the process re-raises it, as etcd does.
     Signal(i32),
+    /// The member was removed from the cluster. etcd exits 0 then, so that a supervisor does
+    /// not restart it into a loop of refused starts.
+    Removed,
 }
 
 /// Run a member until it is told to stop. Returns an error for a fatal failure.
@@ -153,6 +156,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
         published = server.publish() => published?,
         Some(done) = tasks.join_next() => {
             shutdown.cancel();
+            if server.is_removed() {
+                drain(&mut tasks).await;
+                return Ok(Stopped::Removed);
+            }
             report(done)?;
         }
     }
@@ -189,18 +196,29 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             tracing::info!(signal = signal_name(signal), "received signal; shutting down");
             Ok(Stopped::Signal(signal))
         }
-        Some(done) = tasks.join_next() => report(done).map(|()| Stopped::Signal(0)),
+        Some(done) = tasks.join_next() => {
+            if server.is_removed() {
+                Ok(Stopped::Removed)
+            } else {
+                report(done).map(|()| Stopped::Signal(0))
+            }
+        }
     };
     shutdown.cancel();
-    let drain = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(Duration::from_secs(10), drain)
+    drain(&mut tasks).await;
+    outcome
+}
+
+/// Waits (at most 10 s) for every task to stop once the shutdown token is cancelled.
+async fn drain(tasks: &mut JoinSet<TaskResult>) {
+    let all = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(10), all)
         .await
         .is_err()
     {
         tracing::warn!("tasks did not stop in time");
     }
     tracing::info!("stopped etcd server");
-    outcome
 }
 
 pub(crate) fn signal_name(signal: i32) -> &'static str {

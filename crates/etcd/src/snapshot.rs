@@ -101,7 +101,13 @@ enum WriteOut {
 
 /// Run `etcd snapshot <args>`; errors are printed as etcdutl prints them (`Error: ...`).
 pub fn main(args: &[String]) -> ExitCode {
-    let argv = std::iter::once("etcd snapshot".to_string()).chain(args.iter().cloned());
+    // As cobra (etcdutl), a subcommand's flags may stand before its name: move the name first.
+    let no_value = |name: &str| matches!(name, "skip-hash-check");
+    let args = match crate::config::pflag::split_subcommand(args, no_value) {
+        Some((command, rest)) => std::iter::once(command).chain(rest).collect(),
+        None => args.to_vec(),
+    };
+    let argv = std::iter::once("etcd snapshot".to_string()).chain(args);
     let parsed = match SnapshotArgs::try_parse_from(argv) {
         Ok(parsed) => parsed,
         Err(e) => {

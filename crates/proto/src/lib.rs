@@ -25,6 +25,10 @@
 //! `FooServer`) and a `foo_client` module (`FooClient`).
 #![deny(missing_docs)]
 
+/// The compiled descriptors of every message above (a `FileDescriptorSet`), for code that reads
+/// messages by their descriptors: the JSON gateway's jsonpb decoding.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
+
 pub mod fanout;
 pub mod keys;
 pub mod rpctypes;

@@ -88,6 +88,10 @@ pub enum Start {
         applied: u64,
         /// Membership as of `applied`.
         conf_state: ConfState,
+        /// etcd's `--force-new-cluster`: drop the uncommitted tail of the log and commit the
+        /// removal of every other member, so this member comes up as a cluster of one with
+        /// everything that was committed.
+        force_new_cluster: bool,
     },
 }
 
@@ -294,6 +298,72 @@ const MAX_DEFERRED_CONF_CHANGES: usize = 64;
 /// Messages handled per loop turn before the node builds a `Ready`.
 const MAX_BATCH: usize = 1024;
 
+/// `--force-new-cluster`'s entries (etcd's `createConfigChangeEnts`): one committed
+/// `RemoveNode` for every member but `me` that the membership holds once the committed
+/// entries after `applied` are applied, appended after the committed log in its last term.
+fn standalone_removals(
+    me: u64,
+    conf_state: &ConfState,
+    entries: &[Entry],
+    applied: u64,
+    hard_state: &HardState,
+) -> Result<Vec<Entry>> {
+    let mut members: std::collections::BTreeSet<u64> = conf_state
+        .voters
+        .iter()
+        .chain(&conf_state.learners)
+        .chain(&conf_state.voters_outgoing)
+        .copied()
+        .collect();
+    let mut track = |kind: ConfChangeType, id: u64| match kind {
+        ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+            members.insert(id);
+        }
+        ConfChangeType::RemoveNode => {
+            members.remove(&id);
+        }
+    };
+    for entry in entries.iter().filter(|e| e.index > applied) {
+        match entry.get_entry_type() {
+            EntryType::EntryConfChange => {
+                let mut change = ConfChange::default();
+                change
+                    .merge_from_bytes(&entry.data)
+                    .map_err(|e| Error::Corrupt(e.to_string()))?;
+                track(change.get_change_type(), change.node_id);
+            }
+            EntryType::EntryConfChangeV2 => {
+                let mut change = ConfChangeV2::default();
+                change
+                    .merge_from_bytes(&entry.data)
+                    .map_err(|e| Error::Corrupt(e.to_string()))?;
+                for single in change.get_changes() {
+                    track(single.get_change_type(), single.node_id);
+                }
+            }
+            EntryType::EntryNormal => {}
+        }
+    }
+    let mut index = hard_state.commit;
+    let mut removals = Vec::new();
+    for id in members.into_iter().filter(|id| *id != me) {
+        let mut change = ConfChange::default();
+        change.set_change_type(ConfChangeType::RemoveNode);
+        change.node_id = id;
+        index += 1;
+        let mut entry = Entry::default();
+        entry.set_entry_type(EntryType::EntryConfChange);
+        entry.term = hard_state.term.max(1);
+        entry.index = index;
+        entry.data = change
+            .write_to_bytes()
+            .map_err(|e| Error::Corrupt(e.to_string()))?
+            .into();
+        removals.push(entry);
+    }
+    Ok(removals)
+}
+
 /// Start the node: opens or creates the WAL, restores raft from it and spawns the loop on a
 /// thread of its own, represented on `tasks`. The loop waits for its state machine, given
 /// through the returned [`NodeStarter`].
@@ -336,8 +406,9 @@ pub fn start(
         Start::Restart {
             applied,
             conf_state,
+            force_new_cluster,
         } => {
-            let (wal, state) = Wal::open(&config.wal_dir)?;
+            let (mut wal, state) = Wal::open(&config.wal_dir)?;
             let mut core = storage.wl();
             if state.snapshot.index > 0 {
                 let mut snapshot = raft::eraftpb::Snapshot::default();
@@ -347,27 +418,53 @@ pub fn start(
                 meta.set_conf_state(conf_state.clone());
                 core.apply_snapshot(snapshot)?;
             }
-            let entries = state
+            let mut entries = state
                 .entries
                 .iter()
                 .map(decode_entry)
                 .collect::<Result<Vec<_>>>()?;
-            core.append(&entries)?;
             let last_index = entries
                 .last()
                 .map(|e| e.index)
                 .unwrap_or(state.snapshot.index);
             // Entries the state machine applied were committed even if the hard state that
             // said so did not reach the WAL before a crash.
+            let commit = state.hard_state.commit.max(applied).min(last_index);
+            if force_new_cluster && last_index > commit {
+                tracing::warn!(
+                    commit_index = commit,
+                    discarded = last_index - commit,
+                    "discarding uncommitted WAL entries"
+                );
+                entries.retain(|e| e.index <= commit);
+            }
+            core.append(&entries)?;
             let hard_state = HardState {
                 term: state.hard_state.term,
                 vote: state.hard_state.vote,
-                commit: state.hard_state.commit.max(applied).min(last_index),
+                commit,
                 ..Default::default()
             };
-            core.set_hardstate(hard_state);
+            core.set_hardstate(hard_state.clone());
+            let removals = if force_new_cluster {
+                standalone_removals(config.id, &conf_state, &entries, applied, &hard_state)?
+            } else {
+                Vec::new()
+            };
             core.set_conf_state(conf_state);
             drop(core);
+            if force_new_cluster {
+                let hard_state = HardState {
+                    commit: removals.last().map_or(commit, |e| e.index),
+                    ..hard_state
+                };
+                tracing::info!(
+                    local_member_id = %format!("{:x}", config.id),
+                    commit_index = hard_state.commit,
+                    "forcing restart member"
+                );
+                persist(&mut wal, &storage, Some(&hard_state), &removals)?;
+            }
             (wal, applied)
         }
     };

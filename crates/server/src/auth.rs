@@ -103,6 +103,11 @@ pub struct AuthInfo {
     pub username: String,
     /// The auth revision the identity was established under.
     pub revision: u64,
+    /// The revision is the store's at the time of the request, not one the caller carries:
+    /// simple tokens and client certificates, as in etcd (a JWT carries its own). A write
+    /// refused as "revision of auth store is old" is then proposed again under the new one, as
+    /// etcd's `raftRequest` does, since the caller did nothing stale.
+    pub live: bool,
 }
 
 /// The replicated part.
@@ -237,11 +242,13 @@ impl AuthStore {
             return Ok(Some(AuthInfo {
                 username: entry.username.clone(),
                 revision,
+                live: true,
             }));
         }
         Ok(Some(AuthInfo {
             username: common_name.unwrap_or_default().to_owned(),
             revision,
+            live: true,
         }))
     }
 

@@ -72,6 +72,14 @@ pub struct ServerConfig {
     pub peer_tls: Option<crate::tls::TlsInfo>,
     /// Authentication settings (`--auth-token`, `--bcrypt-cost`, `--auth-token-ttl`).
     pub auth: crate::auth::AuthConfig,
+    /// `--strict-reconfig-check`: a voter is added only while the started voters would still
+    /// form a quorum of the grown cluster.
+    pub strict_reconfig_check: bool,
+    /// `--experimental-max-learners` (etcd 3.5; 3.4 allows one).
+    pub max_learners: usize,
+    /// `--force-new-cluster`: a restarting member drops every other member (recovery from a
+    /// lost quorum).
+    pub force_new_cluster: bool,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -107,6 +115,9 @@ impl ServerConfig {
             client_tls: None,
             peer_tls: None,
             auth: crate::auth::AuthConfig::default(),
+            strict_reconfig_check: true,
+            max_learners: 1,
+            force_new_cluster: false,
         }
     }
 

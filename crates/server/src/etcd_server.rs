@@ -100,6 +100,9 @@ type Waiter = oneshot::Sender<Result<ApplyOutput>>;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd refuses new proposals when the applied index trails the committed index by this much.
 const MAX_GAP_APPLY_COMMIT: u64 = 5000;
+
+/// How often a write refused for an overtaken auth revision is proposed again ([`EtcdServer::propose_as`]).
+const MAX_AUTH_RETRIES: u32 = 8;
 /// Cost etcd's quota charges per key on top of its key and value.
 const KV_OVERHEAD: u64 = 256;
 const META_MEMBER_ID: &[u8] = b"memberID";
@@ -176,6 +179,7 @@ impl EtcdServer {
             let start = Start::Restart {
                 applied: store.consistent_index(),
                 conf_state,
+                force_new_cluster: config.force_new_cluster,
             };
             (member_id, cluster_id, start)
         } else if config.new_cluster {
@@ -357,6 +361,12 @@ impl EtcdServer {
     /// Whether `id` is a member of the cluster now.
     pub fn is_member(&self, id: u64) -> bool {
         self.inner.members.read().contains_key(&id)
+    }
+
+    /// Whether this member has been removed from the cluster (by an applied membership
+    /// change or by a peer's word); its process then exits with status 0, as etcd's does.
+    pub fn is_removed(&self) -> bool {
+        self.inner.removed.load(AtomicOrdering::Acquire)
     }
 
     /// This member learned from a peer that it was removed: it stops, as etcd does.
@@ -562,7 +572,37 @@ impl EtcdServer {
     }
 
     /// Propose a request on behalf of `auth` (checked against its permissions when applied).
+    /// An identity whose revision is live and that an auth change overtook between the check
+    /// and the apply is proposed again under the new revision (etcd's `raftRequest` loop), at
+    /// most [`MAX_AUTH_RETRIES`] times.
     pub async fn propose_as(
+        &self,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
+        let Some(info) = auth.filter(|info| info.live) else {
+            return self.propose_once(op, auth).await;
+        };
+        let mut info = info.clone();
+        let mut tries = 0;
+        loop {
+            let outcome = self.propose_once(op.clone(), Some(&info)).await;
+            let current = self.inner.auth.revision();
+            match outcome {
+                Err(ServerError::Etcd(e))
+                    if *e == rpctypes::AUTH_OLD_REVISION
+                        && current > info.revision
+                        && tries < MAX_AUTH_RETRIES =>
+                {
+                    info.revision = current;
+                    tries += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn propose_once(
         &self,
         op: Op,
         auth: Option<&crate::auth::AuthInfo>,
@@ -689,10 +729,11 @@ impl EtcdServer {
             {
                 return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
             }
-            if is_learner && members.values().filter(|m| m.is_learner).count() >= 1 {
+            let learners = members.values().filter(|m| m.is_learner).count();
+            if is_learner && learners >= self.inner.config.max_learners {
                 return Err(ServerError::Etcd(&rpctypes::TOO_MANY_LEARNERS));
             }
-            if !is_learner {
+            if !is_learner && self.inner.config.strict_reconfig_check {
                 // etcd's strict reconfiguration check: the started voters must still form a
                 // quorum of the grown cluster.
                 let voters = members.values().filter(|m| !m.is_learner).count();
@@ -961,6 +1002,7 @@ impl EtcdServer {
                     let auth = request.auth.map(|h| crate::auth::AuthInfo {
                         username: h.username,
                         revision: h.auth_revision,
+                        live: false,
                     });
                     let metric = op.metric_index();
                     let started = Instant::now();

@@ -270,6 +270,8 @@ impl LinkWorker {
         let mut active = crate::metrics::PeerActivity::new(self.local_id, self.to);
         let mut probe = tokio::time::interval(PROBE_INTERVAL);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The last failure logged: a link that keeps failing the same way logs it once.
+        let mut last_error = String::new();
         loop {
             let first = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -346,9 +348,17 @@ impl LinkWorker {
                     active.down();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                Ok(Err(_)) | Err(_) => {
-                    if active.down() {
-                        tracing::warn!(remote_peer_id = %id_hex(self.to), "peer became inactive (message send to peer failed)");
+                failed => {
+                    // etcd logs why, in Go's words for TLS alerts
+                    // (`remote error: tls: bad certificate` for a refused certificate).
+                    let error = match &failed {
+                        Ok(Err(status)) => crate::tls::transport_error_text(status),
+                        _ => "timed out".to_owned(),
+                    };
+                    let was_active = active.down();
+                    if was_active || error != last_error {
+                        tracing::warn!(remote_peer_id = %id_hex(self.to), error = %error, "peer became inactive (message send to peer failed)");
+                        last_error = error;
                     }
                     // Try the member's next URL after a short pause; raft retransmits.
                     url_index = (url_index + 1) % self.urls.len();

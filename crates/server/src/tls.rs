@@ -265,7 +265,14 @@ impl TlsInfo {
                 verifier = verifier.with_crls(read_crls(crl_file)?);
             }
             let verifier = verifier.build().map_err(|e| tls_error(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
+            if self.allowed_cn.is_empty() && self.allowed_hostname.is_empty() {
+                builder.with_client_cert_verifier(verifier)
+            } else {
+                builder.with_client_cert_verifier(Arc::new(AllowedNames {
+                    inner: verifier,
+                    info: self.clone(),
+                }))
+            }
         } else {
             builder.with_no_client_auth()
         };
@@ -440,11 +447,151 @@ fn host_matches(name: &str, host: &str) -> bool {
     }
 }
 
+/// `--peer-cert-allowed-cn`/`--peer-cert-allowed-hostname` (and the client port's twins),
+/// checked inside the handshake as etcd's `VerifyPeerCertificate` does: a refused member
+/// receives a `bad_certificate` alert and can say why (see [`transport_error_text`]), rather than
+/// seeing its connection close.
+#[derive(Debug)]
+struct AllowedNames {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    info: TlsInfo,
+}
+
+/// etcd's text for a client certificate that its CN/hostname allow-lists refuse.
+#[derive(Debug, thiserror::Error)]
+#[error("client certificate authentication failed")]
+struct NotAllowed;
+
+impl rustls::server::danger::ClientCertVerifier for AllowedNames {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if self.info.allows(Some(end_entity)) {
+            Ok(verified)
+        } else {
+            // rustls answers this one with the bad_certificate alert, as Go's server does.
+            tracing::warn!(error = %NotAllowed, "rejected a client certificate");
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The text Go's TLS stack gives for a failed call whose cause is a TLS alert from the other
+/// side (`remote error: tls: bad certificate`), which operators grep etcd's logs for; otherwise
+/// the error's own text. Looks through `error`'s sources (a gRPC status, a hyper or I/O error).
+pub fn transport_error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        let tls = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::AlertReceived(alert)) = tls {
+            return format!("remote error: tls: {}", go_alert_text(*alert));
+        }
+        // Some layers keep only the text of rustls' error.
+        if let Some(name) = e.to_string().split("received fatal alert: ").nth(1)
+            && let Some(alert) = (0..=u8::MAX)
+                .map(rustls::AlertDescription::from)
+                .find(|alert| format!("{alert:?}") == name.trim_end_matches(['"', ')']))
+        {
+            return format!("remote error: tls: {}", go_alert_text(alert));
+        }
+        cause = e.source();
+    }
+    error.to_string()
+}
+
+/// Go's `crypto/tls` name of an alert.
+fn go_alert_text(alert: rustls::AlertDescription) -> String {
+    use rustls::AlertDescription as A;
+    match alert {
+        A::CloseNotify => "close notify",
+        A::UnexpectedMessage => "unexpected message",
+        A::BadRecordMac => "bad record MAC",
+        A::DecryptionFailed => "decryption failed",
+        A::RecordOverflow => "record overflow",
+        A::DecompressionFailure => "decompression failure",
+        A::HandshakeFailure => "handshake failure",
+        A::BadCertificate => "bad certificate",
+        A::UnsupportedCertificate => "unsupported certificate",
+        A::CertificateRevoked => "revoked certificate",
+        A::CertificateExpired => "expired certificate",
+        A::CertificateUnknown => "unknown certificate",
+        A::IllegalParameter => "illegal parameter",
+        A::UnknownCA => "unknown certificate authority",
+        A::AccessDenied => "access denied",
+        A::DecodeError => "error decoding message",
+        A::DecryptError => "error decrypting message",
+        A::ProtocolVersion => "protocol version not supported",
+        A::InsufficientSecurity => "insufficient security level",
+        A::InternalError => "internal error",
+        A::UserCanceled => "user canceled",
+        A::NoRenegotiation => "no renegotiation",
+        A::MissingExtension => "missing extension",
+        A::UnsupportedExtension => "unsupported extension",
+        A::UnrecognisedName => "unrecognized name",
+        A::CertificateRequired => "certificate required",
+        A::NoApplicationProtocol => "no application protocol",
+        other => return format!("alert({})", u8::from(other)),
+    }
+    .to_owned()
+}
+
 /// The common name of a DER certificate's subject (the user etcd's auth takes from a client
 /// certificate).
 pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     common_name_of(&parsed)
+}
+
+/// The common name of the first certificate in a PEM file; `None` if it has none or the file
+/// cannot be read (whoever loads the file reports that).
+pub fn file_common_name(path: &Path) -> Option<String> {
+    common_name(read_certs(path).ok()?.first()?)
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {

@@ -71,7 +71,8 @@ fn txn_ops(req: &TxnRequest, max_ops: usize) -> Check {
             Some(Request::RequestPut(p)) => put(p)?,
             Some(Request::RequestDeleteRange(d)) => delete_range(d)?,
             Some(Request::RequestTxn(t)) => txn_ops(t, max_ops - widest)?,
-            None => {}
+            // etcd's `checkRequestOp`: an empty op is refused with this error.
+            None => return Err(&rpctypes::KEY_NOT_FOUND),
         }
     }
     Ok(())
@@ -217,6 +218,11 @@ mod tests {
 
     #[test]
     fn too_many_ops_and_empty_keys() {
+        assert_eq!(
+            check(vec![RequestOp { request: None }]),
+            Err(&rpctypes::KEY_NOT_FOUND),
+            "an empty op, as etcd"
+        );
         let ops: Vec<RequestOp> = (0..129).map(|i| put_op(&format!("k{i}"))).collect();
         assert_eq!(check(ops), Err(&rpctypes::TOO_MANY_OPS));
         assert_eq!(check(vec![put_op("")]), Err(&rpctypes::EMPTY_KEY));

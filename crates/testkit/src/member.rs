@@ -610,6 +610,12 @@ impl Member {
         }
     }
 
+    /// Adds a setting (as [`MemberOpts::setting`]) for the next start, e.g. a recovery flag
+    /// given to one restart.
+    pub fn add_setting(&mut self, flag: impl Into<String>, value: impl Into<String>) {
+        self.opts.settings.push((flag.into(), value.into()));
+    }
+
     /// Starts the server again on the same data dir and ports and waits until ready. A running
     /// server is stopped first (SIGTERM).
     pub async fn restart(&mut self) -> anyhow::Result<()> {

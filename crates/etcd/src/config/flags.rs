@@ -288,7 +288,7 @@ impl FlagDef {
         format!("ETCD_{}", self.name.replace('-', "_").to_uppercase())
     }
 
-    fn default_value(&self) -> Value {
+    pub(crate) fn default_value(&self) -> Value {
         let mut value = Value::initial(self.kind);
         if !self.default.is_empty() {
             // Defaults are static and covered by a test; a bad one would show up there.

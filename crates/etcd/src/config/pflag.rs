@@ -59,9 +59,73 @@ pub(crate) fn scan(
     Ok(help)
 }
 
+/// cobra's search for a subcommand (`stripFlags`): the first argument that is neither a flag
+/// nor a flag's value. Returns it with the other arguments in their order, so the subcommand's
+/// flags may come before its name (`etcd gateway --endpoints=a start`), as cobra lets them.
+/// `is_bool(name)` tells a flag that takes no value (by long name, or one-letter shorthand);
+/// any other flag written without `=` takes the next argument. `--` ends the search.
+pub(crate) fn split_subcommand(
+    args: &[String],
+    is_bool: impl Fn(&str) -> bool,
+) -> Option<(String, Vec<String>)> {
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        if arg == "--" {
+            return None;
+        }
+        let flag = arg
+            .strip_prefix("--")
+            .or_else(|| arg.strip_prefix('-').filter(|s| s.chars().count() == 1));
+        match flag {
+            Some(name)
+                if !name.contains('=') && name != "help" && name != "h" && !is_bool(name) =>
+            {
+                i += 2
+            }
+            Some(_) => i += 1,
+            None if arg.starts_with('-') => i += 1,
+            None => {
+                let rest = args[..i].iter().chain(&args[i + 1..]).cloned().collect();
+                return Some((arg.to_owned(), rest));
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subcommand_anywhere_on_the_line() {
+        let args = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let split = |l: &[&str]| split_subcommand(&args(l), |n| n == "flag" || n == "f");
+        assert_eq!(
+            split(&["start", "--name", "a"]),
+            Some(("start".into(), args(&["--name", "a"])))
+        );
+        assert_eq!(
+            split(&["--name=a", "start", "--flag"]),
+            Some(("start".into(), args(&["--name=a", "--flag"])))
+        );
+        // A flag with a value takes the next argument; a boolean one does not.
+        assert_eq!(
+            split(&["--name", "a", "--flag", "-f", "-h", "start", "x"]),
+            Some((
+                "start".into(),
+                args(&["--name", "a", "--flag", "-f", "-h", "x"])
+            ))
+        );
+        assert_eq!(
+            split(&["-w", "json", "status", "f.db"]),
+            Some(("status".into(), args(&["-w", "json", "f.db"])))
+        );
+        assert_eq!(split(&["--name", "start"]), None);
+        assert_eq!(split(&["--", "start"]), None);
+        assert_eq!(split(&[]), None);
+    }
 
     fn run(list: &[&str]) -> Result<(bool, Vec<(String, String)>), String> {
         let args: Vec<String> = list.iter().map(|s| s.to_string()).collect();

@@ -682,6 +682,115 @@ async fn auth_jwt_tokens_carry_the_auth_revision() {
     );
 }
 
+/// Runs `openssl` with `args` in `dir` (the keys of the JWT tests are made as operators make them).
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs (scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every key form etcd takes for JWT: a certificate or a `PUBLIC KEY` as the public key;
+/// PKCS#8, PKCS#1 and SEC1 private keys; RSA, RSA-PSS and ECDSA (and EdDSA, etcd 3.5's). Tokens
+/// signed with each are accepted by the member that signed them.
+#[tokio::test]
+async fn auth_jwt_accepts_certificates_and_every_key_encoding() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let subject = ["-subj", "/CN=jwt", "-days", "1"];
+    // RSA: a self-signed certificate with a PKCS#8 key, and a PKCS#1 key with its PUBLIC KEY.
+    openssl(
+        d,
+        &[
+            &["req", "-x509", "-newkey", "rsa:2048", "-nodes"][..],
+            &["-keyout", "rsa8.key", "-out", "rsa.crt"],
+            &subject,
+        ]
+        .concat(),
+    );
+    openssl(d, &["genrsa", "-traditional", "-out", "rsa1.key", "2048"]);
+    openssl(
+        d,
+        &["rsa", "-in", "rsa1.key", "-pubout", "-out", "rsa1.pub"],
+    );
+    // ECDSA P-256: a SEC1 key (`EC PRIVATE KEY`) and a certificate of it.
+    openssl(
+        d,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "ec.key",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            &["req", "-x509", "-key", "ec.key", "-out", "ec.crt"][..],
+            &subject,
+        ]
+        .concat(),
+    );
+    let mut cases = vec![
+        ("rsa.crt", "rsa8.key", "RS256"),
+        ("rsa.crt", "rsa8.key", "PS384"),
+        ("rsa1.pub", "rsa1.key", "RS512"),
+        ("ec.crt", "ec.key", "ES256"),
+    ];
+    // etcd 3.4's JWT library has no EdDSA; 3.5's has.
+    if !crate::ours() {
+        eprintln!("EdDSA skipped: the server under test is etcd 3.4");
+    } else {
+        openssl(d, &["genpkey", "-algorithm", "ed25519", "-out", "ed.key"]);
+        openssl(d, &["pkey", "-in", "ed.key", "-pubout", "-out", "ed.pub"]);
+        cases.push(("ed.pub", "ed.key", "EdDSA"));
+    }
+    for (public, private, method) in cases {
+        let spec = format!(
+            "jwt,pub-key={},priv-key={},sign-method={method},ttl=1m",
+            d.join(public).display(),
+            d.join(private).display()
+        );
+        let member = start_with_auth(&[("auth-token", spec.as_str())]).await;
+        let reader = member.etcdctl().with_user("reader:readerpw");
+        assert_eq!(
+            reader.ok(&["get", "/app/k"]).await,
+            "/app/k\nv0\n",
+            "{method} with {public} and {private}"
+        );
+    }
+
+    // A public key that is not the private key's pair cannot verify a token: refused at start.
+    let spec = format!(
+        "jwt,pub-key={},priv-key={},sign-method=RS256",
+        d.join("rsa1.pub").display(),
+        d.join("rsa8.key").display()
+    );
+    if crate::ours() {
+        let mut member = Member::spawn(opts().setting("auth-token", &spec)).expect("spawn");
+        let status = member
+            .wait_exit(Duration::from_secs(20))
+            .await
+            .expect("exits");
+        assert!(!status.success());
+        assert!(
+            member.log_contains("auth: invalid auth options")
+                && member.log_contains("the public key does not verify"),
+            "{}",
+            member.log_tail(10)
+        );
+    }
+}
+
 #[tokio::test]
 async fn auth_bad_token_options_fail_start_up() {
     let mut member = Member::spawn(opts().setting("auth-token", "nonsense")).expect("spawn");
@@ -886,7 +995,7 @@ async fn auth_survives_a_restart() {
 /// `--experimental-snapshot-catchup-entries`, which keeps the test short).
 #[tokio::test]
 async fn auth_state_travels_in_raft_snapshots() {
-    let ours = std::env::var_os(etcdrs_testkit::EtcdBin::ENV).is_none_or(|v| v.is_empty());
+    let ours = crate::ours();
     let (args, puts): (&[&str], usize) = if ours {
         (
             &[

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use etcdrs_testkit::{Cluster, ClusterOpts, EtcdBin, Member, MemberOpts, poll_until};
 
 use crate::bin;
+use crate::ours;
 
 /// Deadline for every state the tests wait for (2 cores, several clusters at once).
 const WAIT: Duration = Duration::from_secs(25);
@@ -118,12 +119,6 @@ async fn check_cluster(members: &[Member]) {
     let mut last = members[members.len() - 1].client().await.expect("client");
     let got = last.get("discovered", None).await.expect("get");
     assert_eq!(got.kvs()[0].value(), b"yes");
-}
-
-/// Whether the members are ours (not `ETCDRS_TEST_ETCD_BIN`). etcd 3.4 logs with capnslog
-/// (other texts) and leaves a `member` directory behind a failed discovery.
-fn ours() -> bool {
-    std::env::var_os("ETCDRS_TEST_ETCD_BIN").is_none()
 }
 
 /// A member that must fail at start: exit status 1, these log lines, and no data dir.

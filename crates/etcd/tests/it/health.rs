@@ -10,20 +10,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, Client};
-use etcdrs_testkit::{Cluster, ClusterOpts, EtcdBin, Member, poll_until};
+use etcdrs_testkit::{Cluster, ClusterOpts, Member, poll_until};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::ours;
 use crate::{bin, start, start_with};
 
 /// Deadline for states the tests wait for (2 cores, several clusters at once).
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Whether the server under test is our binary, which serves etcd 3.5's health endpoints.
-fn ours() -> bool {
-    std::env::var_os(EtcdBin::ENV).is_none_or(|v| v.is_empty())
-}
 
 /// A whole response.
 #[derive(Debug)]

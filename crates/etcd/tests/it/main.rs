@@ -30,6 +30,7 @@ mod maintenance;
 mod metrics;
 mod reconfig;
 mod startup;
+mod subcommands;
 mod tls;
 mod txn;
 mod watch;
@@ -43,6 +44,13 @@ pub fn bin() -> EtcdBin {
 }
 
 /// Default member options for the server under test.
+/// Whether the server under test is our binary, not etcd 3.4 named by `ETCDRS_TEST_ETCD_BIN`
+/// (for the steps that only one of them can take: etcd 3.4 lacks 3.5's features, and logs in
+/// other words).
+pub fn ours() -> bool {
+    std::env::var_os(EtcdBin::ENV).is_none_or(|v| v.is_empty())
+}
+
 pub fn opts() -> MemberOpts {
     MemberOpts::new(&bin())
 }

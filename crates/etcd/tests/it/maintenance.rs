@@ -15,12 +15,8 @@ use etcdrs_testkit::{Code, EtcdBin, Etcdctl, Member, assert_grpc_error, poll_unt
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::ours;
 use crate::{dump, opts, revision, start, start_with};
-
-/// Whether the server under test is our binary (no `ETCDRS_TEST_ETCD_BIN` override).
-fn ours() -> bool {
-    std::env::var_os(EtcdBin::ENV).is_none_or(|v| v.is_empty())
-}
 
 /// `etcdctl` pointed at `m`.
 fn ctl(m: &Member) -> Etcdctl {
@@ -372,6 +368,21 @@ async fn defrag_shrinks_the_database_after_deletes() {
     assert_eq!(revision(&mut c).await, rev);
     c.put("k", "v", None).await.unwrap();
     assert_eq!(dump(&mut c).await, [("k".to_owned(), "v".to_owned())]);
+}
+
+/// etcd answers Defragment and MoveLeader with an empty message, no header (client libraries'
+/// tests check it); Status and Hash carry one.
+#[tokio::test]
+async fn defragment_and_move_leader_answer_without_a_header() {
+    let (_m, mut c) = start().await;
+    let defrag = c.defragment().await.expect("defragment");
+    assert!(defrag.header().is_none(), "{defrag:?}");
+    let status = c.status().await.expect("status");
+    let me = status.header().expect("status has a header").member_id();
+    // A single member moving its leadership to itself: done at once, as in etcd.
+    let moved = c.move_leader(me).await.expect("move leader");
+    assert!(moved.header().is_none(), "{moved:?}");
+    assert!(c.hash().await.expect("hash").header().is_some());
 }
 
 /// `etcdctl alarm list|disarm` after NOSPACE (the alarm's effects on requests are covered by

@@ -500,7 +500,11 @@ async fn add_promote_and_remove_members_while_writing() {
         .wait_exit(WAIT)
         .await
         .unwrap_or_else(|e| panic!("the removed member exits: {e:#}"));
-    eprintln!("removed member m{removed} exited with {exit}");
+    // etcd exits 0 once removed, so a supervisor does not restart it into a loop.
+    assert!(
+        exit.success(),
+        "the removed member m{removed} exited with {exit}"
+    );
     let served = async {
         let mut client = probe_client(&c.member(removed).endpoint()).await?;
         client
@@ -1080,4 +1084,121 @@ async fn move_leader_transfers_leadership() {
         .put("after-move", "ok", None)
         .await
         .expect("writes after the move");
+}
+
+/// etcd allows one learner at a time (3.4 always; 3.5 by default): a second `member add
+/// --learner` is refused with etcd's error and changes nothing. etcd 3.5's
+/// `--experimental-max-learners` raises the limit (ours only: etcd 3.4 has no such flag).
+#[tokio::test]
+async fn learners_are_limited_as_etcd_limits_them() {
+    let peer = |port: u16| format!("--peer-urls=http://127.0.0.1:{port}");
+    let (m, _c) = crate::start().await;
+    let ctl = m.etcdctl();
+    reconfig(&ctl, &["member", "add", "l1", "--learner", &peer(1)])
+        .await
+        .expect("the first learner is added");
+    let refused = reconfig(&ctl, &["member", "add", "l2", "--learner", &peer(2)])
+        .await
+        .expect_err("a second learner is refused");
+    assert!(
+        refused.contains("etcdserver: too many learner members in cluster"),
+        "{refused}"
+    );
+    assert_eq!(member_rows(&ctl).await.expect("member list").len(), 2);
+    if !crate::ours() {
+        return;
+    }
+    let (m, _c) = crate::start_with(&["--experimental-max-learners", "2"]).await;
+    let ctl = m.etcdctl();
+    for (name, port) in [("l1", 1), ("l2", 2)] {
+        reconfig(&ctl, &["member", "add", name, "--learner", &peer(port)])
+            .await
+            .unwrap_or_else(|e| panic!("learner {name}: {e}"));
+    }
+    let refused = reconfig(&ctl, &["member", "add", "l3", "--learner", &peer(3)])
+        .await
+        .expect_err("a third learner is refused");
+    assert!(refused.contains("too many learner members"), "{refused}");
+}
+
+/// etcd's way out of a lost quorum: a 3-member cluster under writes loses two members for good
+/// (SIGKILL, data gone); the survivor, restarted with `--force-new-cluster`, is a cluster of one
+/// that holds every acknowledged write and takes new ones; then it grows back with `member add`
+/// and a fresh member that catches up. Runs on etcd 3.4 too.
+#[tokio::test]
+async fn force_new_cluster_recovers_a_lost_quorum() {
+    let mut c = start(3).await;
+    let writer = Writer::spawn(c.member(0).client().await.expect("client"));
+    writer.wait_for_more(30, "before the loss").await;
+    let (acked, _) = writer.finish().await;
+    c.kill9(1).expect("kill m1");
+    c.kill9(2).expect("kill m2");
+    for i in [1, 2] {
+        let _ = std::fs::remove_dir_all(c.member(i).data_dir());
+    }
+    // Without a quorum the survivor cannot serve a linearizable read; with the flag it can.
+    c.member_mut(0).add_setting("force-new-cluster", "true");
+    c.restart(0)
+        .await
+        .unwrap_or_else(|e| panic!("the survivor restarts alone: {e:#}"));
+    let survivor = c.member(0);
+    if crate::ours() {
+        // etcd's words (3.4 logs with capnslog, in others).
+        assert!(
+            survivor.log_contains("forcing restart member"),
+            "{}",
+            survivor.log_tail(20)
+        );
+    }
+    let mut client = survivor.client().await.expect("client");
+    check_writes("the survivor", &mut client, acked).await;
+    client
+        .put("after", "recovery", None)
+        .await
+        .expect("a new write");
+    let ctl = survivor.etcdctl();
+    let rows = member_rows(&ctl).await.expect("member list");
+    assert_eq!(rows.len(), 1, "a cluster of one: {rows:?}");
+
+    // It grows back: a new member (empty data dir) joins and catches up.
+    let host = Cluster::host(3);
+    let client_port = ports::reserve_on(host).expect("port");
+    let peer_port = ports::reserve_on(host).expect("port");
+    let peer_url = format!("http://{host}:{}", peer_port.port());
+    let out = reconfig(
+        &ctl,
+        &["member", "add", "n4", &format!("--peer-urls={peer_url}")],
+    )
+    .await
+    .expect("member add");
+    let initial = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_else(|| panic!("no ETCD_INITIAL_CLUSTER in {out}"));
+    let n4_opts = MemberOpts::new(&bin())
+        .name("n4")
+        .host(host)
+        .initial_cluster(initial)
+        .initial_cluster_token(c.token())
+        .setting("initial-cluster-state", "existing")
+        .fast_timers();
+    let n4 = Member::spawn_on(n4_opts, client_port, peer_port).expect("spawn n4");
+    poll_until(WAIT, || async {
+        let mut client = probe_client(&n4.endpoint()).await?;
+        let r = client
+            .get("after", Some(GetOptions::new().with_serializable()))
+            .await
+            .map_err(|e| format!("serializable get on n4: {e}"))?;
+        if pairs(r.kvs()) == [("after".to_owned(), "recovery".to_owned())] {
+            Ok(())
+        } else {
+            Err(format!("n4 has {:?}", pairs(r.kvs())))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n--- n4 ---\n{}", n4.log_tail(30)));
+    let mut n4_client = n4.client().await.expect("client");
+    check_writes("n4", &mut n4_client, acked).await;
+    assert_eq!(member_rows(&ctl).await.expect("member list").len(), 2);
 }

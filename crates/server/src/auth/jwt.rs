@@ -3,17 +3,20 @@
 //! the public key by any member, so no member keeps a token table.
 //!
 //! Options as etcd takes them: `pub-key=<PEM file>`, `priv-key=<PEM file>` (optional: without
-//! it the member only verifies), `sign-method=<RS256|RS384|RS512|PS256|PS384|PS512|ES256|ES384>`
-//! and `ttl=<Go duration>` (default 5m). Keys are PEM files: public keys as `PUBLIC KEY` (or
-//! `RSA PUBLIC KEY`), private keys as PKCS#8 (or PKCS#1 for RSA).
+//! it the member only verifies), `sign-method=<RS256|RS384|RS512|PS256|PS384|PS512|ES256|ES384|
+//! EdDSA>` (EdDSA as etcd 3.5) and `ttl=<Go duration>` (default 5m). The public key may be a
+//! `PUBLIC KEY`, an `RSA PUBLIC KEY` or a `CERTIFICATE` (its subject's key, as etcd's own
+//! fixtures use it); the private key PKCS#8, PKCS#1 (RSA) or SEC1 (`EC PRIVATE KEY`). A key that
+//! cannot be read, does not suit the method, or does not verify what its pair signs is refused
+//! at start with the reason logged, never by refusing every token later.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ring::signature::{self, EcdsaKeyPair, RsaKeyPair, UnparsedPublicKey};
+use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, RsaKeyPair, UnparsedPublicKey};
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{PrivateKeyDer, SubjectPublicKeyInfoDer};
 use x509_parser::prelude::FromDer;
 
 use super::AuthInfo;
@@ -43,6 +46,7 @@ enum Method {
     Rs(u16),
     Ps(u16),
     Es(u16),
+    EdDsa,
 }
 
 impl Method {
@@ -56,6 +60,7 @@ impl Method {
             "PS512" => Method::Ps(512),
             "ES256" => Method::Es(256),
             "ES384" => Method::Es(384),
+            "EdDSA" => Method::EdDsa,
             _ => return None,
         })
     }
@@ -65,6 +70,7 @@ impl Method {
             Method::Rs(bits) => format!("RS{bits}"),
             Method::Ps(bits) => format!("PS{bits}"),
             Method::Es(bits) => format!("ES{bits}"),
+            Method::EdDsa => "EdDSA".to_owned(),
         }
     }
 
@@ -78,6 +84,7 @@ impl Method {
             Method::Ps(_) => &signature::RSA_PSS_2048_8192_SHA512,
             Method::Es(256) => &signature::ECDSA_P256_SHA256_FIXED,
             Method::Es(_) => &signature::ECDSA_P384_SHA384_FIXED,
+            Method::EdDsa => &signature::ED25519,
         }
     }
 }
@@ -85,6 +92,7 @@ impl Method {
 enum Signer {
     Rsa(RsaKeyPair, &'static dyn signature::RsaEncoding),
     Ecdsa(EcdsaKeyPair),
+    Ed25519(Ed25519KeyPair),
 }
 
 /// A JWT token provider.
@@ -129,22 +137,49 @@ impl Jwt {
         let Some(public_key_file) = public_key_file else {
             return Err(JwtOptionsError::MissingKey);
         };
-        let pem = std::fs::read(&public_key_file).map_err(|_| JwtOptionsError::Invalid)?;
-        let public_key = public_key_bits(&pem).ok_or(JwtOptionsError::Invalid)?;
+        let refuse = |file: &str, why: &str| {
+            tracing::error!(
+                path = file,
+                sign_method = %method.name(),
+                error = why,
+                "failed to load a JWT key"
+            );
+            JwtOptionsError::Invalid
+        };
+        let pem = std::fs::read(&public_key_file)
+            .map_err(|e| refuse(&public_key_file, &e.to_string()))?;
+        let public_key = public_key_bits(&pem).ok_or_else(|| {
+            refuse(
+                &public_key_file,
+                "no PUBLIC KEY, RSA PUBLIC KEY or CERTIFICATE block",
+            )
+        })?;
         let signer = match private_key_file {
             Some(file) => {
-                let key =
-                    PrivateKeyDer::from_pem_file(&file).map_err(|_| JwtOptionsError::Invalid)?;
-                Some(signer(method, &key).ok_or(JwtOptionsError::Invalid)?)
+                let key = PrivateKeyDer::from_pem_file(&file)
+                    .map_err(|e| refuse(&file, &format!("no private key: {e}")))?;
+                Some(signer(method, &key).ok_or_else(|| {
+                    refuse(&file, "the private key does not suit the sign method")
+                })?)
             }
             None => None,
         };
-        Ok(Jwt {
+        let jwt = Jwt {
             method,
             public_key,
             signer,
             ttl,
-        })
+        };
+        // A public key that is not the private key's pair would refuse every token it signs.
+        if let Some(token) = jwt.sign("", 0)
+            && jwt.verify_signature(&token).is_none()
+        {
+            return Err(refuse(
+                &public_key_file,
+                "the public key does not verify what the private key signs",
+            ));
+        }
+        Ok(jwt)
     }
 
     /// A token for `username` at auth `revision`; `None` without a private key.
@@ -175,6 +210,7 @@ impl Jwt {
                 .ok()?
                 .as_ref()
                 .to_vec(),
+            Signer::Ed25519(key) => key.sign(signing_input.as_bytes()).as_ref().to_vec(),
         };
         Some(format!(
             "{signing_input}.{}",
@@ -184,12 +220,7 @@ impl Jwt {
 
     /// The identity a valid, unexpired token carries.
     pub fn verify(&self, token: &str) -> Option<AuthInfo> {
-        let (signing_input, signature) = token.rsplit_once('.')?;
-        let (header, claims) = signing_input.split_once('.')?;
-        let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
-        UnparsedPublicKey::new(self.method.verification(), &self.public_key)
-            .verify(signing_input.as_bytes(), &signature)
-            .ok()?;
+        let (header, claims) = self.verify_signature(token)?;
         let header: serde_json::Value =
             serde_json::from_slice(&URL_SAFE_NO_PAD.decode(header).ok()?).ok()?;
         if header["alg"].as_str() != Some(self.method.name().as_str()) {
@@ -205,17 +236,43 @@ impl Jwt {
         Some(AuthInfo {
             username: claims["username"].as_str()?.to_owned(),
             revision: claims["revision"].as_f64()? as u64,
+            live: false,
         })
     }
 }
 
-/// The key bits of a PEM public key: the subjectPublicKey of a `PUBLIC KEY`, or a whole
-/// `RSA PUBLIC KEY` (PKCS#1), which is what ring verifies with.
-fn public_key_bits(pem: &[u8]) -> Option<Vec<u8>> {
-    if let Ok(spki) = SubjectPublicKeyInfoDer::from_pem_slice(pem) {
-        let (_, parsed) = x509_parser::x509::SubjectPublicKeyInfo::from_der(spki.as_ref()).ok()?;
-        return Some(parsed.subject_public_key.data.to_vec());
+impl Jwt {
+    /// The header and claims parts of `token` if its signature is good.
+    fn verify_signature<'t>(&self, token: &'t str) -> Option<(&'t str, &'t str)> {
+        let (signing_input, signature) = token.rsplit_once('.')?;
+        let signature = URL_SAFE_NO_PAD.decode(signature).ok()?;
+        UnparsedPublicKey::new(self.method.verification(), &self.public_key)
+            .verify(signing_input.as_bytes(), &signature)
+            .ok()?;
+        signing_input.split_once('.')
     }
+}
+
+/// The key bits of a PEM public key, as ring verifies with them: the subjectPublicKey of a
+/// `PUBLIC KEY` or of a `CERTIFICATE`'s subject, or a whole `RSA PUBLIC KEY` (PKCS#1).
+fn public_key_bits(pem: &[u8]) -> Option<Vec<u8>> {
+    use rustls::pki_types::pem::SectionKind;
+    for item in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem) {
+        let (kind, der) = item.ok()?;
+        let bits = match kind {
+            SectionKind::PublicKey => {
+                let (_, spki) = x509_parser::x509::SubjectPublicKeyInfo::from_der(&der).ok()?;
+                spki.subject_public_key.data.to_vec()
+            }
+            SectionKind::Certificate => {
+                let (_, cert) = x509_parser::certificate::X509Certificate::from_der(&der).ok()?;
+                cert.public_key().subject_public_key.data.to_vec()
+            }
+            _ => continue,
+        };
+        return (!bits.is_empty()).then_some(bits);
+    }
+    // pki-types knows no `RSA PUBLIC KEY` section.
     let text = std::str::from_utf8(pem).ok()?;
     let body: String = text
         .lines()
@@ -223,7 +280,42 @@ fn public_key_bits(pem: &[u8]) -> Option<Vec<u8>> {
         .skip(1)
         .take_while(|l| !l.starts_with("-----END"))
         .collect();
-    base64::engine::general_purpose::STANDARD.decode(body).ok()
+    let bits = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .ok()?;
+    (!bits.is_empty()).then_some(bits)
+}
+
+/// A SEC1 `ECPrivateKey` (`EC PRIVATE KEY`) as the PKCS#8 document ring reads: the same key,
+/// wrapped with the EC algorithm and its curve.
+fn sec1_to_pkcs8(sec1: &[u8], bits: u16) -> Vec<u8> {
+    // ecPublicKey (1.2.840.10045.2.1), then prime256v1 (1.2.840.10045.3.1.7) or secp384r1 (1.3.132.0.34).
+    const EC_PUBLIC_KEY: &[u8] = &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+    const P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+    const P384: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
+    let curve = if bits == 256 { P256 } else { P384 };
+    let algorithm = der(0x30, &[EC_PUBLIC_KEY, curve].concat());
+    let body = [&[0x02, 0x01, 0x00][..], &algorithm, &der(0x04, sec1)].concat();
+    der(0x30, &body)
+}
+
+/// One DER element: tag, definite length, contents.
+fn der(tag: u8, contents: &[u8]) -> Vec<u8> {
+    let len = contents.len();
+    let mut out = vec![tag];
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes: Vec<u8> = len
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|b| *b == 0)
+            .collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend(bytes);
+    }
+    out.extend_from_slice(contents);
+    out
 }
 
 fn signer(method: Method, key: &PrivateKeyDer<'_>) -> Option<Signer> {
@@ -246,17 +338,27 @@ fn signer(method: Method, key: &PrivateKeyDer<'_>) -> Option<Signer> {
             Some(Signer::Rsa(pair, encoding))
         }
         Method::Es(bits) => {
-            let PrivateKeyDer::Pkcs8(der) = key else {
-                return None;
+            let pkcs8 = match key {
+                PrivateKeyDer::Pkcs8(der) => der.secret_pkcs8_der().to_vec(),
+                PrivateKeyDer::Sec1(der) => sec1_to_pkcs8(der.secret_sec1_der(), bits),
+                _ => return None,
             };
             let alg = if bits == 256 {
                 &signature::ECDSA_P256_SHA256_FIXED_SIGNING
             } else {
                 &signature::ECDSA_P384_SHA384_FIXED_SIGNING
             };
-            EcdsaKeyPair::from_pkcs8(alg, der.secret_pkcs8_der(), &rng)
+            EcdsaKeyPair::from_pkcs8(alg, &pkcs8, &rng)
                 .ok()
                 .map(Signer::Ecdsa)
+        }
+        Method::EdDsa => {
+            let PrivateKeyDer::Pkcs8(der) = key else {
+                return None;
+            };
+            Ed25519KeyPair::from_pkcs8_maybe_unchecked(der.secret_pkcs8_der())
+                .ok()
+                .map(Signer::Ed25519)
         }
     }
 }

@@ -1,0 +1,79 @@
+//! The flags etcd-rs accepts (so that etcd's command lines, environments and config files
+//! start it) but does not act on, each with the reason. A member given one of them with a
+//! value other than etcd's default says so at start, in one warning per flag: an operator who
+//! sets a flag learns whether it did anything. A flag leaves this table when it is implemented.
+
+/// `(flag, what etcd-rs does instead)`.
+#[rustfmt::skip]
+pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
+    ("initial-election-tick-advance", "raft-rs waits a whole election timeout before the first campaign"),
+    ("listen-client-http-urls", "these URLs are not bound; --listen-client-urls serves gRPC and HTTP together"),
+    ("max-snapshots", "one raft snapshot is kept; older ones are removed"),
+    ("max-wals", "WAL segments are released once the backend holds their entries"),
+    ("backend-batch-interval", "the backend commits every applied batch and syncs every 100ms"),
+    ("backend-batch-limit", "the backend commits every applied batch and syncs every 100ms"),
+    ("backend-bbolt-freelist-type", "the backend is redb, not bbolt"),
+    ("max-concurrent-streams", "HTTP/2 streams per client connection are not capped"),
+    ("grpc-keepalive-min-time", "client keepalive pings are not policed"),
+    ("grpc-keepalive-interval", "the server sends no keepalive pings"),
+    ("grpc-keepalive-timeout", "the server sends no keepalive pings"),
+    ("socket-reuse-port", "listeners are bound without SO_REUSEPORT"),
+    ("socket-reuse-address", "listeners are bound without SO_REUSEADDR"),
+    ("raft-read-timeout", "peer links use their own fixed timeouts"),
+    ("raft-write-timeout", "peer links use their own fixed timeouts"),
+    ("enable-v2", "the v2 keys subset that v2 discovery uses is always served"),
+    ("enable-grpc-gateway", "the JSON gateway is always served"),
+    ("enable-pprof", "there is no /debug/pprof"),
+    ("cors", "CORS headers are not sent"),
+    ("host-whitelist", "the Host header is not checked"),
+    ("client-cert-file", "outgoing client connections present --cert-file"),
+    ("client-key-file", "outgoing client connections present --key-file"),
+    ("experimental-peer-skip-client-san-verification", "peer client certificates are verified as --peer-client-cert-auth says"),
+    ("experimental-initial-corrupt-check", "the data is not compared with the other members' at start"),
+    ("experimental-corrupt-check-time", "there is no periodic corruption check"),
+    ("experimental-compact-hash-check-enabled", "compacted revisions' hashes are not compared"),
+    ("experimental-compact-hash-check-time", "compacted revisions' hashes are not compared"),
+    ("experimental-enable-lease-checkpoint", "lease TTLs are not checkpointed: a new leader renews every lease"),
+    ("experimental-enable-lease-checkpoint-persist", "lease TTLs are not checkpointed: a new leader renews every lease"),
+    ("experimental-compaction-batch-limit", "a compaction deletes in one backend transaction"),
+    ("experimental-compaction-sleep-interval", "a compaction deletes in one backend transaction"),
+    ("experimental-warning-apply-duration", "slow applies are not logged"),
+    ("experimental-bootstrap-defrag-threshold-megabytes", "the backend is not defragmented at start"),
+    ("experimental-memory-mlock", "memory is not locked"),
+    ("experimental-txn-mode-write-with-shared-buffer", "the backend has no shared read buffer"),
+    ("experimental-stop-grpc-service-on-defrag", "the gRPC health service is not stopped during a defragmentation"),
+    ("experimental-downgrade-check-time", "cluster downgrades are not supported"),
+    ("experimental-enable-v2v3", "there is no v2 store to emulate"),
+    ("v2-deprecation", "there is no v2 store"),
+    ("unsafe-no-fsync", "every WAL write is still fsynced"),
+    ("proxy", "a full member runs; the v2 proxy is not served"),
+    ("proxy-failure-wait", "the v2 proxy is not served"),
+    ("proxy-refresh-interval", "the v2 proxy is not served"),
+    ("proxy-dial-timeout", "the v2 proxy is not served"),
+    ("proxy-write-timeout", "the v2 proxy is not served"),
+    ("proxy-read-timeout", "the v2 proxy is not served"),
+    ("enable-log-rotation", "log files are not rotated"),
+    ("log-rotation-config-json", "log files are not rotated"),
+    ("experimental-enable-distributed-tracing", "there is no OpenTelemetry tracing"),
+    ("experimental-distributed-tracing-address", "there is no OpenTelemetry tracing"),
+    ("experimental-distributed-tracing-service-name", "there is no OpenTelemetry tracing"),
+    ("experimental-distributed-tracing-instance-id", "there is no OpenTelemetry tracing"),
+    ("experimental-distributed-tracing-sampling-rate", "there is no OpenTelemetry tracing"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_without_effect_is_a_flag() {
+        for (name, _) in NO_EFFECT {
+            assert!(
+                super::super::flags::FLAGS
+                    .iter()
+                    .any(|def| def.name == *name),
+                "{name} is not in the flag table"
+            );
+        }
+    }
+}
