@@ -109,6 +109,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         strict_reconfig_check: cfg.strict_reconfig_check,
         max_learners: usize::try_from(cfg.experimental_max_learners).unwrap_or(0),
         force_new_cluster: cfg.force_new_cluster,
+        unsafe_no_fsync: cfg.unsafe_no_fsync,
     })
 }
 

@@ -64,6 +64,17 @@ pub struct NodeConfig {
     /// Entries kept in memory behind a snapshot mark for lagging followers
     /// (etcd's `SnapshotCatchUpEntries`).
     pub catch_up_entries: u64,
+    /// etcd's `--unsafe-no-fsync`: the WAL is written without fdatasync.
+    pub unsafe_no_fsync: bool,
+}
+
+impl NodeConfig {
+    fn wal_options(&self) -> etcdrs_wal::Options {
+        etcdrs_wal::Options {
+            unsafe_no_fsync: self.unsafe_no_fsync,
+            ..etcdrs_wal::Options::default()
+        }
+    }
 }
 
 /// How the node starts.
@@ -377,7 +388,8 @@ pub fn start(
     let storage = MemStorage::new();
     let (wal, applied) = match start {
         Start::New { metadata, peers } => {
-            let mut wal = Wal::create(&config.wal_dir, &metadata)?;
+            let mut wal =
+                Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?;
             let mut entries = Vec::with_capacity(peers.len());
             for (i, (id, context)) in peers.iter().enumerate() {
                 let mut change = ConfChange::default();
@@ -402,13 +414,16 @@ pub fn start(
             persist(&mut wal, &storage, Some(&hard_state), &entries)?;
             (wal, 0)
         }
-        Start::Join { metadata } => (Wal::create(&config.wal_dir, &metadata)?, 0),
+        Start::Join { metadata } => (
+            Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?,
+            0,
+        ),
         Start::Restart {
             applied,
             conf_state,
             force_new_cluster,
         } => {
-            let (mut wal, state) = Wal::open(&config.wal_dir)?;
+            let (mut wal, state) = Wal::open_with_options(&config.wal_dir, config.wal_options())?;
             let mut core = storage.wl();
             if state.snapshot.index > 0 {
                 let mut snapshot = raft::eraftpb::Snapshot::default();
@@ -647,7 +662,12 @@ fn persist(
     });
     let timer = metrics::WAL_FSYNC_SECONDS.start_timer();
     wal.save(wal_hard_state, &records)?;
-    timer.observe_duration();
+    // As etcd: without an fsync there is no fsync duration to record.
+    if wal.options().unsafe_no_fsync {
+        timer.stop_and_discard();
+    } else {
+        timer.observe_duration();
+    }
     let mut core = storage.wl();
     if !entries.is_empty() {
         core.append(entries)?;

@@ -80,6 +80,8 @@ pub struct ServerConfig {
     /// `--force-new-cluster`: a restarting member drops every other member (recovery from a
     /// lost quorum).
     pub force_new_cluster: bool,
+    /// `--unsafe-no-fsync`: the WAL is not fsynced (a power loss may lose acknowledged writes).
+    pub unsafe_no_fsync: bool,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -118,6 +120,7 @@ impl ServerConfig {
             strict_reconfig_check: true,
             max_learners: 1,
             force_new_cluster: false,
+            unsafe_no_fsync: false,
         }
     }
 

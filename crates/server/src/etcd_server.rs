@@ -225,6 +225,7 @@ impl EtcdServer {
             pre_vote: config.pre_vote,
             snapshot_count: config.snapshot_count,
             catch_up_entries: config.snapshot_catchup_entries.max(1),
+            unsafe_no_fsync: config.unsafe_no_fsync,
         };
         let (raft, starter) = etcdrs_raftnode::start(
             node_config,

@@ -45,7 +45,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("experimental-downgrade-check-time", "cluster downgrades are not supported"),
     ("experimental-enable-v2v3", "there is no v2 store to emulate"),
     ("v2-deprecation", "there is no v2 store"),
-    ("unsafe-no-fsync", "every WAL write is still fsynced"),
     ("proxy", "a full member runs; the v2 proxy is not served"),
     ("proxy-failure-wait", "the v2 proxy is not served"),
     ("proxy-refresh-interval", "the v2 proxy is not served"),
