@@ -82,6 +82,10 @@ pub struct ServerConfig {
     pub force_new_cluster: bool,
     /// `--unsafe-no-fsync`: the WAL is not fsynced (a power loss may lose acknowledged writes).
     pub unsafe_no_fsync: bool,
+    /// `--enable-v2`: serve the v2 keys API (the subset v2 discovery uses) and `/new`.
+    pub enable_v2: bool,
+    /// `--enable-grpc-gateway`: serve the JSON gateway under `/v3`.
+    pub enable_grpc_gateway: bool,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -121,6 +125,8 @@ impl ServerConfig {
             max_learners: 1,
             force_new_cluster: false,
             unsafe_no_fsync: false,
+            enable_v2: false,
+            enable_grpc_gateway: true,
         }
     }
 

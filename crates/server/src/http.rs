@@ -58,9 +58,16 @@ pub fn router(server: EtcdServer) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .with_state(server.clone());
-    grpc.merge(http)
-        .merge(gateway)
-        .merge(v2keys)
+    // etcd's gates: the JSON gateway unless --enable-grpc-gateway=false, the v2 keys API
+    // (here the subset v2 discovery uses, and `/new`) only with --enable-v2.
+    let mut router = grpc.merge(http);
+    if server.config().enable_grpc_gateway {
+        router = router.merge(gateway);
+    }
+    if server.config().enable_v2 {
+        router = router.merge(v2keys);
+    }
+    router
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(server) as Arc<dyn LeaderSource>,

@@ -21,8 +21,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("socket-reuse-address", "listeners are bound without SO_REUSEADDR"),
     ("raft-read-timeout", "peer links use their own fixed timeouts"),
     ("raft-write-timeout", "peer links use their own fixed timeouts"),
-    ("enable-v2", "the v2 keys subset that v2 discovery uses is always served"),
-    ("enable-grpc-gateway", "the JSON gateway is always served"),
     ("enable-pprof", "there is no /debug/pprof"),
     ("cors", "CORS headers are not sent"),
     ("host-whitelist", "the Host header is not checked"),
