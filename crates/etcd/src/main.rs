@@ -112,6 +112,8 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         unsafe_no_fsync: cfg.unsafe_no_fsync,
         enable_v2: cfg.enable_v2,
         enable_grpc_gateway: cfg.enable_grpc_gateway,
+        backend_batch_interval: cfg.backend_batch_interval,
+        backend_batch_limit: u64::try_from(cfg.backend_batch_limit).unwrap_or(0),
     })
 }
 

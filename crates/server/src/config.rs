@@ -86,6 +86,11 @@ pub struct ServerConfig {
     pub enable_v2: bool,
     /// `--enable-grpc-gateway`: serve the JSON gateway under `/v3`.
     pub enable_grpc_gateway: bool,
+    /// `--backend-batch-interval` (zero: etcd's 100ms): the longest a backend commit waits to
+    /// be made durable.
+    pub backend_batch_interval: Duration,
+    /// `--backend-batch-limit` (zero: etcd's 10000): writes that may wait for a durable commit.
+    pub backend_batch_limit: u64,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -127,6 +132,8 @@ impl ServerConfig {
             unsafe_no_fsync: false,
             enable_v2: false,
             enable_grpc_gateway: true,
+            backend_batch_interval: Duration::ZERO,
+            backend_batch_limit: 0,
         }
     }
 

@@ -156,8 +156,9 @@ impl EtcdServer {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
         std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
-        let backend =
+        let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
+        backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
         tracing::info!(path = %config.backend_path().display(), "opened backend db");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
 

@@ -10,8 +10,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("listen-client-http-urls", "these URLs are not bound; --listen-client-urls serves gRPC and HTTP together"),
     ("max-snapshots", "one raft snapshot is kept; older ones are removed"),
     ("max-wals", "WAL segments are released once the backend holds their entries"),
-    ("backend-batch-interval", "the backend commits every applied batch and syncs every 100ms"),
-    ("backend-batch-limit", "the backend commits every applied batch and syncs every 100ms"),
     ("backend-bbolt-freelist-type", "the backend is redb, not bbolt"),
     ("max-concurrent-streams", "HTTP/2 streams per client connection are not capped"),
     ("grpc-keepalive-min-time", "client keepalive pings are not policed"),
