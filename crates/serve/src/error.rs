@@ -5,19 +5,12 @@
 use std::io;
 
 /// Why a client's HTTP/2 byte stream cannot be filtered; the connection is closed.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A header block failed to decode (RFC 7541): a bad index, a truncated representation,
-    /// a bad Huffman string, or a dynamic table size update above the limit.
-    #[error("hpack: {0}")]
-    Hpack(loona_hpack::decoder::DecoderError),
-    /// The decoded header list is larger than we accept.
-    #[error("hpack: decoded header list exceeds {limit} bytes")]
-    HeaderListTooLarge {
-        /// The bound, in RFC 7541 sizes (name + value + 32 per field).
-        limit: usize,
-    },
+    /// A header block failed to decode (RFC 7541).
+    #[error(transparent)]
+    Hpack(#[from] etcdrs_hpack::Error),
     /// A header block (HEADERS plus CONTINUATIONs) is larger than we buffer.
     #[error("http2: header block on stream {stream} exceeds {limit} bytes")]
     HeaderBlockTooLarge {

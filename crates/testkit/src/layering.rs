@@ -62,6 +62,12 @@ const RULES: &[Rule] = &[
         why: "proto is a leaf: it depends on prost/tonic and nothing of ours",
     },
     Rule {
+        krate: "etcdrs-hpack",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "hpack is the workspace's one HPACK codec, a leaf shared by serve and bench",
+    },
+    Rule {
         krate: "etcdrs-tls",
         reach: Reach::Transitive,
         forbid: Forbid::AnyWorkspaceCrate,
