@@ -75,6 +75,9 @@ impl From<Field<'_>> for HeaderField {
     }
 }
 
+/// A literal's name and value: borrowed from the block or the table, or Huffman-decoded.
+type Literal<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
 /// A decoder tracking one peer encoder's dynamic table (RFC 7541 §2.3, §4).
 #[derive(Debug)]
 pub struct Decoder {
@@ -176,11 +179,7 @@ impl Decoder {
     }
 
     /// A literal representation whose name index has a `prefix`-bit prefix: name and value.
-    fn literal<'a, 'b: 'a>(
-        &'a self,
-        src: &mut &'b [u8],
-        prefix: u8,
-    ) -> Result<(Cow<'a, [u8]>, Cow<'a, [u8]>)> {
+    fn literal<'a, 'b: 'a>(&'a self, src: &mut &'b [u8], prefix: u8) -> Result<Literal<'a>> {
         let index = decode_int(src, prefix)?;
         let name = if index == 0 {
             decode_string(src)?

@@ -7,7 +7,7 @@
 //!   connection then serves (hyper's settings, the router, per-connection state) is the
 //!   caller's [`listener::Handler`].
 //! - [`h2authority`]: accepts etcd 3.4 etcdctl's URL-shaped HTTP/2 `:authority`, which hyper
-//!   rejects, by rewriting it in the bytes the client sends.
+//!   rejects, by rewriting it in the bytes the client sends (HPACK from `etcdrs_hpack`).
 //! - [`leader`]: etcd's require-leader contract (`hasleader` metadata) as an axum middleware
 //!   over a [`leader::LeaderSource`], which the server and the proxy each implement.
 //! - [`not_found`]: the fallback for unknown paths (gRPC "unimplemented" or Go's 404).
