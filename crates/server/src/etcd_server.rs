@@ -237,7 +237,7 @@ impl EtcdServer {
         )?;
         let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
         let config_election_timeout = config.election_timeout;
-        let leader_loss = crate::leader::LeaderLoss::default();
+        let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
         let (applied, _) = watch::channel(store.consistent_index());
         let server = EtcdServer {
             inner: Arc::new(Inner {
@@ -318,7 +318,7 @@ impl EtcdServer {
         let stop = shutdown.clone();
         let election = config_election_timeout;
         tasks.spawn(async move {
-            let has_leader = move || crate::leader::LeaderSource::has_leader(&observed);
+            let has_leader = move || etcdrs_serve::leader::LeaderSource::has_leader(&observed);
             leader_loss.monitor(election, has_leader, stop).await;
             ("leader monitor", Ok(()))
         });
@@ -1673,7 +1673,7 @@ fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {
     Ok(alarms)
 }
 
-impl crate::leader::LeaderSource for EtcdServer {
+impl etcdrs_serve::leader::LeaderSource for EtcdServer {
     fn has_leader(&self) -> bool {
         self.inner.raft.status().leader != 0
     }
