@@ -8,7 +8,9 @@
 //! # Durability
 //!
 //! Like etcd's batched backend, most commits are made without an fsync
-//! ([`Durability::None`]); every `force_commit_interval` or on request a commit is made durable.
+//! ([`Durability::None`]); a commit is made durable on request, once the last durable one is
+//! `batch_interval` old, or once `batch_limit` writes wait for one (etcd's
+//! `--backend-batch-interval` and `--backend-batch-limit`, 100ms and 10000 by default).
 //! That is safe because the raft WAL is the source of truth: on restart the server replays
 //! every entry after the consistent index recorded in the last durable commit.
 //!
@@ -86,6 +88,11 @@ impl Bucket {
     }
 }
 
+/// etcd's default `--backend-batch-interval`.
+const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// etcd's default `--backend-batch-limit`.
+const DEFAULT_BATCH_LIMIT: u64 = 10_000;
+
 /// The backend: one database file, one writer at a time.
 pub struct Backend {
     /// Shared by every transaction; taken exclusively only to defragment.
@@ -93,7 +100,10 @@ pub struct Backend {
     path: PathBuf,
     /// When the last durable commit happened (only the writer updates it).
     last_durable: Mutex<Instant>,
-    force_commit_interval: Duration,
+    batch_interval: Duration,
+    /// Writes committed since the last durable commit, and how many may wait.
+    pending_writes: AtomicU64,
+    batch_limit: u64,
     /// Bytes of keys and values stored, over every bucket, as of the last commit.
     logical_bytes: AtomicU64,
 }
@@ -121,7 +131,9 @@ impl Backend {
             db: RwLock::new(db),
             path: path.to_path_buf(),
             last_durable: Mutex::new(Instant::now()),
-            force_commit_interval: Duration::from_millis(100),
+            batch_interval: DEFAULT_BATCH_INTERVAL,
+            pending_writes: AtomicU64::new(0),
+            batch_limit: DEFAULT_BATCH_LIMIT,
             logical_bytes: AtomicU64::new(0),
         };
         let tx = backend.write()?;
@@ -142,6 +154,20 @@ impl Backend {
         Ok(backend)
     }
 
+    /// etcd's `--backend-batch-interval` and `--backend-batch-limit` (zero: etcd's defaults).
+    pub fn set_batching(&mut self, interval: Duration, limit: u64) {
+        self.batch_interval = if interval.is_zero() {
+            DEFAULT_BATCH_INTERVAL
+        } else {
+            interval
+        };
+        self.batch_limit = if limit == 0 {
+            DEFAULT_BATCH_LIMIT
+        } else {
+            limit
+        };
+    }
+
     /// The path of the database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -159,6 +185,7 @@ impl Backend {
             tx,
             backend: self,
             delta: std::cell::Cell::new(0),
+            writes: std::cell::Cell::new(0),
         })
     }
 
@@ -275,6 +302,8 @@ pub struct WriteTx<'a> {
     backend: &'a Backend,
     /// Change in stored bytes made by this transaction.
     delta: std::cell::Cell<i64>,
+    /// Keys written or removed by this transaction.
+    writes: std::cell::Cell<u64>,
 }
 
 impl WriteTx<'_> {
@@ -284,6 +313,7 @@ impl WriteTx<'_> {
         let old = table.insert(key, value).map_err(Error::storage)?;
         let old_len = old.map(|v| key.len() + v.value().len()).unwrap_or(0);
         self.add((key.len() + value.len()) as i64 - old_len as i64);
+        self.writes.set(self.writes.get() + 1);
         Ok(())
     }
 
@@ -293,6 +323,7 @@ impl WriteTx<'_> {
         let old = table.remove(key).map_err(Error::storage)?;
         if let Some(old) = old {
             self.add(-((key.len() + old.value().len()) as i64));
+            self.writes.set(self.writes.get() + 1);
         }
         Ok(())
     }
@@ -311,6 +342,7 @@ impl WriteTx<'_> {
             bytes += (k.value().len() + v.value().len()) as i64;
         }
         self.add(-bytes);
+        self.writes.set(self.writes.get() + removed);
         Ok(removed)
     }
 
@@ -344,9 +376,10 @@ impl WriteTx<'_> {
     /// Returns whether this commit was durable.
     pub fn commit(mut self, durable: bool) -> Result<bool> {
         let now = Instant::now();
+        let pending = self.backend.pending_writes.load(Ordering::Relaxed) + self.writes.get();
         let durable = durable
-            || now.duration_since(*lock(&self.backend.last_durable))
-                >= self.backend.force_commit_interval;
+            || pending >= self.backend.batch_limit
+            || now.duration_since(*lock(&self.backend.last_durable)) >= self.backend.batch_interval;
         let level = if durable {
             Durability::Immediate
         } else {
@@ -359,6 +392,10 @@ impl WriteTx<'_> {
         if durable {
             *lock(&self.backend.last_durable) = now;
         }
+        let waiting = if durable { 0 } else { pending };
+        self.backend
+            .pending_writes
+            .store(waiting, Ordering::Relaxed);
         let delta = self.delta.get();
         let logical = &self.backend.logical_bytes;
         let _ = logical.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -473,6 +510,33 @@ impl ReadTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commits_become_durable_by_batch_interval_and_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut backend = Backend::open(&dir.path().join("db")).unwrap();
+        // A long interval: only the limit (3 writes waiting) makes a commit durable.
+        backend.set_batching(Duration::from_secs(3600), 3);
+        fn commit_keys(backend: &Backend, keys: &[u8]) -> bool {
+            let tx = backend.write().unwrap();
+            for k in keys {
+                tx.put(Bucket::KEY, &[*k], b"v").unwrap();
+            }
+            tx.commit(false).unwrap()
+        }
+        let commit = |keys: &[u8]| commit_keys(&backend, keys);
+        assert!(!commit(&[1]));
+        assert!(!commit(&[2]));
+        assert!(commit(&[3]), "the third waiting write reaches the limit");
+        assert!(
+            !commit(&[4]),
+            "the count starts again after a durable commit"
+        );
+        assert!(commit(&[5, 6, 7]));
+        // A zero interval: every commit is durable.
+        backend.set_batching(Duration::from_nanos(1), 10_000);
+        assert!(commit_keys(&backend, &[8]));
+    }
 
     #[test]
     fn put_get_range_delete_and_reopen() {

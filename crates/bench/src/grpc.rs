@@ -9,7 +9,7 @@
 //! each response is read whole, its `:status` and `grpc-status` checked (trailers-only answers
 //! included) and its message decoded. The connection follows the protocol: the peer's settings
 //! (concurrent streams, frame size, initial window), flow control both ways, PING and GOAWAY.
-//! Response headers are decoded with `loona-hpack` (dynamic table, Huffman). Request headers are
+//! Response headers are decoded with `etcdrs_hpack` (dynamic table, Huffman). Request headers are
 //! encoded here as real clients (Go's gRPC, `h2`) encode them: each field enters the connection's
 //! dynamic table once and is sent as an index from then on ([`HeadEncoder`]).
 //!
@@ -25,6 +25,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+// HPACK's default dynamic table size, which the server's settings may only lower, and the
+// static table's size (dynamic indices start after it).
+use etcdrs_hpack::{DEFAULT_TABLE_SIZE, STATIC_ENTRIES};
 use prost::Message;
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
@@ -143,7 +146,7 @@ impl Conn {
             shared: shared.clone(),
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             wbuf: BytesMut::with_capacity(READ_CHUNK),
-            hpack: loona_hpack::Decoder::new(),
+            hpack: etcdrs_hpack::Decoder::new(DEFAULT_TABLE_SIZE),
             received: 0,
             continuation: None,
         };
@@ -326,20 +329,20 @@ struct Fields {
 }
 
 impl Fields {
-    fn from_block(hpack: &mut loona_hpack::Decoder<'static>, block: &[u8]) -> Result<Self, String> {
+    fn from_block(hpack: &mut etcdrs_hpack::Decoder, block: &[u8]) -> Result<Self, String> {
         let mut f = Fields::default();
         hpack
-            .decode_with_cb(block, |name, value| match &*name {
+            .decode_with(block, |field| match field.name {
                 b":status" => {
-                    f.status = std::str::from_utf8(&value)
+                    f.status = std::str::from_utf8(field.value)
                         .ok()
                         .and_then(|s| s.parse().ok());
                 }
-                b"grpc-status" => f.grpc_status = Some(value.into_owned()),
-                b"grpc-message" => f.grpc_message = Some(value.into_owned()),
+                b"grpc-status" => f.grpc_status = Some(field.value.to_vec()),
+                b"grpc-message" => f.grpc_message = Some(field.value.to_vec()),
                 _ => {}
             })
-            .map_err(|e| format!("decoding response headers: {e:?}"))?;
+            .map_err(|e| format!("decoding response headers: {e}"))?;
         Ok(f)
     }
 
@@ -541,7 +544,7 @@ struct Driver {
     rbuf: BytesMut,
     /// Frames being written (taken from `State::out`).
     wbuf: BytesMut,
-    hpack: loona_hpack::Decoder<'static>,
+    hpack: etcdrs_hpack::Decoder,
     /// DATA bytes received since the connection's window was last topped up.
     received: u32,
     continuation: Option<Continuation>,
@@ -821,16 +824,12 @@ struct RequestFields<'a> {
     cached: &'a mut Option<(u64, Bytes)>,
 }
 
-/// HPACK's default dynamic table size, which the server's settings may only lower.
-const DEFAULT_TABLE_SIZE: usize = 4096;
 /// Static-table entries (RFC 7541 Appendix A) the request headers use.
 const STATIC_AUTHORITY: usize = 1;
 const STATIC_METHOD_POST: usize = 3;
 const STATIC_PATH: usize = 4;
 const STATIC_SCHEME_HTTP: usize = 6;
 const STATIC_CONTENT_TYPE: usize = 31;
-/// Entries in the static table: dynamic indices start after it.
-const STATIC_ENTRIES: usize = 61;
 
 /// The encoder side of a connection's request-header dynamic table (RFC 7541 §2.3). A field is
 /// sent once as a literal with incremental indexing, then as an index. Entries are never
@@ -953,24 +952,12 @@ fn static_name_len(index: usize) -> usize {
 
 /// A string literal, not Huffman-coded.
 fn hpack_string(b: &mut BytesMut, s: &[u8]) {
-    hpack_int(b, 7, 0, s.len());
-    b.put_slice(s);
+    etcdrs_hpack::encode_string(b, s);
 }
 
 /// An integer with an N-bit prefix (RFC 7541 §5.1); `flags` fills the first byte's high bits.
-fn hpack_int(b: &mut BytesMut, prefix_bits: u8, flags: u8, mut v: usize) {
-    let max = (1usize << prefix_bits) - 1;
-    if v < max {
-        b.put_u8(flags | v as u8);
-        return;
-    }
-    b.put_u8(flags | max as u8);
-    v -= max;
-    while v >= 128 {
-        b.put_u8((v % 128) as u8 | 0x80);
-        v /= 128;
-    }
-    b.put_u8(v as u8);
+fn hpack_int(b: &mut BytesMut, prefix_bits: u8, flags: u8, v: usize) {
+    etcdrs_hpack::encode_int(b, flags, prefix_bits, v);
 }
 
 /// The one uncompressed message of a unary response body.
@@ -1047,18 +1034,15 @@ mod tests {
 
     /// Header blocks `encoder` makes for `path`, decoded by an independent decoder that has
     /// seen every block before (as the server's has).
-    fn decode_all(
-        decoder: &mut loona_hpack::Decoder<'static>,
-        block: &[u8],
-    ) -> Vec<(String, String)> {
+    fn decode_all(decoder: &mut etcdrs_hpack::Decoder, block: &[u8]) -> Vec<(String, String)> {
         decoder
             .decode(block)
             .expect("a valid header block")
             .into_iter()
-            .map(|(n, v)| {
+            .map(|f| {
                 (
-                    String::from_utf8_lossy(&n).into_owned(),
-                    String::from_utf8_lossy(&v).into_owned(),
+                    String::from_utf8_lossy(&f.name).into_owned(),
+                    String::from_utf8_lossy(&f.value).into_owned(),
                 )
             })
             .collect()
@@ -1084,7 +1068,7 @@ mod tests {
         let range = Bytes::from_static(KV_RANGE.as_bytes());
         let put = Bytes::from_static(KV_PUT.as_bytes());
         let mut encoder = HeadEncoder::default();
-        let mut decoder = loona_hpack::Decoder::new();
+        let mut decoder = etcdrs_hpack::Decoder::new(DEFAULT_TABLE_SIZE);
         let (mut range_cache, mut put_cache) = (None, None);
         let head = |encoder: &mut HeadEncoder, path: &Bytes, cache: &mut Option<(u64, Bytes)>| {
             encoder.head(RequestFields {
@@ -1142,7 +1126,7 @@ mod tests {
         let authority = Bytes::from_static(b"127.0.0.1:2379");
         let long: Bytes = format!("/svc/{}", "m".repeat(5000)).into();
         let mut encoder = HeadEncoder::default();
-        let mut decoder = loona_hpack::Decoder::new();
+        let mut decoder = etcdrs_hpack::Decoder::new(DEFAULT_TABLE_SIZE);
         let mut cache = None;
         for _ in 0..3 {
             let block = encoder.head(RequestFields {

@@ -109,6 +109,11 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         strict_reconfig_check: cfg.strict_reconfig_check,
         max_learners: usize::try_from(cfg.experimental_max_learners).unwrap_or(0),
         force_new_cluster: cfg.force_new_cluster,
+        unsafe_no_fsync: cfg.unsafe_no_fsync,
+        enable_v2: cfg.enable_v2,
+        enable_grpc_gateway: cfg.enable_grpc_gateway,
+        backend_batch_interval: cfg.backend_batch_interval,
+        backend_batch_limit: u64::try_from(cfg.backend_batch_limit).unwrap_or(0),
     })
 }
 

@@ -1,5 +1,5 @@
 //! Whether the cluster has a leader, as the proxy sees it (etcd `grpcproxy/leader.go`), for
-//! etcd's require-leader contract (`etcdrs_server::leader`) on the proxy's own listener.
+//! etcd's require-leader contract (`etcdrs_serve::leader`) on the proxy's own listener.
 //!
 //! The proxy's watches on the cluster are shared by many clients, so a client's `hasleader`
 //! cannot ride along on them. Instead, task `grpc-proxy leader monitor` keeps one watch of its
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
 use etcdrs_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, watch_request};
-use etcdrs_server::leader::{HAS_LEADER, LeaderLoss, LeaderSource, REQUIRE_LEADER_KEY};
+use etcdrs_serve::leader::{HAS_LEADER, LeaderLoss, LeaderSource, REQUIRE_LEADER_KEY};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

@@ -132,7 +132,7 @@ impl Metrics {
         self.inner.scrapes_in_flight.inc();
         // Process state is read fresh for each scrape, as Go's process collector does.
         let process = Registry::new();
-        let _ = etcdrs_server::metrics::register_process_families(&process);
+        let _ = etcdrs_serve::process::register_families(&process);
         let mut families = self.inner.registry.gather();
         families.extend(process.gather());
         families.sort_by(|a, b| a.name().cmp(b.name()));

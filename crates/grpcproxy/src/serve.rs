@@ -33,13 +33,15 @@ use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
-use etcdrs_server::h2authority::LenientAuthority;
-use etcdrs_server::leader::LeaderSource;
+use etcdrs_serve::h2authority::LenientAuthority;
+use etcdrs_serve::leader::LeaderSource;
+use etcdrs_serve::listener::{Handler, Peer};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use futures::task::AtomicWaker;
 use hyper::body::{Body as HttpBody, Frame, Incoming};
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::Watcher;
 use hyper_util::service::TowerToHyperService;
 use prost::Message;
 use tokio::net::TcpListener;
@@ -76,10 +78,10 @@ pub fn router(proxy: &Proxy) -> Router {
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(
             proxy.leader.clone() as Arc<dyn LeaderSource>,
-            etcdrs_server::leader::require_leader,
+            etcdrs_serve::leader::require_leader,
         ));
     grpc.merge(http_router(proxy))
-        .fallback(etcdrs_server::http::not_found)
+        .fallback(etcdrs_serve::not_found)
 }
 
 /// The main listener's [`Front`]: the router, with the cached-range path in front of it.
@@ -126,7 +128,7 @@ const GRPC_STATUS: header::HeaderName = header::HeaderName::from_static("grpc-st
 fn plain_grpc_range<B>(req: &axum::http::Request<B>) -> bool {
     let headers = req.headers();
     req.uri().path() == RANGE_PATH
-        && !etcdrs_server::leader::requires_leader(headers)
+        && !etcdrs_serve::leader::requires_leader(headers)
         && req.method() == Method::POST
         && req.version() == Version::HTTP_2
         && headers.get(header::CONTENT_TYPE).is_some_and(|v| {
@@ -518,8 +520,7 @@ fn http_builder(
 }
 
 /// Serves `front` on `listener` until `shutdown`, HTTP/1.1 and HTTP/2 on one port, through
-/// TLS when `tls` is set. Each connection is a task of this function's own set; on shutdown
-/// connections get a graceful close and a short grace period.
+/// TLS when `tls` is set (the accept loop, handshake and shutdown are `etcdrs_serve`'s).
 pub async fn serve(
     front: impl Into<Front>,
     listener: TcpListener,
@@ -527,61 +528,43 @@ pub async fn serve(
     max_concurrent_streams: u32,
     shutdown: CancellationToken,
 ) {
-    let front = front.into();
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => {
-                let (tcp, _peer) = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "failed to accept gRPC proxy client connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                let service = TowerToHyperService::new(front.clone());
-                // The connection's streams run on its task.
-                let executor = StreamExecutor::default();
-                let builder = http_builder(executor.clone(), max_concurrent_streams);
-                match &acceptor {
-                    None => {
-                        // etcd 3.4's etcdctl sends a URL as `:authority`: see h2authority.
-                        let io = TokioIo::new(Unvectored::new(LenientAuthority::new(tcp)));
-                        let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
-                        let conn = graceful.watch(conn);
-                        // Task: one client connection and its streams.
-                        connections.spawn(drive(conn, executor));
-                    }
-                    Some(acceptor) => {
-                        let acceptor = acceptor.clone();
-                        let watcher = graceful.watcher();
-                        // Task: one client connection (TLS handshake, then HTTP) and its streams.
-                        connections.spawn(async move {
-                            let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
-                            let Ok(Ok(stream)) = handshake else {
-                                return;
-                            };
-                            let io = TokioIo::new(Unvectored::new(LenientAuthority::new(stream)));
-                            let conn = builder.serve_connection_with_upgrades(io, service).into_owned();
-                            drive(watcher.watch(conn), executor).await;
-                        });
-                    }
-                }
-            }
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(Duration::from_secs(2), graceful.shutdown())
-        .await
-        .is_err()
+    let handler = Connections {
+        front: front.into(),
+        max_concurrent_streams,
+    };
+    let acceptor = tls.map(|config| {
+        Arc::new(tokio_rustls::TlsAcceptor::from(config))
+            as Arc<dyn etcdrs_serve::listener::Acceptor>
+    });
+    etcdrs_serve::listener::serve(listener, acceptor, handler, shutdown).await;
+}
+
+/// What a proxy listener serves on each connection: [`Front`], with the connection's
+/// streams on the connection's own task and writes through [`Unvectored`].
+#[derive(Clone)]
+struct Connections {
+    front: Front,
+    max_concurrent_streams: u32,
+}
+
+impl Handler for Connections {
+    fn serve<IO>(
+        self,
+        io: LenientAuthority<IO>,
+        _peer: Peer,
+        watcher: Watcher,
+    ) -> impl Future<Output = ()> + Send
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        connections.abort_all();
+        let service = TowerToHyperService::new(self.front);
+        let executor = StreamExecutor::default();
+        let builder = http_builder(executor.clone(), self.max_concurrent_streams);
+        let io = TokioIo::new(Unvectored::new(io));
+        let conn = builder
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        drive(watcher.watch(conn), executor)
     }
 }
 

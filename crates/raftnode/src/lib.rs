@@ -64,6 +64,17 @@ pub struct NodeConfig {
     /// Entries kept in memory behind a snapshot mark for lagging followers
     /// (etcd's `SnapshotCatchUpEntries`).
     pub catch_up_entries: u64,
+    /// etcd's `--unsafe-no-fsync`: the WAL is written without fdatasync.
+    pub unsafe_no_fsync: bool,
+}
+
+impl NodeConfig {
+    fn wal_options(&self) -> etcdrs_wal::Options {
+        etcdrs_wal::Options {
+            unsafe_no_fsync: self.unsafe_no_fsync,
+            ..etcdrs_wal::Options::default()
+        }
+    }
 }
 
 /// How the node starts.
@@ -377,7 +388,8 @@ pub fn start(
     let storage = MemStorage::new();
     let (wal, applied) = match start {
         Start::New { metadata, peers } => {
-            let mut wal = Wal::create(&config.wal_dir, &metadata)?;
+            let mut wal =
+                Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?;
             let mut entries = Vec::with_capacity(peers.len());
             for (i, (id, context)) in peers.iter().enumerate() {
                 let mut change = ConfChange::default();
@@ -402,13 +414,16 @@ pub fn start(
             persist(&mut wal, &storage, Some(&hard_state), &entries)?;
             (wal, 0)
         }
-        Start::Join { metadata } => (Wal::create(&config.wal_dir, &metadata)?, 0),
+        Start::Join { metadata } => (
+            Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?,
+            0,
+        ),
         Start::Restart {
             applied,
             conf_state,
             force_new_cluster,
         } => {
-            let (mut wal, state) = Wal::open(&config.wal_dir)?;
+            let (mut wal, state) = Wal::open_with_options(&config.wal_dir, config.wal_options())?;
             let mut core = storage.wl();
             if state.snapshot.index > 0 {
                 let mut snapshot = raft::eraftpb::Snapshot::default();
@@ -651,7 +666,10 @@ fn persist(
     if after.bytes_written > before.bytes_written {
         metrics::WAL_WRITE_BYTES.add((after.bytes_written - before.bytes_written) as f64);
         metrics::WAL_WRITE_SECONDS.observe(after.last_write.as_secs_f64());
-        metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
+        // As etcd: without an fsync there is no fsync duration to record.
+        if !wal.options().unsafe_no_fsync {
+            metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
+        }
     }
     let mut core = storage.wl();
     if !entries.is_empty() {
@@ -669,7 +687,9 @@ fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
     let started = std::time::Instant::now();
     wal.save_snapshot_mark(mark)?;
     metrics::SNAP_SAVE_SECONDS.observe(started.elapsed().as_secs_f64());
-    metrics::SNAP_FSYNC_SECONDS.observe(wal.write_stats().last_sync.as_secs_f64());
+    if !wal.options().unsafe_no_fsync {
+        metrics::SNAP_FSYNC_SECONDS.observe(wal.write_stats().last_sync.as_secs_f64());
+    }
     // The mark is a fixed-size record: encoding it is the whole of the marshalling cost.
     metrics::SNAP_MARSHALLING_SECONDS.observe(wal.write_stats().last_write.as_secs_f64());
     Ok(())

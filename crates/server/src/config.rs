@@ -80,6 +80,17 @@ pub struct ServerConfig {
     /// `--force-new-cluster`: a restarting member drops every other member (recovery from a
     /// lost quorum).
     pub force_new_cluster: bool,
+    /// `--unsafe-no-fsync`: the WAL is not fsynced (a power loss may lose acknowledged writes).
+    pub unsafe_no_fsync: bool,
+    /// `--enable-v2`: serve the v2 keys API (the subset v2 discovery uses) and `/new`.
+    pub enable_v2: bool,
+    /// `--enable-grpc-gateway`: serve the JSON gateway under `/v3`.
+    pub enable_grpc_gateway: bool,
+    /// `--backend-batch-interval` (zero: etcd's 100ms): the longest a backend commit waits to
+    /// be made durable.
+    pub backend_batch_interval: Duration,
+    /// `--backend-batch-limit` (zero: etcd's 10000): writes that may wait for a durable commit.
+    pub backend_batch_limit: u64,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -118,6 +129,11 @@ impl ServerConfig {
             strict_reconfig_check: true,
             max_learners: 1,
             force_new_cluster: false,
+            unsafe_no_fsync: false,
+            enable_v2: false,
+            enable_grpc_gateway: true,
+            backend_batch_interval: Duration::ZERO,
+            backend_batch_limit: 0,
         }
     }
 

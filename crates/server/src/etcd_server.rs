@@ -156,8 +156,9 @@ impl EtcdServer {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
         std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
-        let backend =
+        let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
+        backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
         tracing::info!(path = %config.backend_path().display(), "opened backend db");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
 
@@ -225,6 +226,7 @@ impl EtcdServer {
             pre_vote: config.pre_vote,
             snapshot_count: config.snapshot_count,
             catch_up_entries: config.snapshot_catchup_entries.max(1),
+            unsafe_no_fsync: config.unsafe_no_fsync,
         };
         let (raft, starter) = etcdrs_raftnode::start(
             node_config,
@@ -235,7 +237,7 @@ impl EtcdServer {
         )?;
         let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
         let config_election_timeout = config.election_timeout;
-        let leader_loss = crate::leader::LeaderLoss::default();
+        let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
         let (applied, _) = watch::channel(store.consistent_index());
         let server = EtcdServer {
             inner: Arc::new(Inner {
@@ -316,7 +318,7 @@ impl EtcdServer {
         let stop = shutdown.clone();
         let election = config_election_timeout;
         tasks.spawn(async move {
-            let has_leader = move || crate::leader::LeaderSource::has_leader(&observed);
+            let has_leader = move || etcdrs_serve::leader::LeaderSource::has_leader(&observed);
             leader_loss.monitor(election, has_leader, stop).await;
             ("leader monitor", Ok(()))
         });
@@ -1701,7 +1703,7 @@ fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {
     Ok(alarms)
 }
 
-impl crate::leader::LeaderSource for EtcdServer {
+impl etcdrs_serve::leader::LeaderSource for EtcdServer {
     fn has_leader(&self) -> bool {
         self.inner.raft.status().leader != 0
     }

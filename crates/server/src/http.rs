@@ -2,7 +2,6 @@
 //! `/version`, `/metrics`) served on one listener, as etcd's cmux does (etcd `embed/serve.go`).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{RawQuery, State};
@@ -17,14 +16,17 @@ use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
+use etcdrs_serve::h2authority::LenientAuthority;
+use etcdrs_serve::leader::LeaderSource;
+use etcdrs_serve::listener::{Handler, Peer};
+use etcdrs_serve::not_found;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::Watcher;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::EtcdServer;
-use crate::h2authority::LenientAuthority;
-use crate::leader::LeaderSource;
 use crate::metrics;
 use crate::rpc::Rpc;
 use crate::tls::TlsServer;
@@ -58,35 +60,22 @@ pub fn router(server: EtcdServer) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .with_state(server.clone());
-    grpc.merge(http)
-        .merge(gateway)
-        .merge(v2keys)
+    // etcd's gates: the JSON gateway unless --enable-grpc-gateway=false, the v2 keys API
+    // (here the subset v2 discovery uses, and `/new`) only with --enable-v2.
+    let mut router = grpc.merge(http);
+    if server.config().enable_grpc_gateway {
+        router = router.merge(gateway);
+    }
+    if server.config().enable_v2 {
+        router = router.merge(v2keys);
+    }
+    router
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(server) as Arc<dyn LeaderSource>,
-            crate::leader::require_leader,
+            etcdrs_serve::leader::require_leader,
         ))
         .layer(axum::middleware::map_response(grpc_size_error))
-}
-
-/// Unknown paths: gRPC's "unimplemented" for gRPC requests, Go's plain 404 for the rest
-/// (also the gRPC proxy's fallback).
-pub async fn not_found(request: axum::extract::Request) -> axum::response::Response {
-    let is_grpc = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if is_grpc {
-        return tonic::Status::unimplemented(format!("unknown service {}", request.uri().path()))
-            .into_http();
-    }
-    (
-        StatusCode::NOT_FOUND,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        "404 page not found\n",
-    )
-        .into_response()
 }
 
 /// tonic refuses an over-limit request message with OutOfRange and its own text; grpc-go (and
@@ -186,10 +175,7 @@ pub struct ClientIdentity {
     pub common_name: Option<String>,
 }
 
-/// How long a client has to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serve `router` on `listener` until `shutdown`.
+/// Serve `router` on `listener` until `shutdown` (the accept loop is `etcdrs_serve`'s).
 async fn serve_router(
     router: Router,
     listener: TcpListener,
@@ -199,97 +185,65 @@ async fn serve_router(
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // gRPC answers carry no `date` (grpc-go, behind etcd, sends none); HTTP/1.1 keeps it.
     builder.http2().auto_date_header(false);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = listener.accept() => {
-                let (tcp, remote) = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // Out of descriptors and similar: back off instead of spinning.
-                        tracing::warn!(error = %e, "failed to accept client connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                // Small responses (put acks, watch events) must not wait for Nagle's algorithm.
-                let _ = tcp.set_nodelay(true);
-                let router = router.clone();
-                let builder = builder.clone();
-                let watcher = graceful.watcher();
-                let tls = tls.clone();
-                // One task per connection: the TLS handshake, then HTTP until either side closes.
-                connections.spawn(async move {
-                    let Some(tls) = tls else {
-                        serve_connection(tcp, ClientIdentity::default(), router, &builder, watcher)
-                            .await;
-                        return;
-                    };
-                    let acceptor = tls.acceptor();
-                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(e)) => {
-                            tracing::warn!(remote_addr = %remote, error = %e, "rejected connection");
-                            return;
-                        }
-                        Err(_) => return,
-                    };
-                    let (_, session) = stream.get_ref();
-                    let first = session.peer_certificates().and_then(|certs| certs.first());
-                    if !tls.info().allows(first) {
-                        tracing::warn!(remote_addr = %remote, "rejected connection: client certificate not allowed");
-                        return;
-                    }
-                    let identity = ClientIdentity {
-                        common_name: first.and_then(crate::tls::common_name),
-                    };
-                    serve_connection(stream, identity, router, &builder, watcher).await;
-                });
-            }
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(Duration::from_secs(2), graceful.shutdown())
-        .await
-        .is_err()
-    {
-        connections.abort_all();
-    }
+    let handler = Connections {
+        router,
+        builder,
+        tls: tls.clone(),
+    };
+    let acceptor = tls.map(|tls| tls as Arc<dyn etcdrs_serve::listener::Acceptor>);
+    etcdrs_serve::listener::serve(listener, acceptor, handler, shutdown).await;
     Ok(())
 }
 
-/// Serve HTTP/1.1 and HTTP/2 on one accepted (and, with TLS, handshaken) connection.
-async fn serve_connection<IO>(
-    io: IO,
-    identity: ClientIdentity,
+impl etcdrs_serve::listener::Acceptor for TlsServer {
+    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        TlsServer::acceptor(self)
+    }
+}
+
+/// What one of the server's listeners serves on each connection: HTTP/1.1 and HTTP/2 (by
+/// preface) with hyper's own executor, each request tagged with the client's [`ClientIdentity`].
+#[derive(Clone)]
+struct Connections {
     router: Router,
-    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
-    watcher: hyper_util::server::graceful::Watcher,
-) where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    // etcdctl 3.4 sends a full URL as `:authority` when given http:// endpoints; etcd accepts
-    // that, hyper does not: rewrite it before hyper sees it.
-    let io = TokioIo::new(LenientAuthority::new(io));
-    // gRPC messages and bytes are counted here, outside axum, where counting allocates nothing;
-    // on the peer and metrics ports no path is one of etcd's client methods.
-    let service = tower::ServiceBuilder::new()
-        .map_request(
-            move |mut request: axum::extract::Request<
-                metrics::wire::Counted<hyper::body::Incoming>,
-            >| {
-                request.extensions_mut().insert(identity.clone());
-                request
-            },
-        )
-        .service(router);
-    let service = metrics::wire::CountGrpc::new(service);
-    let service = TowerToHyperService::new(service);
-    let conn = builder.serve_connection_with_upgrades(io, service);
-    let _ = watcher.watch(conn).await;
+    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    /// The listener's TLS: a client certificate must also pass its allowed CN/hostname check.
+    tls: Option<Arc<TlsServer>>,
+}
+
+impl Handler for Connections {
+    async fn serve<IO>(self, io: LenientAuthority<IO>, peer: Peer, watcher: Watcher)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut identity = ClientIdentity::default();
+        if let Some(tls) = &self.tls {
+            let certificate = peer.certificate.as_ref();
+            if !tls.info().allows(certificate) {
+                tracing::warn!(remote_addr = %peer.addr, "rejected connection: client certificate not allowed");
+                return;
+            }
+            identity.common_name = certificate.and_then(crate::tls::common_name);
+        }
+        // gRPC calls, messages and bytes are counted here, outside axum, where counting
+        // allocates nothing; on the peer and metrics ports no path is one of etcd's methods.
+        let service = tower::ServiceBuilder::new()
+            .map_request(
+                move |mut request: axum::extract::Request<
+                    metrics::wire::Counted<hyper::body::Incoming>,
+                >| {
+                    request.extensions_mut().insert(identity.clone());
+                    request
+                },
+            )
+            .service(self.router);
+        let service = metrics::wire::CountGrpc::new(service);
+        let service = TowerToHyperService::new(service);
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service);
+        let _ = watcher.watch(conn).await;
+    }
 }
 
 /// `GET /health` (etcd 3.5 `etcdhttp.HandleHealth`): JSON `{"health":..,"reason":..}`, 200 when

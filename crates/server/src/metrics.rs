@@ -835,100 +835,6 @@ fn labelled(registry: &Registry, name: &str, help: &str, label: &str, value: &st
     }
 }
 
-/// The `process_*` series of the Go client's process collector, from `/proc/self`, in
-/// `registry` (also the gRPC proxy's). Returns the open and the maximum file descriptors.
-pub fn register_process_families(registry: &Registry) -> (f64, f64) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return (0.0, 0.0);
-    };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-        return (0.0, 0.0);
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // Field numbers of proc(5), less the two before ')': utime 14, stime 15, starttime 22,
-    // vsize 23, rss 24.
-    let ticks = 100.0;
-    let page = 4096.0;
-    counter(
-        registry,
-        "process_cpu_seconds_total",
-        "Total user and system CPU time spent in seconds.",
-        (field(11) + field(12)) / ticks,
-    );
-    gauge(
-        registry,
-        "process_virtual_memory_bytes",
-        "Virtual memory size in bytes.",
-        field(20),
-    );
-    gauge(
-        registry,
-        "process_resident_memory_bytes",
-        "Resident memory size in bytes.",
-        field(21) * page,
-    );
-    let boot = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("btime "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
-        .unwrap_or(0.0);
-    gauge(
-        registry,
-        "process_start_time_seconds",
-        "Start time of the process since unix epoch in seconds.",
-        boot + field(19) / ticks,
-    );
-    let open_fds = std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0);
-    gauge(
-        registry,
-        "process_open_fds",
-        "Number of open file descriptors.",
-        open_fds as f64,
-    );
-    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    // The soft limit of a row of proc(5)'s limits table; "unlimited" is RLIM_INFINITY.
-    let soft_limit = |row: &str| {
-        limits
-            .lines()
-            .find_map(|l| l.strip_prefix(row))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(|v| {
-                if v == "unlimited" {
-                    u64::MAX as f64
-                } else {
-                    v.parse::<f64>().unwrap_or(0.0)
-                }
-            })
-            .unwrap_or(0.0)
-    };
-    let max_fds = soft_limit("Max open files");
-    gauge(
-        registry,
-        "process_max_fds",
-        "Maximum number of open file descriptors.",
-        max_fds,
-    );
-    gauge(
-        registry,
-        "process_virtual_memory_max_bytes",
-        "Maximum amount of virtual memory available in bytes.",
-        soft_limit("Max address space"),
-    );
-    (open_fds as f64, max_fds)
-}
-
 /// Creates the event series of the server and the crates under it, so that they show (at
 /// zero) before their first event, as etcd's registered series do.
 pub fn init() {
@@ -1148,7 +1054,7 @@ fn render_families(server: &EtcdServer) -> String {
         "cluster_version",
         &CLUSTER_VERSION[..3],
     );
-    let (open_fds, max_fds) = register_process_families(&registry);
+    let (open_fds, max_fds) = etcdrs_serve::process::register_families(&registry);
     // etcd's own pair (`pkg/runtime`), from the same sources.
     gauge(
         &registry,

@@ -69,6 +69,8 @@ pub mod dns;
 mod etcdctl;
 mod grpc;
 mod http;
+#[cfg(test)]
+mod layering;
 mod member;
 mod poll;
 pub mod ports;

@@ -31,12 +31,16 @@ pub struct Options {
     /// Once the tail segment has reached this many bytes, the next write goes to a new
     /// segment. A single batch is never split, so a segment may exceed this size.
     pub segment_size: u64,
+    /// etcd's `--unsafe-no-fsync`: saves are written but not fdatasynced, so a power loss
+    /// (not a process crash) may lose acknowledged writes. For tests and throwaway clusters.
+    pub unsafe_no_fsync: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             segment_size: DEFAULT_SEGMENT_SIZE,
+            unsafe_no_fsync: false,
         }
     }
 }
@@ -357,6 +361,11 @@ impl Wal {
         self.tail_name().path(&self.dir)
     }
 
+    /// The options this log was opened with.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
     /// Writes `self.buf` to the tail with one write and one fdatasync, cutting a new
     /// segment first if the tail is full. Any failure poisons the handle.
     fn write_buffered(&mut self) -> Result<()> {
@@ -382,10 +391,12 @@ impl Wal {
         let written = std::time::Instant::now();
         self.stats.last_write = written - started;
         self.stats.bytes_written += self.buf.len() as u64;
-        self.tail.sync_data().map_err(|source| Error::Io {
-            path: self.tail_path(),
-            source,
-        })?;
+        if !self.options.unsafe_no_fsync {
+            self.tail.sync_data().map_err(|source| Error::Io {
+                path: self.tail_path(),
+                source,
+            })?;
+        }
         self.stats.last_sync = written.elapsed();
         self.tail_len += self.buf.len() as u64;
         Ok(())
@@ -675,7 +686,10 @@ mod tests {
     }
 
     fn small_segments() -> Options {
-        Options { segment_size: 256 }
+        Options {
+            segment_size: 256,
+            ..Options::default()
+        }
     }
 
     /// Segment files in `dir`, oldest first.

@@ -40,13 +40,10 @@ fn etcdrs() -> EtcdBin {
     EtcdBin::at(env!("CARGO_BIN_EXE_etcd"))
 }
 
-/// A single-member discovery service: ours, or etcd 3.4 with the v2 API on.
+/// A single-member discovery service, ours or etcd 3.4, with the v2 API on (`--enable-v2`).
 async fn service(reference: bool) -> Member {
-    let opts = if reference {
-        MemberOpts::new(&etcd34()).arg("--enable-v2")
-    } else {
-        MemberOpts::new(&etcdrs())
-    };
+    let bin = if reference { etcd34() } else { etcdrs() };
+    let opts = MemberOpts::new(&bin).arg("--enable-v2");
     Member::start(opts.name("disc").fast_timers())
         .await
         .expect("discovery service starts")
@@ -471,7 +468,7 @@ async fn v2_discovery_served_by_every_member_of_our_cluster() {
     // cluster, the new members register through another, and a long poll on the third sees
     // their registrations. (Every new member must use the same URL: as in etcd, the URL is
     // the cluster token their ids derive from.)
-    let service = Cluster::start(3, ClusterOpts::new(&etcdrs()))
+    let service = Cluster::start(3, ClusterOpts::new(&etcdrs()).arg("--enable-v2"))
         .await
         .expect("discovery cluster starts");
     let token = format!("spread-{}", std::process::id());
@@ -610,6 +607,7 @@ async fn v3_discovery_over_tls_to_our_server_with_client_certificates() {
         .expect("client cert");
     let service = Member::start(
         MemberOpts::new(&etcdrs())
+            .arg("--enable-v2")
             .name("disc")
             .fast_timers()
             .client_tls(etcdrs_testkit::ClientTls {

@@ -64,3 +64,52 @@ async fn health_version_metrics() {
     let nf = m.http_get("/no/such/path").await.unwrap();
     assert_eq!(nf.status, 404);
 }
+
+/// `curl -X POST -d <body> <url>`: the status and the body.
+fn post(url: &str, body: &str) -> (String, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-X", "POST", "-d", body, "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or((&text, ""));
+    (status.to_owned(), body.to_owned())
+}
+
+/// etcd's gates on the client port: the v2 keys API only with `--enable-v2` (off by default),
+/// the JSON gateway unless `--enable-grpc-gateway=false`. A gated path answers Go's plain 404.
+/// Runs on etcd 3.4 too.
+#[tokio::test]
+async fn v2_and_json_gateway_are_served_as_their_flags_say() {
+    let not_found = ("404".to_owned(), "404 page not found\n".to_owned());
+    let (default, _c) = start().await;
+    let base = default.endpoint();
+    assert_eq!(post(&format!("{base}/v2/keys/k"), "value=v"), not_found);
+    let (status, body) = post(
+        &format!("{base}/v3/kv/put"),
+        r#"{"key":"aw==","value":"dg=="}"#,
+    );
+    assert_eq!(status, "200", "{body}");
+
+    let (v2, _c) = crate::start_with(&["--enable-v2"]).await;
+    let url = format!("{}/v2/keys/k", v2.endpoint());
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-X",
+            "PUT",
+            "-d",
+            "value=v",
+            "-w",
+            "\n%{http_code}",
+            &url,
+        ])
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.ends_with("\n201"), "{text}");
+
+    let (no_gateway, _c) = crate::start_with(&["--enable-grpc-gateway=false"]).await;
+    let base = no_gateway.endpoint();
+    assert_eq!(post(&format!("{base}/v3/kv/range"), "{}"), not_found);
+}

@@ -1,0 +1,29 @@
+//! Serving clients: what the etcd server's listeners and the gRPC proxy's share.
+//!
+//! # Layout
+//! - [`listener`]: the accept loop of a client-facing listener: TCP_NODELAY, an optional TLS
+//!   handshake with a deadline, the [`h2authority`] filter, one task per connection in the
+//!   loop's own set, and a graceful close with a short grace period on shutdown. What a
+//!   connection then serves (hyper's settings, the router, per-connection state) is the
+//!   caller's [`listener::Handler`].
+//! - [`h2authority`]: accepts etcd 3.4 etcdctl's URL-shaped HTTP/2 `:authority`, which hyper
+//!   rejects, by rewriting it in the bytes the client sends (HPACK from `etcdrs_hpack`).
+//! - [`leader`]: etcd's require-leader contract (`hasleader` metadata) as an axum middleware
+//!   over a [`leader::LeaderSource`], which the server and the proxy each implement.
+//! - [`not_found`]: the fallback for unknown paths (gRPC "unimplemented" or Go's 404).
+//! - [`process`]: the `process_*` series of Go's process collector, for both `/metrics`.
+//!
+//! This crate is *not* the server or the proxy: it knows no etcd service, no raft, no store
+//! and no flags, so the gRPC proxy can serve clients without linking the server.
+
+#![deny(missing_docs)]
+
+pub mod error;
+mod fallback;
+pub mod h2authority;
+pub mod leader;
+pub mod listener;
+pub mod process;
+
+pub use error::{Error, Result};
+pub use fallback::not_found;

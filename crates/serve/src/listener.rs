@@ -1,0 +1,179 @@
+//! The accept loop of a client-facing listener (the part of etcd's `embed/serve.go` that is
+//! the same on every port), shared by the server's client, peer and metrics ports and by the
+//! gRPC proxy's listeners.
+//!
+//! [`serve`] accepts TCP connections until its shutdown token fires, sets TCP_NODELAY on each
+//! (small answers such as put acknowledgements and watch events must not wait for Nagle's
+//! algorithm), and runs each connection as a task of its own [`tokio::task::JoinSet`]: first
+//! the TLS handshake when the listener has TLS (bounded by [`HANDSHAKE_TIMEOUT`]), then the
+//! [`LenientAuthority`] filter, then the caller's [`Handler`]. On shutdown it stops accepting,
+//! asks every connection for a graceful close through the [`Watcher`] handed to the handler,
+//! and aborts what is still open after [`SHUTDOWN_GRACE`].
+//!
+//! What differs between listeners stays with the caller's handler: hyper's settings, the
+//! executor of a connection's streams, the router, and what a client certificate means.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::CertificateDer;
+use tokio_util::sync::CancellationToken;
+
+use crate::h2authority::LenientAuthority;
+
+/// How long a client has to finish the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long open connections have to close after shutdown before they are aborted.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// The pause after a failed accept (out of descriptors and the like), instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Where a TLS listener gets the acceptor for a new connection.
+pub trait Acceptor: Send + Sync + 'static {
+    /// The acceptor for a connection accepted now. A source that reloads its certificates
+    /// returns the newest configuration; connections already open keep theirs.
+    fn acceptor(&self) -> TlsAcceptor;
+}
+
+impl Acceptor for TlsAcceptor {
+    fn acceptor(&self) -> TlsAcceptor {
+        self.clone()
+    }
+}
+
+/// The other end of an accepted connection.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The first certificate the client presented in the TLS handshake, which the acceptor's
+    /// verifier accepted; `None` without TLS or without a client certificate.
+    pub certificate: Option<CertificateDer<'static>>,
+}
+
+/// What a listener does with each connection once it is accepted, handshaken and filtered.
+pub trait Handler: Clone + Send + 'static {
+    /// Serves one connection until it ends. `watcher` must watch the connection (hyper's
+    /// graceful close), so that shutdown can close it cleanly.
+    fn serve<IO>(
+        self,
+        io: LenientAuthority<IO>,
+        peer: Peer,
+        watcher: Watcher,
+    ) -> impl Future<Output = ()> + Send
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+}
+
+/// Accepts connections on `listener` and serves each with a clone of `handler`, over TLS
+/// when `tls` is given, until `shutdown` (see the module docs).
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    tls: Option<Arc<dyn Acceptor>>,
+    handler: H,
+    shutdown: CancellationToken,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => {
+                let (tcp, addr) = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "failed to accept client connection");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
+                // Best effort: a socket that refuses the option still works, only slower.
+                let _ = tcp.set_nodelay(true);
+                let handler = handler.clone();
+                let watcher = graceful.watcher();
+                let tls = tls.clone();
+                // Task: one client connection (the TLS handshake, then HTTP until either side
+                // closes).
+                connections.spawn(async move {
+                    let Some(tls) = tls else {
+                        let peer = Peer { addr, certificate: None };
+                        handler.serve(LenientAuthority::new(tcp), peer, watcher).await;
+                        return;
+                    };
+                    let handshake = tls.acceptor().accept(tcp);
+                    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::warn!(remote_addr = %addr, error = %e, "rejected connection");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let certificate = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|certs| certs.first())
+                        .cloned();
+                    let peer = Peer { addr, certificate };
+                    handler.serve(LenientAuthority::new(stream), peer, watcher).await;
+                });
+            }
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        connections.abort_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+
+    /// Writes the client's address as the server saw it, then closes.
+    #[derive(Clone)]
+    struct EchoPeer;
+
+    impl Handler for EchoPeer {
+        async fn serve<IO>(self, mut io: LenientAuthority<IO>, peer: Peer, watcher: Watcher)
+        where
+            IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        {
+            drop(watcher);
+            let text = format!("{} {}", peer.addr, peer.certificate.is_some());
+            io.write_all(text.as_bytes()).await.unwrap();
+            io.shutdown().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn serves_each_connection_and_stops_on_shutdown() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, None, EchoPeer, shutdown.clone()));
+        for _ in 0..3 {
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            let mut answer = String::new();
+            client.read_to_string(&mut answer).await.unwrap();
+            assert_eq!(answer, format!("{} false", client.local_addr().unwrap()));
+        }
+        shutdown.cancel();
+        server.await.unwrap();
+        assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+    }
+}

@@ -1,0 +1,428 @@
+//! The architecture test: the dependency rules of ARCHITECTURE.md ("Architecture Invariant"
+//! lines), checked against the workspace's real dependency graph from `cargo metadata`.
+//!
+//! Only normal dependencies count (what a crate links into its users); dev- and
+//! build-dependencies do not. Most rules forbid a crate anywhere in the transitive closure;
+//! a few forbid only direct edges, where the crate is allowed to arrive through a dependency
+//! that owns it (see each rule's reason). A violation names the path that breaks the rule.
+//!
+//! The check is pure ([`violations`] over a [`Graph`]), so the tests below also prove, on a
+//! synthetic graph, that a forbidden edge is caught.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// Whether a rule looks at the whole transitive closure or at direct dependencies only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Forbidden anywhere below the crate.
+    Transitive,
+    /// Forbidden as the crate's own dependency; allowed through another crate.
+    Direct,
+}
+
+/// What a rule forbids.
+#[derive(Clone, Copy, Debug)]
+enum Forbid {
+    /// Any crate of the workspace: the crate is a leaf of our graph.
+    AnyWorkspaceCrate,
+    /// These packages (workspace or external, by package name).
+    Crates(&'static [&'static str]),
+}
+
+/// One invariant: `krate` must not depend on what `forbid` names.
+#[derive(Clone, Copy, Debug)]
+struct Rule {
+    krate: &'static str,
+    reach: Reach,
+    forbid: Forbid,
+    /// The invariant as ARCHITECTURE.md states it, for the failure message.
+    why: &'static str,
+}
+
+/// Our crates that hold server state: storage, raft, and the server that joins them.
+const SERVER_SIDE: &[&str] = &[
+    "etcdrs-server",
+    "etcdrs-raftnode",
+    "etcdrs-mvcc",
+    "etcdrs-wal",
+    "etcdrs-backend",
+    "raft",
+    "redb",
+];
+
+/// The crates that appear only under `[dev-dependencies]`.
+const DEV_ONLY: &[&str] = &["etcdrs-testkit"];
+
+/// ARCHITECTURE.md's dependency rules.
+const RULES: &[Rule] = &[
+    Rule {
+        krate: "etcdrs-proto",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "proto is a leaf: it depends on prost/tonic and nothing of ours",
+    },
+    Rule {
+        krate: "etcdrs-hpack",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "hpack is the workspace's one HPACK codec, a leaf shared by serve and bench",
+    },
+    Rule {
+        krate: "etcdrs-tls",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "tls depends on rustls only",
+    },
+    Rule {
+        krate: "etcdrs-backend",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-proto",
+            "etcdrs-raftnode",
+            "etcdrs-server",
+            "etcdrs-serve",
+            "raft",
+            "tonic",
+            "hyper",
+        ]),
+        why: "backend knows nothing of revisions, raft or the network",
+    },
+    Rule {
+        krate: "etcdrs-wal",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-raftnode",
+            "etcdrs-server",
+            "etcdrs-serve",
+            "raft",
+            "tonic",
+            "hyper",
+        ]),
+        why: "wal stores opaque entry bytes: no raft types, no network",
+    },
+    Rule {
+        krate: "etcdrs-mvcc",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-raftnode",
+            "etcdrs-wal",
+            "etcdrs-server",
+            "etcdrs-serve",
+            "raft",
+        ]),
+        why: "mvcc knows nothing of raft or the server",
+    },
+    Rule {
+        krate: "etcdrs-mvcc",
+        reach: Reach::Direct,
+        forbid: Forbid::Crates(&["tonic", "hyper", "h2", "axum"]),
+        why: "mvcc has no network code (tonic arrives only under proto's generated types)",
+    },
+    Rule {
+        krate: "etcdrs-raftnode",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-mvcc",
+            "etcdrs-backend",
+            "etcdrs-server",
+            "etcdrs-serve",
+            "etcdrs-proto",
+        ]),
+        why: "raftnode knows nothing of keys, MVCC or the server",
+    },
+    Rule {
+        krate: "etcdrs-serve",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(SERVER_SIDE),
+        why: "serve is shared by the server and the gRPC proxy: it links no server crate",
+    },
+    Rule {
+        krate: "etcdrs-grpcproxy",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(SERVER_SIDE),
+        why: "grpcproxy is a client of the cluster only: it never links server, mvcc, raftnode, wal or backend",
+    },
+    Rule {
+        krate: "etcdrs-gateway",
+        reach: Reach::Direct,
+        forbid: Forbid::Crates(&["etcdrs-proto", "tonic", "prost", "h2"]),
+        why: "gateway is L4: it depends on no protocol crate (discovery's v3 client brings them along below it)",
+    },
+    Rule {
+        krate: "etcdrs-gateway",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-server",
+            "etcdrs-raftnode",
+            "etcdrs-mvcc",
+            "etcdrs-wal",
+            "etcdrs-backend",
+            "etcdrs-serve",
+            "etcdrs-grpcproxy",
+        ]),
+        why: "gateway relays bytes: it links neither the server nor the gRPC proxy",
+    },
+    Rule {
+        krate: "etcdrs-discovery",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(SERVER_SIDE),
+        why: "discovery knows nothing of raft or the store",
+    },
+    Rule {
+        krate: "etcdrs-bench",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(SERVER_SIDE),
+        why: "bench is a client only: it never depends on our server crates",
+    },
+];
+
+/// The dependency graph of a workspace: every package's direct normal dependencies, by
+/// package name.
+#[derive(Debug, Default)]
+struct Graph {
+    /// The workspace's own packages.
+    members: BTreeSet<String>,
+    /// Each package's direct normal dependencies.
+    deps: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Graph {
+    /// Reads the graph from `cargo metadata --format-version 1` output: the resolved graph
+    /// (`resolve.nodes`), keeping the edges whose kinds include a normal one (`kind: null`).
+    fn from_metadata(metadata: &serde_json::Value) -> Graph {
+        let name_of: BTreeMap<&str, &str> = metadata["packages"]
+            .as_array()
+            .expect("metadata lists packages")
+            .iter()
+            .map(|p| {
+                let id = p["id"].as_str().expect("a package has an id");
+                (id, p["name"].as_str().expect("a package has a name"))
+            })
+            .collect();
+        let name = |id: &serde_json::Value| {
+            let id = id.as_str().expect("package ids are strings");
+            name_of[id].to_owned()
+        };
+        let mut graph = Graph {
+            members: metadata["workspace_members"]
+                .as_array()
+                .expect("metadata lists the workspace members")
+                .iter()
+                .map(name)
+                .collect(),
+            ..Graph::default()
+        };
+        let nodes = metadata["resolve"]["nodes"]
+            .as_array()
+            .expect("metadata has a resolved graph");
+        for node in nodes {
+            let deps = graph.deps.entry(name(&node["id"])).or_default();
+            for dep in node["deps"].as_array().expect("a node lists its deps") {
+                let normal = dep["dep_kinds"]
+                    .as_array()
+                    .expect("a dep lists its kinds")
+                    .iter()
+                    .any(|kind| kind["kind"].is_null());
+                if normal {
+                    deps.insert(name(&dep["pkg"]));
+                }
+            }
+        }
+        graph
+    }
+
+    /// A graph from `(crate, [direct normal deps])`; the crates named first are the members.
+    fn from_edges(edges: &[(&str, &[&str])]) -> Graph {
+        let mut graph = Graph::default();
+        for (krate, deps) in edges {
+            graph.members.insert((*krate).to_owned());
+            graph
+                .deps
+                .entry((*krate).to_owned())
+                .or_default()
+                .extend(deps.iter().map(|d| (*d).to_owned()));
+        }
+        graph
+    }
+
+    /// Every package reachable from `from` with the path that reaches it first (breadth
+    /// first, so the shortest), `from` itself excluded.
+    fn reachable(&self, from: &str) -> BTreeMap<String, Vec<String>> {
+        let mut paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut queue = VecDeque::from([vec![from.to_owned()]]);
+        while let Some(path) = queue.pop_front() {
+            let last = path.last().expect("paths are never empty");
+            for dep in self.deps.get(last).into_iter().flatten() {
+                if dep == from || paths.contains_key(dep) {
+                    continue;
+                }
+                let mut longer = path.clone();
+                longer.push(dep.clone());
+                paths.insert(dep.clone(), longer.clone());
+                queue.push_back(longer);
+            }
+        }
+        paths
+    }
+}
+
+/// What breaks `rules` (and the dev-only rule) in `graph`, one line per violation.
+fn violations(graph: &Graph, rules: &[Rule]) -> Vec<String> {
+    let mut found = Vec::new();
+    for rule in rules {
+        if !graph.members.contains(rule.krate) {
+            found.push(format!(
+                "{}: no such workspace crate (renamed? update the rule)",
+                rule.krate
+            ));
+            continue;
+        }
+        let paths: BTreeMap<String, Vec<String>> = match rule.reach {
+            Reach::Transitive => graph.reachable(rule.krate),
+            Reach::Direct => graph.deps[rule.krate]
+                .iter()
+                .map(|dep| (dep.clone(), vec![rule.krate.to_owned(), dep.clone()]))
+                .collect(),
+        };
+        for (dep, path) in paths {
+            let forbidden = match rule.forbid {
+                Forbid::AnyWorkspaceCrate => graph.members.contains(&dep),
+                Forbid::Crates(names) => names.contains(&dep.as_str()),
+            };
+            if forbidden {
+                found.push(format!("{}: {}", path.join(" -> "), rule.why));
+            }
+        }
+    }
+    for member in &graph.members {
+        for (dep, path) in graph.reachable(member) {
+            if DEV_ONLY.contains(&dep.as_str()) {
+                found.push(format!(
+                    "{}: {dep} appears only under [dev-dependencies]",
+                    path.join(" -> ")
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The workspace's graph, as `cargo metadata` resolves it.
+    fn workspace() -> Graph {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+        let output = std::process::Command::new(cargo)
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--manifest-path",
+                manifest,
+            ])
+            .output()
+            .expect("cargo metadata runs");
+        assert!(
+            output.status.success(),
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let metadata: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+        Graph::from_metadata(&metadata)
+    }
+
+    #[test]
+    fn the_workspace_keeps_architecture_md_dependency_rules() {
+        let graph = workspace();
+        // The graph is real: the server sees both raft and the store.
+        let server = graph.reachable("etcdrs-server");
+        assert!(server.contains_key("etcdrs-raftnode") && server.contains_key("etcdrs-mvcc"));
+        let found = violations(&graph, RULES);
+        assert!(found.is_empty(), "{}", found.join("\n"));
+    }
+
+    #[test]
+    fn forbidden_edges_are_caught_with_their_path() {
+        let graph = Graph::from_edges(&[
+            ("etcdrs-proto", &["tonic", "etcdrs-tls"]),
+            ("etcdrs-tls", &["rustls"]),
+            ("etcdrs-serve", &["etcdrs-proto", "etcdrs-server"]),
+            ("etcdrs-server", &["etcdrs-raftnode", "etcdrs-proto"]),
+            ("etcdrs-raftnode", &["raft"]),
+            ("etcdrs-grpcproxy", &["etcdrs-serve", "etcdrs-proto"]),
+            ("etcdrs-gateway", &["etcdrs-discovery", "tonic"]),
+            ("etcdrs-discovery", &["etcdrs-proto"]),
+            ("etcdrs-bench", &["etcdrs-proto", "etcdrs-testkit"]),
+            ("etcdrs-testkit", &["tonic"]),
+        ]);
+        let rules: Vec<Rule> = RULES
+            .iter()
+            .copied()
+            .filter(|r| graph.members.contains(r.krate))
+            .collect();
+        let found = violations(&graph, &rules);
+        let expected = [
+            // proto -> tls: proto is a leaf.
+            "etcdrs-proto -> etcdrs-tls: proto is a leaf",
+            // serve -> server, and the server's raft below it.
+            "etcdrs-serve -> etcdrs-server: serve is shared",
+            "etcdrs-serve -> etcdrs-server -> etcdrs-raftnode -> raft: serve is shared",
+            // The proxy reaches the server through serve.
+            "etcdrs-grpcproxy -> etcdrs-serve -> etcdrs-server: grpcproxy is a client",
+            "etcdrs-grpcproxy -> etcdrs-serve -> etcdrs-server -> etcdrs-raftnode: grpcproxy",
+            // tonic directly in the gateway (through discovery's proto it is allowed).
+            "etcdrs-gateway -> tonic: gateway is L4",
+            // bench links testkit.
+            "etcdrs-bench -> etcdrs-testkit: etcdrs-testkit appears only under [dev-dependencies]",
+        ];
+        for line in expected {
+            assert!(
+                found.iter().any(|f| f.starts_with(line)),
+                "{line:?} missing from:\n{}",
+                found.join("\n")
+            );
+        }
+        assert!(
+            !found
+                .iter()
+                .any(|f| f.starts_with("etcdrs-gateway -> etcdrs-discovery")),
+            "{}",
+            found.join("\n")
+        );
+
+        // The same graph without the forbidden edges passes.
+        let clean = Graph::from_edges(&[
+            ("etcdrs-proto", &["tonic"]),
+            ("etcdrs-tls", &["rustls"]),
+            ("etcdrs-serve", &["etcdrs-proto"]),
+            (
+                "etcdrs-server",
+                &["etcdrs-raftnode", "etcdrs-proto", "etcdrs-serve"],
+            ),
+            ("etcdrs-raftnode", &["raft"]),
+            ("etcdrs-grpcproxy", &["etcdrs-serve", "etcdrs-proto"]),
+            ("etcdrs-gateway", &["etcdrs-discovery"]),
+            ("etcdrs-discovery", &["etcdrs-proto"]),
+            ("etcdrs-bench", &["etcdrs-proto"]),
+            ("etcdrs-testkit", &["tonic"]),
+        ]);
+        assert_eq!(violations(&clean, &rules), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_rule_for_a_missing_crate_fails() {
+        let graph = Graph::from_edges(&[("etcdrs-proto", &["tonic"])]);
+        let found = violations(&graph, RULES);
+        assert!(
+            found
+                .iter()
+                .any(|f| f.starts_with("etcdrs-grpcproxy: no such workspace crate")),
+            "{}",
+            found.join("\n")
+        );
+    }
+}
