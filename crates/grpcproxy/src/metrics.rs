@@ -1,6 +1,8 @@
 //! The proxy's own Prometheus series, with etcd's grpc-proxy names and types (etcd
 //! `server/proxy/grpcproxy/metrics.go`): cache hits, misses and size, and how much watch
-//! coalescing saves; plus the process collector's `process_*` and promhttp's scrape counts.
+//! coalescing saves; the proxy's own gRPC server's `grpc_server_*` (go-grpc-prometheus's, in
+//! the process-wide registry, counted by `serve::grpc_metrics`); the process collector's
+//! `process_*` and promhttp's scrape counts.
 //! They live in a registry of their own, rendered by `/proxy/metrics` (etcd 3.5; `/metrics`
 //! relays a member's, as etcd's proxy does).
 
@@ -41,6 +43,16 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh set of series.
     pub fn new() -> Metrics {
+        // The gRPC series of the services the proxy serves, at zero from start-up as
+        // go-grpc-prometheus shows those registered before it (etcd's proxy has no health
+        // service; its lock and election services are registered with the others).
+        let methods: Vec<(&str, &str)> = etcdrs_serve::grpc_metrics::MEMBER_METHODS
+            .iter()
+            .chain(etcdrs_serve::grpc_metrics::LATE_METHODS)
+            .filter(|(service, _)| !service.starts_with("grpc.health"))
+            .copied()
+            .collect();
+        etcdrs_serve::grpc_metrics::init_series(&methods);
         let registry = Registry::new();
         let counter = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("static metric definition is valid");
@@ -135,6 +147,13 @@ impl Metrics {
         let _ = etcdrs_serve::process::register_families(&process);
         let mut families = self.inner.registry.gather();
         families.extend(process.gather());
+        // Of the process-wide registry, only the gRPC server's calls are the proxy's: the
+        // byte and client-request counters there are etcd's member series.
+        families.extend(
+            prometheus::gather()
+                .into_iter()
+                .filter(|family| family.name().starts_with("grpc_server_")),
+        );
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&families, &mut out);

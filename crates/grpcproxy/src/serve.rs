@@ -33,6 +33,7 @@ use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
+use etcdrs_serve::grpc_metrics::wire::{CountGrpc, Counted};
 use etcdrs_serve::h2authority::LenientAuthority;
 use etcdrs_serve::leader::LeaderSource;
 use etcdrs_serve::listener::{Handler, Peer};
@@ -140,7 +141,10 @@ fn plain_grpc_range<B>(req: &axum::http::Request<B>) -> bool {
             .is_none_or(|v| v.as_bytes() == b"identity")
 }
 
-impl tower::Service<axum::http::Request<Incoming>> for Front {
+/// A request as [`Front`] gets it: its body's gRPC messages are counted as they are read.
+type FrontRequest = axum::http::Request<Counted<Incoming>>;
+
+impl tower::Service<FrontRequest> for Front {
     type Response = Response;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -149,7 +153,7 @@ impl tower::Service<axum::http::Request<Incoming>> for Front {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: axum::http::Request<Incoming>) -> Self::Future {
+    fn call(&mut self, req: FrontRequest) -> Self::Future {
         let inner = self.0.clone();
         if inner.kv.is_some() && plain_grpc_range(&req) {
             return Box::pin(fast_range(inner, req));
@@ -160,10 +164,7 @@ impl tower::Service<axum::http::Request<Incoming>> for Front {
 
 /// A range through the cache: its message read whole (up to `max_recv`), answered from the
 /// cache when it holds the answer, else handed to the router with the bytes read so far.
-async fn fast_range(
-    inner: Arc<FrontInner>,
-    req: axum::http::Request<Incoming>,
-) -> Result<Response, Infallible> {
+async fn fast_range(inner: Arc<FrontInner>, req: FrontRequest) -> Result<Response, Infallible> {
     let (parts, mut body) = req.into_parts();
     let limit = inner.max_recv.saturating_add(5);
     let mut head: Option<Bytes> = None;
@@ -258,7 +259,7 @@ impl HttpBody for Unary {
 /// A request body of which `head` was already read from `rest`.
 struct Prefixed {
     head: Option<Bytes>,
-    rest: Incoming,
+    rest: Counted<Incoming>,
     /// `rest` has ended.
     done: bool,
 }
@@ -557,7 +558,9 @@ impl Handler for Connections {
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let service = TowerToHyperService::new(self.front);
+        // gRPC calls are counted around everything, the cached ranges too (etcd's proxy
+        // counts its calls with go-grpc-prometheus's interceptors).
+        let service = TowerToHyperService::new(CountGrpc::new(self.front));
         let executor = StreamExecutor::default();
         let builder = http_builder(executor.clone(), self.max_concurrent_streams);
         let io = TokioIo::new(Unvectored::new(io));

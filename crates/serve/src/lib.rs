@@ -12,14 +12,18 @@
 //!   over a [`leader::LeaderSource`], which the server and the proxy each implement.
 //! - [`not_found`]: the fallback for unknown paths (gRPC "unimplemented" or Go's 404).
 //! - [`process`]: the `process_*` series of Go's process collector, for both `/metrics`.
+//! - [`grpc_metrics`]: go-grpc-prometheus's `grpc_server_*` series and etcd's message byte and
+//!   client request counters, counted by [`grpc_metrics::wire::CountGrpc`] around a router.
 //!
-//! This crate is *not* the server or the proxy: it knows no etcd service, no raft, no store
-//! and no flags, so the gRPC proxy can serve clients without linking the server.
+//! This crate is *not* the server or the proxy: it knows no etcd service (beyond the names of
+//! their methods, which label the gRPC series), no raft, no store and no flags, so the gRPC
+//! proxy can serve clients without linking the server.
 
 #![deny(missing_docs)]
 
 pub mod error;
 mod fallback;
+pub mod grpc_metrics;
 pub mod h2authority;
 pub mod leader;
 pub mod listener;

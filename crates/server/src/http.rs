@@ -230,14 +230,14 @@ impl Handler for Connections {
         let service = tower::ServiceBuilder::new()
             .map_request(
                 move |mut request: axum::extract::Request<
-                    metrics::wire::Counted<hyper::body::Incoming>,
+                    etcdrs_serve::grpc_metrics::wire::Counted<hyper::body::Incoming>,
                 >| {
                     request.extensions_mut().insert(identity.clone());
                     request
                 },
             )
             .service(self.router);
-        let service = metrics::wire::CountGrpc::new(service);
+        let service = etcdrs_serve::grpc_metrics::wire::CountGrpc::new(service);
         let service = TowerToHyperService::new(service);
         let conn = self
             .builder

@@ -1611,6 +1611,10 @@ const PROXY_FAMILIES: &[(&str, &str)] = &[
     ("etcd_grpc_proxy_cache_misses_total", "gauge"),
     ("etcd_grpc_proxy_events_coalescing_total", "counter"),
     ("etcd_grpc_proxy_watchers_coalescing_total", "gauge"),
+    ("grpc_server_handled_total", "counter"),
+    ("grpc_server_msg_received_total", "counter"),
+    ("grpc_server_msg_sent_total", "counter"),
+    ("grpc_server_started_total", "counter"),
     ("process_cpu_seconds_total", "counter"),
     ("process_max_fds", "gauge"),
     ("process_open_fds", "gauge"),
@@ -1691,6 +1695,19 @@ async fn metrics_relay_a_members_and_proxy_metrics_are_the_proxys_own() {
         metric_value(&own, "etcd_grpc_proxy_watchers_coalescing_total", None),
         1.0
     );
+    // Its own gRPC server's calls, cached ranges among them.
+    let range = Some(r#"grpc_method="Range""#);
+    assert!(metric_value(&own, "grpc_server_started_total", range) >= 2.0);
+    assert!(
+        metric_value(
+            &own,
+            "grpc_server_handled_total",
+            Some(r#"grpc_code="OK",grpc_method="Range""#)
+        ) >= 2.0
+    );
+    assert!(metric_value(&own, "grpc_server_msg_sent_total", range) >= 2.0);
+    let watch = Some(r#"grpc_method="Watch""#);
+    assert!(metric_value(&own, "grpc_server_msg_received_total", watch) >= 2.0);
     assert!(metric_value(&own, "process_resident_memory_bytes", None) > 0.0);
     assert!(metric_value(&own, "process_open_fds", None) > 0.0);
 }

@@ -1,6 +1,6 @@
-//! Counting gRPC calls on the client port: calls started and handled by code, with
-//! `--metrics=extensive` their duration, and their messages (go-grpc-prometheus's
-//! `grpc_server_*`), message bytes as etcd's codec counts them
+//! Counting gRPC calls on a listener that serves etcd's services: calls started and handled
+//! by code, with `--metrics=extensive` their duration, and their messages
+//! (go-grpc-prometheus's `grpc_server_*`), message bytes as etcd's codec counts them
 //! (`etcd_network_client_grpc_{received,sent}_bytes_total`, v3rpc `codec.go`), and etcd's
 //! `etcd_server_client_requests_total` (v3rpc `interceptor.go`).
 //!
@@ -8,13 +8,13 @@
 //! once, else in the trailers that end the response body; a response dropped before its
 //! trailers (the client went away) counts as `Canceled`, what a Go handler returns then.
 //!
-//! [`CountGrpc`] wraps the client router outside axum, where hyper hands it the connection's
-//! request bodies: it wraps the request body and the response body in [`Counted`], which
-//! follows gRPC's length-prefixed framing (RFC: a 1-byte flag and a 4-byte big-endian length
-//! before each message) as data frames pass. Nothing is allocated per call: the wrappers live
-//! inside the boxes axum and hyper make anyway, and every count is an atomic add on a series
-//! resolved once at start-up. Message bytes are counted without the 5-byte prefixes, as the
-//! codec sees them (etcd's clients do not compress).
+//! [`CountGrpc`] wraps a connection's service outside axum, where hyper hands it the request
+//! bodies: it wraps the request body and the response body in [`Counted`], which follows
+//! gRPC's length-prefixed framing (a 1-byte flag and a 4-byte big-endian length before each
+//! message) as data frames pass. Nothing is allocated per call: the wrappers live inside the
+//! boxes axum and hyper make anyway, and every count is an atomic add on a series resolved
+//! once. Message bytes are counted without the 5-byte prefixes, as the codec sees them (etcd's
+//! clients do not compress).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
