@@ -114,6 +114,11 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         enable_grpc_gateway: cfg.enable_grpc_gateway,
         backend_batch_interval: cfg.backend_batch_interval,
         backend_batch_limit: u64::try_from(cfg.backend_batch_limit).unwrap_or(0),
+        cors: cfg.cors.clone(),
+        host_whitelist: cfg.host_whitelist.clone(),
+        max_concurrent_streams: cfg.max_concurrent_streams,
+        grpc_keepalive_interval: cfg.grpc_keepalive_interval,
+        grpc_keepalive_timeout: cfg.grpc_keepalive_timeout,
     })
 }
 

@@ -91,6 +91,17 @@ pub struct ServerConfig {
     pub backend_batch_interval: Duration,
     /// `--backend-batch-limit` (zero: etcd's 10000): writes that may wait for a durable commit.
     pub backend_batch_limit: u64,
+    /// `--cors`: origins the HTTP endpoints send CORS headers for (`*`: any).
+    pub cors: Vec<String>,
+    /// `--host-whitelist`: Host headers plain-text HTTP requests may carry (`*`: any).
+    pub host_whitelist: Vec<String>,
+    /// `--max-concurrent-streams`: HTTP/2 streams per client connection.
+    pub max_concurrent_streams: u32,
+    /// `--grpc-keepalive-interval`: how often the server pings an idle client connection.
+    pub grpc_keepalive_interval: Duration,
+    /// `--grpc-keepalive-timeout`: how long a ping may go unanswered before the connection
+    /// is closed.
+    pub grpc_keepalive_timeout: Duration,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -134,6 +145,11 @@ impl ServerConfig {
             enable_grpc_gateway: true,
             backend_batch_interval: Duration::ZERO,
             backend_batch_limit: 0,
+            cors: vec!["*".into()],
+            host_whitelist: vec!["*".into()],
+            max_concurrent_streams: u32::MAX,
+            grpc_keepalive_interval: Duration::from_secs(2 * 3600),
+            grpc_keepalive_timeout: Duration::from_secs(20),
         }
     }
 
