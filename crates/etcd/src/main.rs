@@ -81,6 +81,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         data_dir: PathBuf::from(&cfg.data_dir),
         wal_dir,
         listen_client_urls: cfg.listen_client_urls.clone(),
+        listen_client_http_urls: cfg.listen_client_http_urls.clone(),
         advertise_client_urls: cfg.advertise_client_urls.clone(),
         listen_peer_urls: cfg.listen_peer_urls.clone(),
         initial_advertise_peer_urls: cfg.initial_advertise_peer_urls.clone(),

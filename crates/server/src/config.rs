@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub wal_dir: Option<PathBuf>,
     /// URLs to serve clients on.
     pub listen_client_urls: Vec<Url>,
+    /// `--listen-client-http-urls`: where the HTTP endpoints are served instead of on
+    /// `listen_client_urls` (etcd 3.5).
+    pub listen_client_http_urls: Vec<Url>,
     /// Client URLs advertised to the cluster.
     pub advertise_client_urls: Vec<Url>,
     /// URLs to listen on for peers.
@@ -117,6 +120,7 @@ impl ServerConfig {
             data_dir: PathBuf::from("default.etcd"),
             wal_dir: None,
             listen_client_urls: vec![client.clone()],
+            listen_client_http_urls: Vec::new(),
             advertise_client_urls: vec![client],
             listen_peer_urls: vec![peer.clone()],
             initial_advertise_peer_urls: vec![peer.clone()],

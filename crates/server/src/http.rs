@@ -35,8 +35,25 @@ use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
+/// What a client listener serves: both (etcd's default), or, with `--listen-client-http-urls`,
+/// gRPC on `--listen-client-urls` and HTTP on the HTTP URLs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serves {
+    /// gRPC and HTTP on one port.
+    Both,
+    /// gRPC only.
+    Grpc,
+    /// The HTTP endpoints only (health, version, metrics, probes, JSON gateway, v2).
+    Http,
+}
+
 /// The router serving gRPC and HTTP for `server`.
 pub fn router(server: EtcdServer) -> Router {
+    client_router(server, Serves::Both)
+}
+
+/// The router of a client listener serving `serves`.
+pub fn client_router(server: EtcdServer, serves: Serves) -> Router {
     let rpc = Rpc::new(server.clone());
     let gateway = crate::gateway::router(rpc.clone());
     let v2keys = crate::v2keys::router(server.clone());
@@ -71,7 +88,12 @@ pub fn router(server: EtcdServer) -> Router {
     // etcd's access controller stands in front of the HTTP endpoints, not of gRPC.
     let access = Arc::new(Access::new(server.config()));
     let http = http.layer(axum::middleware::from_fn_with_state(access, access_control));
-    grpc.merge(http)
+    let routes = match serves {
+        Serves::Both => grpc.merge(http),
+        Serves::Grpc => grpc,
+        Serves::Http => http,
+    };
+    routes
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(server) as Arc<dyn LeaderSource>,
@@ -130,7 +152,30 @@ pub async fn serve(
         .max_concurrent_streams(config.max_concurrent_streams)
         .keep_alive_interval(Some(config.grpc_keepalive_interval))
         .keep_alive_timeout(config.grpc_keepalive_timeout);
-    serve_router_with(router(server.clone()), builder, listener, tls, shutdown).await
+    // With --listen-client-http-urls the HTTP endpoints move there, as in etcd 3.5.
+    let serves = if config.listen_client_http_urls.is_empty() {
+        Serves::Both
+    } else {
+        Serves::Grpc
+    };
+    serve_router_with(
+        client_router(server.clone(), serves),
+        builder,
+        listener,
+        tls,
+        shutdown,
+    )
+    .await
+}
+
+/// Serve the HTTP endpoints on a `--listen-client-http-urls` listener until `shutdown`.
+pub async fn serve_http(
+    server: EtcdServer,
+    listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    serve_router(client_router(server, Serves::Http), listener, tls, shutdown).await
 }
 
 /// The router of the peer port: the peer service, plus etcd's `/version` and `/health`.

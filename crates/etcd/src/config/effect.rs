@@ -7,7 +7,6 @@
 #[rustfmt::skip]
 pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("initial-election-tick-advance", "raft-rs waits a whole election timeout before the first campaign"),
-    ("listen-client-http-urls", "these URLs are not bound; --listen-client-urls serves gRPC and HTTP together"),
     ("max-snapshots", "one raft snapshot is kept; older ones are removed"),
     ("max-wals", "WAL segments are released once the backend holds their entries"),
     ("backend-bbolt-freelist-type", "the backend is redb, not bbolt"),

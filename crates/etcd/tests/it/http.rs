@@ -198,3 +198,27 @@ async fn host_whitelist_and_cors_as_etcd() {
     assert_eq!(status, "200");
     assert_eq!(header(&headers, "access-control-allow-origin"), Some("*"));
 }
+
+/// etcd 3.5's `--listen-client-http-urls`: the HTTP endpoints (health, metrics, the JSON
+/// gateway) are served there, and `--listen-client-urls` keeps gRPC alone. Ours only: etcd 3.4
+/// has no such flag.
+#[tokio::test]
+async fn listen_client_http_urls_take_the_http_endpoints() {
+    if !crate::ours() {
+        return;
+    }
+    let port = etcdrs_testkit::ports::reserve().expect("port");
+    let http_url = format!("http://127.0.0.1:{}", port.port());
+    let (m, mut client) = crate::start_with(&["--listen-client-http-urls", &http_url]).await;
+    client
+        .put("k", "v", None)
+        .await
+        .expect("gRPC on the client URL");
+    let (status, _, body) = curl_i(&format!("{http_url}/health"), &[]);
+    assert_eq!(status, "200", "{body}");
+    let (status, body) = post(&format!("{http_url}/v3/kv/range"), r#"{"key":"aw=="}"#);
+    assert_eq!(status, "200", "{body}");
+    assert!(body.contains(r#""value":"dg==""#), "{body}");
+    let (status, _, _) = curl_i(&format!("{}/health", m.endpoint()), &[]);
+    assert_eq!(status, "404", "the client URL serves gRPC only");
+}
