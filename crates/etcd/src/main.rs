@@ -120,6 +120,8 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         max_concurrent_streams: cfg.max_concurrent_streams,
         grpc_keepalive_interval: cfg.grpc_keepalive_interval,
         grpc_keepalive_timeout: cfg.grpc_keepalive_timeout,
+        initial_corrupt_check: cfg.experimental_initial_corrupt_check,
+        corrupt_check_time: cfg.experimental_corrupt_check_time,
     })
 }
 

@@ -156,6 +156,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             ("peer listener", result.map_err(|e| e.to_string()))
         });
     }
+    // etcd checks its data against its peers' before it serves anyone.
+    if server.config().initial_corrupt_check {
+        etcdrs_server::corrupt::check_at_start(&server).await?;
+    }
     tokio::select! {
         published = server.publish() => published?,
         Some(done) = tasks.join_next() => {

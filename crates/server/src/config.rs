@@ -105,6 +105,10 @@ pub struct ServerConfig {
     /// `--grpc-keepalive-timeout`: how long a ping may go unanswered before the connection
     /// is closed.
     pub grpc_keepalive_timeout: Duration,
+    /// `--experimental-initial-corrupt-check`: compare hashes with the peers before serving.
+    pub initial_corrupt_check: bool,
+    /// `--experimental-corrupt-check-time` (zero: off): how often the leader compares hashes.
+    pub corrupt_check_time: Duration,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -154,6 +158,8 @@ impl ServerConfig {
             max_concurrent_streams: u32::MAX,
             grpc_keepalive_interval: Duration::from_secs(2 * 3600),
             grpc_keepalive_timeout: Duration::from_secs(20),
+            initial_corrupt_check: false,
+            corrupt_check_time: Duration::ZERO,
         }
     }
 

@@ -19,8 +19,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("client-cert-file", "outgoing client connections present --cert-file"),
     ("client-key-file", "outgoing client connections present --key-file"),
     ("experimental-peer-skip-client-san-verification", "peer client certificates are verified as --peer-client-cert-auth says"),
-    ("experimental-initial-corrupt-check", "the data is not compared with the other members' at start"),
-    ("experimental-corrupt-check-time", "there is no periodic corruption check"),
     ("experimental-compact-hash-check-enabled", "compacted revisions' hashes are not compared"),
     ("experimental-compact-hash-check-time", "compacted revisions' hashes are not compared"),
     ("experimental-enable-lease-checkpoint", "lease TTLs are not checkpointed: a new leader renews every lease"),
