@@ -2012,11 +2012,14 @@ mod tests {
                 .iter()
                 .any(|w| w.contains("has no effect"))
         );
-        let env = [("ETCD_FORCE_NEW_CLUSTER".to_owned(), "true".to_owned())];
+        let env = [(
+            "ETCD_EXPERIMENTAL_MEMORY_MLOCK".to_owned(),
+            "true".to_owned(),
+        )];
         assert!(
             warnings(&[], &env)
                 .iter()
-                .any(|w| w.starts_with("--force-new-cluster=true has no effect")),
+                .any(|w| w.starts_with("--experimental-memory-mlock=true has no effect")),
         );
         let (_dir, path) = write_config("enable-pprof: true\n");
         let told = warnings(&["--config-file", &path], &[]);

@@ -82,6 +82,24 @@ const FLAGS: &[(&str, Kind)] = &[
     ("trusted-ca-file", Kind::Str),
 ];
 
+/// The flags `etcd grpc-proxy start` accepts without acting on them, with what the proxy does
+/// instead; given one, the proxy says so at start.
+const NO_EFFECT: &[(&str, &str)] = &[
+    ("enable-pprof", "there is no /debug/pprof"),
+    (
+        "experimental-leasing-prefix",
+        "leases are not used to cache keys at the proxy",
+    ),
+    (
+        "experimental-serializable-ordering",
+        "serializable reads are not checked for revisions older than the last one seen",
+    ),
+    (
+        "listen-cipher-suites",
+        "the listener offers rustls's TLS 1.2 and 1.3 suites",
+    ),
+];
+
 /// The parsed flags of `etcd grpc-proxy start`, with etcd's defaults.
 #[derive(Clone, Debug)]
 struct StartFlags {
@@ -112,6 +130,8 @@ struct StartFlags {
     resolver_prefix: String,
     resolver_ttl: i64,
     trusted_ca_file: String,
+    /// Flags given that have no effect (see [`NO_EFFECT`]), with the values given.
+    without_effect: Vec<(&'static str, String)>,
 }
 
 impl Default for StartFlags {
@@ -143,6 +163,7 @@ impl Default for StartFlags {
             resolver_prefix: String::new(),
             resolver_ttl: 0,
             trusted_ca_file: String::new(),
+            without_effect: Vec::new(),
         }
     }
 }
@@ -170,6 +191,9 @@ impl StartFlags {
             .find(|(n, _)| *n == name)
             .map(|(_, k)| *k)
             .ok_or_else(|| format!("unknown flag: --{name}"))?;
+        if let Some((flag, _)) = NO_EFFECT.iter().find(|(n, _)| *n == name) {
+            self.without_effect.push((flag, value.to_owned()));
+        }
         let boolean = || {
             goparse::parse_bool(value).ok_or_else(|| {
                 invalid(
@@ -376,6 +400,11 @@ pub fn main(args: &[String]) -> ExitCode {
         }
     };
     crate::logging::init(if flags.debug { "debug" } else { "info" }, &[]);
+    for (flag, value) in &flags.without_effect {
+        if let Some((_, why)) = NO_EFFECT.iter().find(|(n, _)| n == flag) {
+            tracing::warn!("--{flag}={value} has no effect in etcd-rs: {why}");
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -645,6 +674,22 @@ mod tests {
             parse_start(&[]).expect("parses").endpoints,
             ["127.0.0.1:2379"]
         );
+    }
+
+    #[test]
+    fn flags_without_effect_are_kept_to_be_named() {
+        let flags =
+            parse_start(&args(&["--enable-pprof", "--listen-cipher-suites=X"])).expect("parses");
+        assert_eq!(
+            flags.without_effect,
+            [
+                ("enable-pprof", "true".to_owned()),
+                ("listen-cipher-suites", "X".to_owned())
+            ]
+        );
+        for (name, _) in NO_EFFECT {
+            assert!(FLAGS.iter().any(|(n, _)| n == name), "{name}");
+        }
     }
 
     #[test]

@@ -81,6 +81,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         data_dir: PathBuf::from(&cfg.data_dir),
         wal_dir,
         listen_client_urls: cfg.listen_client_urls.clone(),
+        listen_client_http_urls: cfg.listen_client_http_urls.clone(),
         advertise_client_urls: cfg.advertise_client_urls.clone(),
         listen_peer_urls: cfg.listen_peer_urls.clone(),
         initial_advertise_peer_urls: cfg.initial_advertise_peer_urls.clone(),
@@ -114,6 +115,13 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         enable_grpc_gateway: cfg.enable_grpc_gateway,
         backend_batch_interval: cfg.backend_batch_interval,
         backend_batch_limit: u64::try_from(cfg.backend_batch_limit).unwrap_or(0),
+        cors: cfg.cors.clone(),
+        host_whitelist: cfg.host_whitelist.clone(),
+        max_concurrent_streams: cfg.max_concurrent_streams,
+        grpc_keepalive_interval: cfg.grpc_keepalive_interval,
+        grpc_keepalive_timeout: cfg.grpc_keepalive_timeout,
+        initial_corrupt_check: cfg.experimental_initial_corrupt_check,
+        corrupt_check_time: cfg.experimental_corrupt_check_time,
     })
 }
 

@@ -104,8 +104,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
         tracing::info!(address = %addr, "starting peer listener");
         peer_listeners.push((listener, tls));
     }
+    // The gRPC (and, unless --listen-client-http-urls is given, HTTP) listeners, then the
+    // HTTP-only ones.
     let mut client_listeners = Vec::new();
-    for url in &config.listen_client_urls {
+    let client_urls = config.listen_client_urls.iter().map(|url| (url, false));
+    let http_urls = config.listen_client_http_urls.iter().map(|url| (url, true));
+    for (url, http_only) in client_urls.chain(http_urls) {
         let tls = listener_tls(
             url,
             client_tls.as_ref(),
@@ -116,7 +120,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
-        client_listeners.push((addr, listener, tls));
+        client_listeners.push((addr, listener, tls, http_only));
     }
 
     let mut metrics_listeners = Vec::new();
@@ -152,6 +156,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             ("peer listener", result.map_err(|e| e.to_string()))
         });
     }
+    // etcd checks its data against its peers' before it serves anyone.
+    if server.config().initial_corrupt_check {
+        etcdrs_server::corrupt::check_at_start(&server).await?;
+    }
     tokio::select! {
         published = server.publish() => published?,
         Some(done) = tasks.join_next() => {
@@ -172,12 +180,16 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             ("metrics listener", result.map_err(|e| e.to_string()))
         });
     }
-    for (addr, listener, tls) in client_listeners {
+    for (addr, listener, tls, http_only) in client_listeners {
         let server = server.clone();
         let stop = shutdown.clone();
         let secure = tls.is_some();
         tasks.spawn(async move {
-            let result = etcdrs_server::http::serve(server, listener, tls, stop).await;
+            let result = if http_only {
+                etcdrs_server::http::serve_http(server, listener, tls, stop).await
+            } else {
+                etcdrs_server::http::serve(server, listener, tls, stop).await
+            };
             ("client listener", result.map_err(|e| e.to_string()))
         });
         tracing::info!("ready to serve client requests");

@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub wal_dir: Option<PathBuf>,
     /// URLs to serve clients on.
     pub listen_client_urls: Vec<Url>,
+    /// `--listen-client-http-urls`: where the HTTP endpoints are served instead of on
+    /// `listen_client_urls` (etcd 3.5).
+    pub listen_client_http_urls: Vec<Url>,
     /// Client URLs advertised to the cluster.
     pub advertise_client_urls: Vec<Url>,
     /// URLs to listen on for peers.
@@ -91,6 +94,21 @@ pub struct ServerConfig {
     pub backend_batch_interval: Duration,
     /// `--backend-batch-limit` (zero: etcd's 10000): writes that may wait for a durable commit.
     pub backend_batch_limit: u64,
+    /// `--cors`: origins the HTTP endpoints send CORS headers for (`*`: any).
+    pub cors: Vec<String>,
+    /// `--host-whitelist`: Host headers plain-text HTTP requests may carry (`*`: any).
+    pub host_whitelist: Vec<String>,
+    /// `--max-concurrent-streams`: HTTP/2 streams per client connection.
+    pub max_concurrent_streams: u32,
+    /// `--grpc-keepalive-interval`: how often the server pings an idle client connection.
+    pub grpc_keepalive_interval: Duration,
+    /// `--grpc-keepalive-timeout`: how long a ping may go unanswered before the connection
+    /// is closed.
+    pub grpc_keepalive_timeout: Duration,
+    /// `--experimental-initial-corrupt-check`: compare hashes with the peers before serving.
+    pub initial_corrupt_check: bool,
+    /// `--experimental-corrupt-check-time` (zero: off): how often the leader compares hashes.
+    pub corrupt_check_time: Duration,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -106,6 +124,7 @@ impl ServerConfig {
             data_dir: PathBuf::from("default.etcd"),
             wal_dir: None,
             listen_client_urls: vec![client.clone()],
+            listen_client_http_urls: Vec::new(),
             advertise_client_urls: vec![client],
             listen_peer_urls: vec![peer.clone()],
             initial_advertise_peer_urls: vec![peer.clone()],
@@ -134,6 +153,13 @@ impl ServerConfig {
             enable_grpc_gateway: true,
             backend_batch_interval: Duration::ZERO,
             backend_batch_limit: 0,
+            cors: vec!["*".into()],
+            host_whitelist: vec!["*".into()],
+            max_concurrent_streams: u32::MAX,
+            grpc_keepalive_interval: Duration::from_secs(2 * 3600),
+            grpc_keepalive_timeout: Duration::from_secs(20),
+            initial_corrupt_check: false,
+            corrupt_check_time: Duration::ZERO,
         }
     }
 

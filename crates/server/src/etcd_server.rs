@@ -302,6 +302,15 @@ impl EtcdServer {
                 ),
             }
         });
+        if server.inner.config.corrupt_check_time > Duration::ZERO {
+            let checker = server.clone();
+            let stop = shutdown.clone();
+            let interval = server.inner.config.corrupt_check_time;
+            tasks.spawn(async move {
+                crate::corrupt::run_periodic(checker, interval, stop).await;
+                ("corruption check", Ok(()))
+            });
+        }
         let syncer = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -1160,6 +1169,20 @@ impl EtcdServer {
             }
             Err(op) => op,
         };
+        // etcd's corrupt applier: while a CORRUPT alarm stands, no write is applied.
+        if self.has_alarm(AlarmType::Corrupt)
+            && matches!(
+                op,
+                Op::Put(_)
+                    | Op::DeleteRange(_)
+                    | Op::Txn(_)
+                    | Op::Compaction(_)
+                    | Op::LeaseGrant(_)
+                    | Op::LeaseRevoke(_)
+            )
+        {
+            return Err(ServerError::Etcd(&rpctypes::CORRUPT));
+        }
         match op {
             Op::AuthEnable(_)
             | Op::AuthDisable(_)

@@ -35,8 +35,25 @@ use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
+/// What a client listener serves: both (etcd's default), or, with `--listen-client-http-urls`,
+/// gRPC on `--listen-client-urls` and HTTP on the HTTP URLs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serves {
+    /// gRPC and HTTP on one port.
+    Both,
+    /// gRPC only.
+    Grpc,
+    /// The HTTP endpoints only (health, version, metrics, probes, JSON gateway, v2).
+    Http,
+}
+
 /// The router serving gRPC and HTTP for `server`.
 pub fn router(server: EtcdServer) -> Router {
+    client_router(server, Serves::Both)
+}
+
+/// The router of a client listener serving `serves`.
+pub fn client_router(server: EtcdServer, serves: Serves) -> Router {
     let rpc = Rpc::new(server.clone());
     let gateway = crate::gateway::router(rpc.clone());
     let v2keys = crate::v2keys::router(server.clone());
@@ -55,21 +72,28 @@ pub fn router(server: EtcdServer) -> Router {
             .add_service(health_service)
             .prepare()
             .into_axum_router();
-    let http = probe_routes(Router::new())
+    let mut http = probe_routes(Router::new())
         .route("/health", any(health))
         .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .with_state(server.clone());
     // etcd's gates: the JSON gateway unless --enable-grpc-gateway=false, the v2 keys API
     // (here the subset v2 discovery uses, and `/new`) only with --enable-v2.
-    let mut router = grpc.merge(http);
     if server.config().enable_grpc_gateway {
-        router = router.merge(gateway);
+        http = http.merge(gateway);
     }
     if server.config().enable_v2 {
-        router = router.merge(v2keys);
+        http = http.merge(v2keys);
     }
-    router
+    // etcd's access controller stands in front of the HTTP endpoints, not of gRPC.
+    let access = Arc::new(Access::new(server.config()));
+    let http = http.layer(axum::middleware::from_fn_with_state(access, access_control));
+    let routes = match serves {
+        Serves::Both => grpc.merge(http),
+        Serves::Grpc => grpc,
+        Serves::Http => http,
+    };
+    routes
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(server) as Arc<dyn LeaderSource>,
@@ -117,7 +141,40 @@ pub async fn serve(
     tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_router(router(server), listener, tls, shutdown).await
+    let config = server.config();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // etcd's gRPC server options: --max-concurrent-streams, and keepalive pings every
+    // --grpc-keepalive-interval, answered within --grpc-keepalive-timeout.
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .keep_alive_interval(Some(config.grpc_keepalive_interval))
+        .keep_alive_timeout(config.grpc_keepalive_timeout);
+    // With --listen-client-http-urls the HTTP endpoints move there, as in etcd 3.5.
+    let serves = if config.listen_client_http_urls.is_empty() {
+        Serves::Both
+    } else {
+        Serves::Grpc
+    };
+    serve_router_with(
+        client_router(server.clone(), serves),
+        builder,
+        listener,
+        tls,
+        shutdown,
+    )
+    .await
+}
+
+/// Serve the HTTP endpoints on a `--listen-client-http-urls` listener until `shutdown`.
+pub async fn serve_http(
+    server: EtcdServer,
+    listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    serve_router(client_router(server, Serves::Http), listener, tls, shutdown).await
 }
 
 /// The router of the peer port: the peer service, plus etcd's `/version` and `/health`.
@@ -173,6 +230,131 @@ pub async fn serve_peers(
 pub struct ClientIdentity {
     /// The common name of the client certificate, when one was verified.
     pub common_name: Option<String>,
+    /// The connection is TLS (etcd checks the Host header of plain-text requests only).
+    pub secure: bool,
+}
+
+/// `--host-whitelist` and `--cors` (etcd's `AccessController`): an empty list or `*` allows all.
+struct Access {
+    hosts: Vec<String>,
+    origins: Vec<String>,
+}
+
+impl Access {
+    fn new(config: &crate::ServerConfig) -> Access {
+        Access {
+            hosts: config.host_whitelist.clone(),
+            origins: config.cors.clone(),
+        }
+    }
+
+    fn allows(list: &[String], name: &str) -> bool {
+        list.is_empty() || list.iter().any(|item| item == "*" || item == name)
+    }
+}
+
+/// Go's `%q` of a string: double quotes, with `"`, `\` and control characters escaped.
+fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// etcd's `accessController` for the HTTP endpoints: a plain-text request whose Host is not in
+/// `--host-whitelist` is refused with 421 and etcd's explanation (DNS rebinding, CVE-2018-5702);
+/// answers carry the CORS headers `--cors` allows, and `OPTIONS` is answered at once.
+async fn access_control(
+    State(access): State<Arc<Access>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let secure = request
+        .extensions()
+        .get::<ClientIdentity>()
+        .is_some_and(|id| id.secure);
+    if !secure {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| request.uri().authority().map(|a| a.to_string()))
+            .unwrap_or_default();
+        // Go's `net.SplitHostPort`, falling back to the whole value.
+        let hostname = match host.rsplit_once(':') {
+            Some((name, port)) if !port.contains(']') => name
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            _ => host.clone(),
+        };
+        if !Access::allows(&access.hosts, &hostname) {
+            tracing::warn!(host = %hostname, "rejecting HTTP request to prevent DNS rebinding attacks");
+            let text = format!(
+                "\netcd received your request, but the Host header was unrecognized.\n\n\
+                 To fix this, choose one of the following options:\n\
+                 - Enable TLS, then any HTTPS request will be allowed.\n\
+                 - Add the hostname you want to use to the whitelist in settings.\n  \
+                 - e.g. etcd --host-whitelist {}\n\n\
+                 This requirement has been added to help prevent \"DNS Rebinding\" attacks (CVE-2018-5702).\n\n",
+                go_quote(&hostname)
+            );
+            return (
+                StatusCode::MISDIRECTED_REQUEST,
+                [
+                    (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                ],
+                text,
+            )
+                .into_response();
+        }
+    }
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let allowed_origin = if Access::allows(&access.origins, "*") {
+        Some("*".to_owned())
+    } else if Access::allows(&access.origins, &origin) {
+        Some(origin)
+    } else {
+        None
+    };
+    let mut response = if request.method() == Method::OPTIONS {
+        StatusCode::OK.into_response()
+    } else {
+        next.run(request).await
+    };
+    if let Some(origin) = allowed_origin
+        && let Ok(origin) = header::HeaderValue::from_str(&origin)
+    {
+        let headers = response.headers_mut();
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            header::HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
+        );
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            header::HeaderValue::from_static("accept, content-type, authorization"),
+        );
+    }
+    response
 }
 
 /// Serve `router` on `listener` until `shutdown` (the accept loop is `etcdrs_serve`'s).
@@ -182,7 +364,18 @@ async fn serve_router(
     tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    serve_router_with(router, builder, listener, tls, shutdown).await
+}
+
+/// [`serve_router`] with hyper settings of the caller's.
+async fn serve_router_with(
+    router: Router,
+    mut builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     // gRPC answers carry no `date` (grpc-go, behind etcd, sends none); HTTP/1.1 keeps it.
     builder.http2().auto_date_header(false);
     let handler = Connections {
@@ -224,6 +417,7 @@ impl Handler for Connections {
                 return;
             }
             identity.common_name = certificate.and_then(crate::tls::common_name);
+            identity.secure = true;
         }
         // gRPC calls, messages and bytes are counted here, outside axum, where counting
         // allocates nothing; on the peer and metrics ports no path is one of etcd's methods.

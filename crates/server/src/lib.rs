@@ -13,6 +13,7 @@ mod apply;
 pub mod auth;
 mod compactor;
 pub mod config;
+pub mod corrupt;
 pub mod error;
 mod etcd_server;
 pub mod gateway;

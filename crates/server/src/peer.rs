@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcdrs_proto::etcdserverpb::{
-    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, Member as MemberPb,
+    HashKvRequest, HashKvResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+    Member as MemberPb,
 };
 use etcdrs_proto::peerpb::peer_client::PeerClient;
 use etcdrs_proto::peerpb::peer_server::Peer;
@@ -687,6 +688,17 @@ impl Peer for PeerService {
         let resp =
             crate::rpc::lease::time_to_live_local(&self.server, request.into_inner()).await?;
         Ok(Response::new(resp))
+    }
+
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        self.check_cluster(&request)?;
+        let revision = request.into_inner().revision;
+        Ok(Response::new(
+            crate::corrupt::local_hash(&self.server, revision).await?,
+        ))
     }
 }
 

@@ -113,3 +113,112 @@ async fn v2_and_json_gateway_are_served_as_their_flags_say() {
     let base = no_gateway.endpoint();
     assert_eq!(post(&format!("{base}/v3/kv/range"), "{}"), not_found);
 }
+
+/// `curl -i` of `url` with extra arguments: the status line's code, the headers (lower-cased
+/// names) and the body.
+fn curl_i(url: &str, args: &[&str]) -> (String, Vec<(String, String)>, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-i"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+    let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_default()
+        .to_owned();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// etcd's access controller on the HTTP endpoints: `--host-whitelist` refuses a plain-text
+/// request for another Host with 421 and etcd's explanation (the same bytes as etcd 3.4's),
+/// `--cors` decides the CORS headers (`*` by default), `OPTIONS` is answered at once.
+#[tokio::test]
+async fn host_whitelist_and_cors_as_etcd() {
+    let refusal = |bin: etcdrs_testkit::EtcdBin| async move {
+        let m = etcdrs_testkit::Member::start(
+            etcdrs_testkit::MemberOpts::new(&bin)
+                .setting("host-whitelist", "127.0.0.1,localhost")
+                .setting("cors", "https://a.example:8443"),
+        )
+        .await
+        .expect("member starts");
+        let health = format!("{}/health", m.endpoint());
+        let (status, _, _) = curl_i(&health, &[]);
+        assert_eq!(status, "200");
+        let (status, headers, body) = curl_i(&health, &["-H", "Host: rebind.example:2379"]);
+        assert_eq!(status, "421", "{body}");
+        let allowed = curl_i(&health, &["-H", "Origin: https://a.example:8443"]).1;
+        let other = curl_i(&health, &["-H", "Origin: https://b.example"]).1;
+        let options = curl_i(
+            &health,
+            &["-X", "OPTIONS", "-H", "Origin: https://a.example"],
+        );
+        (
+            body,
+            header(&headers, "content-type").map(str::to_owned),
+            header(&allowed, "access-control-allow-origin").map(str::to_owned),
+            header(&other, "access-control-allow-origin").map(str::to_owned),
+            options.0,
+        )
+    };
+    let ours = refusal(crate::bin()).await;
+    let etcd = refusal(etcdrs_testkit::EtcdBin::at("/usr/bin/etcd")).await;
+    assert_eq!(ours, etcd);
+    assert!(
+        ours.0.contains("--host-whitelist \"rebind.example\""),
+        "{}",
+        ours.0
+    );
+    assert_eq!(ours.2.as_deref(), Some("https://a.example:8443"));
+    assert_eq!(ours.3, None);
+    assert_eq!(ours.4, "200");
+
+    // By default every host and origin is allowed.
+    let (m, _c) = start().await;
+    let (status, headers, _) = curl_i(
+        &format!("{}/health", m.endpoint()),
+        &["-H", "Host: rebind.example"],
+    );
+    assert_eq!(status, "200");
+    assert_eq!(header(&headers, "access-control-allow-origin"), Some("*"));
+}
+
+/// etcd 3.5's `--listen-client-http-urls`: the HTTP endpoints (health, metrics, the JSON
+/// gateway) are served there, and `--listen-client-urls` keeps gRPC alone. Ours only: etcd 3.4
+/// has no such flag.
+#[tokio::test]
+async fn listen_client_http_urls_take_the_http_endpoints() {
+    if !crate::ours() {
+        return;
+    }
+    let port = etcdrs_testkit::ports::reserve().expect("port");
+    let http_url = format!("http://127.0.0.1:{}", port.port());
+    let (m, mut client) = crate::start_with(&["--listen-client-http-urls", &http_url]).await;
+    client
+        .put("k", "v", None)
+        .await
+        .expect("gRPC on the client URL");
+    let (status, _, body) = curl_i(&format!("{http_url}/health"), &[]);
+    assert_eq!(status, "200", "{body}");
+    let (status, body) = post(&format!("{http_url}/v3/kv/range"), r#"{"key":"aw=="}"#);
+    assert_eq!(status, "200", "{body}");
+    assert!(body.contains(r#""value":"dg==""#), "{body}");
+    let (status, _, _) = curl_i(&format!("{}/health", m.endpoint()), &[]);
+    assert_eq!(status, "404", "the client URL serves gRPC only");
+}

@@ -14,6 +14,7 @@
 mod auth;
 mod cluster;
 mod compaction;
+mod corrupt;
 mod crash;
 mod discovery;
 mod errors;
