@@ -998,3 +998,69 @@ impl NodeCore {
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf_entry(index: u64, kind: ConfChangeType, id: u64) -> Entry {
+        let mut change = ConfChange::default();
+        change.set_change_type(kind);
+        change.node_id = id;
+        let mut entry = Entry::default();
+        entry.set_entry_type(EntryType::EntryConfChange);
+        entry.index = index;
+        entry.term = 2;
+        entry.data = change.write_to_bytes().expect("encode").into();
+        entry
+    }
+
+    fn removed_ids(entries: &[Entry]) -> Vec<u64> {
+        entries
+            .iter()
+            .map(|e| {
+                let mut change = ConfChange::default();
+                change.merge_from_bytes(&e.data).expect("decode");
+                assert_eq!(change.get_change_type(), ConfChangeType::RemoveNode);
+                change.node_id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn force_new_cluster_removes_every_other_member_after_the_committed_log() {
+        let conf_state = ConfState {
+            voters: vec![1, 2, 3],
+            learners: vec![4],
+            ..Default::default()
+        };
+        // Applied up to 10; committed after it: member 5 added, member 3 removed.
+        let entries = [
+            conf_entry(9, ConfChangeType::RemoveNode, 1),
+            conf_entry(11, ConfChangeType::AddNode, 5),
+            conf_entry(12, ConfChangeType::RemoveNode, 3),
+        ];
+        let hard_state = HardState {
+            term: 3,
+            commit: 12,
+            ..Default::default()
+        };
+        let removals =
+            standalone_removals(2, &conf_state, &entries, 10, &hard_state).expect("removals");
+        // Entry 9 was applied already (it is part of conf_state), so 1 stays a member to remove.
+        assert_eq!(removed_ids(&removals), [1, 4, 5]);
+        let indexes: Vec<u64> = removals.iter().map(|e| e.index).collect();
+        assert_eq!(indexes, [13, 14, 15]);
+        assert!(removals.iter().all(|e| e.term == 3));
+        // A member alone already has nothing to remove.
+        let alone = ConfState {
+            voters: vec![2],
+            ..Default::default()
+        };
+        assert!(
+            standalone_removals(2, &alone, &[], 0, &hard_state)
+                .expect("removals")
+                .is_empty()
+        );
+    }
+}
