@@ -227,7 +227,11 @@ pub type RefusedHook = Box<dyn FnOnce(Error) + Send>;
 /// The cloneable handle to the raft node's task.
 #[derive(Clone)]
 pub struct RaftNodeHandle {
+    /// Proposals, read indexes, membership changes and leader transfers.
     tx: mpsc::Sender<NodeMsg>,
+    /// Messages from peers (and snapshot reports): a channel of their own that the loop
+    /// serves first, so heartbeats and votes never queue behind client proposals.
+    peer_tx: mpsc::Sender<NodeMsg>,
     status: Arc<RwLock<NodeStatus>>,
 }
 
@@ -282,7 +286,7 @@ impl RaftNodeHandle {
 
     /// Report whether a snapshot was delivered to member `to`.
     pub async fn report_snapshot(&self, to: u64, ok: bool) -> Result<()> {
-        self.tx
+        self.peer_tx
             .send(NodeMsg::ReportSnapshot { to, ok })
             .await
             .map_err(|_| Error::Stopped)
@@ -290,7 +294,7 @@ impl RaftNodeHandle {
 
     /// Hand a message from a peer to raft.
     pub async fn step(&self, message: Message) -> Result<()> {
-        self.tx
+        self.peer_tx
             .send(NodeMsg::Step(Box::new(message)))
             .await
             .map_err(|_| Error::Stopped)
@@ -518,6 +522,7 @@ pub fn start(
         ..NodeStatus::default()
     }));
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
+    let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);
     let (starter_tx, starter_rx) = oneshot::channel::<Box<dyn StateMachine>>();
     let core = NodeCore {
         config,
@@ -550,7 +555,7 @@ pub fn start(
                     },
                     _ = shutdown.cancelled() => return Ok(()),
                 }
-                core.run(rx, shutdown).await
+                core.run(rx, peer_rx, shutdown).await
             });
             let _ = done_tx.send(result);
         })
@@ -563,7 +568,11 @@ pub fn start(
         ("raft node", result.map_err(|e| e.to_string()))
     });
     Ok((
-        RaftNodeHandle { tx, status },
+        RaftNodeHandle {
+            tx,
+            peer_tx,
+            status,
+        },
         NodeStarter { tx: starter_tx },
     ))
 }
@@ -698,24 +707,37 @@ impl NodeCore {
     async fn run(
         mut self,
         mut rx: mpsc::Receiver<NodeMsg>,
+        mut peer_rx: mpsc::Receiver<NodeMsg>,
         shutdown: CancellationToken,
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(self.config.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            // Biased: shutdown, then peers' messages, then ticks, then local requests.
+            let first = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
+                // Both channels' senders live in the handle: one closed means both.
+                msg = peer_rx.recv() => match msg {
+                    Some(msg) => Some(msg),
+                    None => break,
+                },
                 _ = ticker.tick() => {
                     self.node.tick();
+                    None
                 }
-                msg = rx.recv() => {
-                    let Some(msg) = msg else { break };
-                    self.handle(msg)?;
-                    for _ in 0..MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(msg) => self.handle(msg)?,
-                            Err(_) => break,
-                        }
+                msg = rx.recv() => match msg {
+                    Some(msg) => Some(msg),
+                    None => break,
+                },
+            };
+            if let Some(msg) = first {
+                self.handle(msg)?;
+                // Whatever else is waiting, peers' first, up to the turn's bound.
+                for _ in 0..MAX_BATCH {
+                    match peer_rx.try_recv().or_else(|_| rx.try_recv()) {
+                        Ok(msg) => self.handle(msg)?,
+                        Err(_) => break,
                     }
                 }
             }
