@@ -14,8 +14,6 @@
 //! usage text), 1 for validation errors (etcd logs those as a zap JSON line; the message
 //! is that line without `ts`/`caller`), 2 for the few cases where etcd panics.
 
-// The lead wires this parser into main.rs; until then most of it is unused.
-#![allow(dead_code)] // Some parsed settings are read only by later issues (TLS, discovery, proxies).
 
 mod effect;
 mod file;
@@ -173,15 +171,6 @@ pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 pub enum ClusterState {
     New,
     Existing,
-}
-
-impl ClusterState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClusterState::New => "new",
-            ClusterState::Existing => "existing",
-        }
-    }
 }
 
 /// Auto compaction as etcd derives it from `--auto-compaction-mode` and
@@ -542,10 +531,6 @@ impl EtcdConfig {
         goparse::parse_bool(self.extra.get(flag)?)
     }
 
-    /// Election timeout in heartbeat ticks (etcd's `ElectionTicks`).
-    pub fn election_ticks(&self) -> u64 {
-        self.election_timeout / self.heartbeat_interval.max(1)
-    }
 }
 
 /// `etcd --version`.
@@ -625,6 +610,7 @@ pub fn parse(args: &[String], env: &[(String, String)]) -> Result<Parsed, Config
 }
 
 /// Loads a `--config-file` as etcd does (flags and environment play no part).
+#[cfg(test)]
 pub fn from_config_file(path: &str) -> Result<EtcdConfig, ConfigError> {
     load_config_file(path, &mut Report::default())
 }

@@ -227,7 +227,11 @@ pub type RefusedHook = Box<dyn FnOnce(Error) + Send>;
 /// The cloneable handle to the raft node's task.
 #[derive(Clone)]
 pub struct RaftNodeHandle {
+    /// Proposals, read indexes, membership changes and leader transfers.
     tx: mpsc::Sender<NodeMsg>,
+    /// Messages from peers (and snapshot reports): a channel of their own that the loop
+    /// serves first, so heartbeats and votes never queue behind client proposals.
+    peer_tx: mpsc::Sender<NodeMsg>,
     status: Arc<RwLock<NodeStatus>>,
 }
 
@@ -282,7 +286,7 @@ impl RaftNodeHandle {
 
     /// Report whether a snapshot was delivered to member `to`.
     pub async fn report_snapshot(&self, to: u64, ok: bool) -> Result<()> {
-        self.tx
+        self.peer_tx
             .send(NodeMsg::ReportSnapshot { to, ok })
             .await
             .map_err(|_| Error::Stopped)
@@ -290,7 +294,7 @@ impl RaftNodeHandle {
 
     /// Hand a message from a peer to raft.
     pub async fn step(&self, message: Message) -> Result<()> {
-        self.tx
+        self.peer_tx
             .send(NodeMsg::Step(Box::new(message)))
             .await
             .map_err(|_| Error::Stopped)
@@ -518,6 +522,7 @@ pub fn start(
         ..NodeStatus::default()
     }));
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
+    let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);
     let (starter_tx, starter_rx) = oneshot::channel::<Box<dyn StateMachine>>();
     let core = NodeCore {
         config,
@@ -550,7 +555,7 @@ pub fn start(
                     },
                     _ = shutdown.cancelled() => return Ok(()),
                 }
-                core.run(rx, shutdown).await
+                core.run(rx, peer_rx, shutdown).await
             });
             let _ = done_tx.send(result);
         })
@@ -563,7 +568,11 @@ pub fn start(
         ("raft node", result.map_err(|e| e.to_string()))
     });
     Ok((
-        RaftNodeHandle { tx, status },
+        RaftNodeHandle {
+            tx,
+            peer_tx,
+            status,
+        },
         NodeStarter { tx: starter_tx },
     ))
 }
@@ -715,24 +724,37 @@ impl NodeCore {
     async fn run(
         mut self,
         mut rx: mpsc::Receiver<NodeMsg>,
+        mut peer_rx: mpsc::Receiver<NodeMsg>,
         shutdown: CancellationToken,
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(self.config.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            // Biased: shutdown, then peers' messages, then ticks, then local requests.
+            let first = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
+                // Both channels' senders live in the handle: one closed means both.
+                msg = peer_rx.recv() => match msg {
+                    Some(msg) => Some(msg),
+                    None => break,
+                },
                 _ = ticker.tick() => {
                     self.node.tick();
+                    None
                 }
-                msg = rx.recv() => {
-                    let Some(msg) = msg else { break };
-                    self.handle(msg)?;
-                    for _ in 0..MAX_BATCH {
-                        match rx.try_recv() {
-                            Ok(msg) => self.handle(msg)?,
-                            Err(_) => break,
-                        }
+                msg = rx.recv() => match msg {
+                    Some(msg) => Some(msg),
+                    None => break,
+                },
+            };
+            if let Some(msg) = first {
+                self.handle(msg)?;
+                // Whatever else is waiting, peers' first, up to the turn's bound.
+                for _ in 0..MAX_BATCH {
+                    match peer_rx.try_recv().or_else(|_| rx.try_recv()) {
+                        Ok(msg) => self.handle(msg)?,
+                        Err(_) => break,
                     }
                 }
             }
@@ -1013,5 +1035,71 @@ impl NodeCore {
         } else {
             Arc::from([])
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf_entry(index: u64, kind: ConfChangeType, id: u64) -> Entry {
+        let mut change = ConfChange::default();
+        change.set_change_type(kind);
+        change.node_id = id;
+        let mut entry = Entry::default();
+        entry.set_entry_type(EntryType::EntryConfChange);
+        entry.index = index;
+        entry.term = 2;
+        entry.data = change.write_to_bytes().expect("encode").into();
+        entry
+    }
+
+    fn removed_ids(entries: &[Entry]) -> Vec<u64> {
+        entries
+            .iter()
+            .map(|e| {
+                let mut change = ConfChange::default();
+                change.merge_from_bytes(&e.data).expect("decode");
+                assert_eq!(change.get_change_type(), ConfChangeType::RemoveNode);
+                change.node_id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn force_new_cluster_removes_every_other_member_after_the_committed_log() {
+        let conf_state = ConfState {
+            voters: vec![1, 2, 3],
+            learners: vec![4],
+            ..Default::default()
+        };
+        // Applied up to 10; committed after it: member 5 added, member 3 removed.
+        let entries = [
+            conf_entry(9, ConfChangeType::RemoveNode, 1),
+            conf_entry(11, ConfChangeType::AddNode, 5),
+            conf_entry(12, ConfChangeType::RemoveNode, 3),
+        ];
+        let hard_state = HardState {
+            term: 3,
+            commit: 12,
+            ..Default::default()
+        };
+        let removals =
+            standalone_removals(2, &conf_state, &entries, 10, &hard_state).expect("removals");
+        // Entry 9 was applied already (it is part of conf_state), so 1 stays a member to remove.
+        assert_eq!(removed_ids(&removals), [1, 4, 5]);
+        let indexes: Vec<u64> = removals.iter().map(|e| e.index).collect();
+        assert_eq!(indexes, [13, 14, 15]);
+        assert!(removals.iter().all(|e| e.term == 3));
+        // A member alone already has nothing to remove.
+        let alone = ConfState {
+            voters: vec![2],
+            ..Default::default()
+        };
+        assert!(
+            standalone_removals(2, &alone, &[], 0, &hard_state)
+                .expect("removals")
+                .is_empty()
+        );
     }
 }

@@ -53,6 +53,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn help_marks_the_flags_without_effect() {
+        let help = super::super::help::flags_text();
+        assert!(help.contains(
+            "Accepted for compatibility; no effect in etcd-rs: one raft snapshot is kept"
+        ));
+        let marks = help
+            .matches("Accepted for compatibility; no effect")
+            .count();
+        let listed = NO_EFFECT
+            .iter()
+            .filter(|(name, _)| {
+                super::super::flags::FLAGS
+                    .iter()
+                    .any(|d| d.name == *name && d.group != super::super::flags::Group::Hidden)
+            })
+            .count();
+        assert_eq!(marks, listed);
+    }
+
+    #[test]
     fn every_flag_without_effect_is_a_flag() {
         for (name, _) in NO_EFFECT {
             assert!(

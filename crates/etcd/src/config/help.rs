@@ -58,6 +58,15 @@ pub(crate) fn flags_text() -> String {
             };
             let _ = writeln!(out, "  --{} '{}'", def.name, default);
             let _ = writeln!(out, "    {}", def.help);
+            if let Some((_, why)) = super::effect::NO_EFFECT
+                .iter()
+                .find(|(n, _)| *n == def.name)
+            {
+                let _ = writeln!(
+                    out,
+                    "    Accepted for compatibility; no effect in etcd-rs: {why}."
+                );
+            }
         }
         out.push('\n');
     }
