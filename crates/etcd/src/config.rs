@@ -14,7 +14,6 @@
 //! usage text), 1 for validation errors (etcd logs those as a zap JSON line; the message
 //! is that line without `ts`/`caller`), 2 for the few cases where etcd panics.
 
-
 mod effect;
 mod file;
 mod flags;
@@ -530,7 +529,6 @@ impl EtcdConfig {
     pub fn extra_bool(&self, flag: &str) -> Option<bool> {
         goparse::parse_bool(self.extra.get(flag)?)
     }
-
 }
 
 /// `etcd --version`.
