@@ -1,0 +1,512 @@
+//! The applier: what the raft thread runs for each batch of committed entries (one backend transaction per batch, then the watch hub), membership and alarm changes as they apply, snapshot installation, and the `StateMachine` the raft node calls.
+
+use super::*;
+
+impl EtcdServer {
+    /// Replace the store with the leader's snapshot image for `index` (called by raft).
+    pub(super) fn install_snapshot(
+        &self,
+        index: u64,
+        conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+    ) -> Result<()> {
+        let Some((received, path)) = self.inner.pending_snapshot.lock().take() else {
+            return Err(ServerError::Fatal(format!(
+                "no snapshot image received for index {index}"
+            )));
+        };
+        if received != index {
+            let _ = std::fs::remove_file(&path);
+            return Err(ServerError::Fatal(format!(
+                "snapshot image is for index {received}, raft installs {index}"
+            )));
+        }
+        let store = &self.inner.store;
+        store.install_snapshot(&path, &[META_MEMBER_ID, META_CLUSTER_ID])?;
+        let _ = std::fs::remove_file(&path);
+        let mut batch = store.write()?;
+        batch.bucket_put(
+            Bucket::META,
+            META_CONF_STATE,
+            &encode_conf_state(conf_state),
+        )?;
+        batch.commit(true)?;
+        *self.inner.members.write() = load_members(store)?;
+        *self.inner.alarms.write() = load_alarms(store)?;
+        self.inner.auth.reload(store)?;
+        self.refresh_peers();
+        self.inner.watch_hub.store_replaced(store.current_rev());
+        self.inner.watch_sync.notify_one();
+        self.inner.applied.send_replace(store.consistent_index());
+        tracing::info!(
+            index,
+            revision = store.current_rev(),
+            "restored backend from the leader's snapshot"
+        );
+        Ok(())
+    }
+
+    /// Apply one batch of committed entries and wake everyone waiting on it.
+    pub(super) fn apply_committed(&self, batch: Apply, last_leader: &mut u64) -> Result<Applied> {
+        tracing::debug!(entries = batch.entries.len(), "applying batch");
+        let (index, term, durable, results) = self.apply_batch(batch)?;
+        // etcd promotes the lessor once the leader has applied an entry of its own term
+        // (so every earlier term is applied): every lease restarts, extended by the
+        // election timeout. A member that loses leadership stops expiring leases.
+        let status = self.inner.raft.status();
+        let lessor = self.inner.store.lessor();
+        if status.is_leader && term == status.term && !lessor.is_primary() {
+            lessor.promote(Instant::now(), self.inner.config.election_timeout);
+        } else if !status.is_leader && lessor.is_primary() {
+            lessor.demote();
+        }
+        for (id, output) in results {
+            if let Some(waiter) = self.inner.waiters.lock().remove(&id) {
+                let _ = waiter.send(output);
+            }
+        }
+        if self.inner.removed.load(AtomicOrdering::Acquire) {
+            tracing::warn!("the member has been permanently removed from the cluster");
+            return Err(ServerError::Fatal(
+                "the member has been permanently removed from the cluster".into(),
+            ));
+        }
+        self.inner.applied.send_replace(index);
+        if status.leader != *last_leader && status.leader != 0 {
+            self.inner
+                .leader_changes
+                .fetch_add(1, AtomicOrdering::Relaxed);
+            *last_leader = status.leader;
+        }
+        Ok(Applied {
+            index,
+            term,
+            durable,
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    pub(super) fn apply_batch(
+        &self,
+        apply: Apply,
+    ) -> Result<(u64, u64, bool, Vec<(u64, Result<ApplyOutput>)>)> {
+        let store = &self.inner.store;
+        // Read before the batch takes the store's write lock.
+        let skip_below = store.consistent_index();
+        let mut batch = store.write()?;
+        let mut results = Vec::new();
+        let (mut index, mut term) = (0, 0);
+        for entry in &apply.entries {
+            index = entry.index;
+            term = entry.term;
+            if entry.index <= skip_below {
+                continue;
+            }
+            match entry.get_entry_type() {
+                EntryType::EntryNormal => {
+                    if entry.data.is_empty() {
+                        continue;
+                    }
+                    let request = InternalRaftRequest::decode(entry.data.as_ref())
+                        .map_err(|e| ServerError::Fatal(format!("decode raft request: {e}")))?;
+                    let Some(op) = request.op else { continue };
+                    let auth = request.auth.map(|h| crate::auth::AuthInfo {
+                        username: h.username,
+                        revision: h.auth_revision,
+                        live: false,
+                    });
+                    let metric = op.metric_index();
+                    let started = Instant::now();
+                    let output = self.apply_op(&mut batch, op, auth.as_ref());
+                    if let Some(metric) = metric {
+                        // etcd counts a compaction of compacted history as a success.
+                        let success = matches!(
+                            &output,
+                            Ok(_) | Err(ServerError::Mvcc(etcdrs_mvcc::Error::Compacted { .. }))
+                        );
+                        crate::metrics::observe_apply(metric, success, started.elapsed());
+                    }
+                    if let Err(ServerError::Mvcc(
+                        e @ (etcdrs_mvcc::Error::Backend(_) | etcdrs_mvcc::Error::Corrupt(_)),
+                    )) = &output
+                    {
+                        return Err(ServerError::Fatal(e.to_string()));
+                    }
+                    results.push((request.id, output));
+                }
+                EntryType::EntryConfChange => {
+                    if let Some(change) = decode_conf_change(&entry.data) {
+                        self.apply_conf_change(&mut batch, &change)?;
+                        results.push((change.id, Ok(ApplyOutput::MembersChanged)));
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {
+                    // Joint consensus: the context carries the proposer's request id and the
+                    // member; the entry raft adds to leave the joint configuration has neither.
+                    let Some(joint) = decode_conf_change_v2(&entry.data) else {
+                        continue;
+                    };
+                    if joint.changes.is_empty() || joint.context.len() < 8 {
+                        continue;
+                    }
+                    let mut id_bytes = [0u8; 8];
+                    id_bytes.copy_from_slice(&joint.context[..8]);
+                    let request_id = u64::from_be_bytes(id_bytes);
+                    for single in joint.changes.iter() {
+                        let mut change = ConfChange::default();
+                        change.set_change_type(single.get_change_type());
+                        change.node_id = single.node_id;
+                        change.context = joint.context.slice(8..);
+                        change.id = request_id;
+                        self.apply_conf_change(&mut batch, &change)?;
+                    }
+                    results.push((request_id, Ok(ApplyOutput::MembersChanged)));
+                }
+            }
+        }
+        if index > skip_below {
+            batch.set_consistent_index(index, term)?;
+        }
+        if let Some(conf_state) = &apply.conf_state {
+            batch.bucket_put(
+                Bucket::META,
+                META_CONF_STATE,
+                &encode_conf_state(conf_state),
+            )?;
+        }
+        let (changes, durable) = batch.commit(false)?;
+        // After the commit: a watcher that falls behind reads these events back from the store.
+        if self.inner.watch_hub.notify(&changes, store.current_rev()) {
+            self.inner.watch_sync.notify_one();
+        }
+        Ok((index, term, durable, results))
+    }
+
+    pub(super) fn apply_conf_change(
+        &self,
+        batch: &mut WriteBatch<'_>,
+        change: &ConfChange,
+    ) -> Result<()> {
+        match change.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                let member: Member = serde_json::from_slice(&change.context).map_err(|e| {
+                    ServerError::Fatal(format!("decode member in conf change: {e}"))
+                })?;
+                let json = serde_json::to_vec(&member)
+                    .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+                let promoted = self
+                    .inner
+                    .members
+                    .read()
+                    .get(&member.id)
+                    .is_some_and(|m| m.is_learner && !member.is_learner);
+                if promoted {
+                    tracing::info!(promoted_member_id = %membership::id_hex(member.id), "promote member");
+                } else {
+                    tracing::info!(
+                        added_peer_id = %membership::id_hex(member.id),
+                        added_peer_peer_urls = ?member.peer_urls,
+                        added_peer_is_learner = member.is_learner,
+                        "added member"
+                    );
+                }
+                self.inner.members.write().insert(member.id, member);
+                self.refresh_peers();
+            }
+            ConfChangeType::RemoveNode => {
+                tracing::info!(removed_remote_peer_id = %membership::id_hex(change.node_id), "removed member");
+                if change.node_id == self.inner.member_id {
+                    self.inner.removed.store(true, AtomicOrdering::Release);
+                    self.inner.removed_notify.notify_one();
+                }
+                batch.bucket_delete(Bucket::MEMBERS, &change.node_id.to_be_bytes())?;
+                self.inner.removed_members.write().insert(change.node_id);
+                batch.bucket_put(
+                    Bucket::MEMBERS_REMOVED,
+                    &change.node_id.to_be_bytes(),
+                    b"removed",
+                )?;
+                self.inner.members.write().remove(&change.node_id);
+                self.refresh_peers();
+            }
+        }
+        Ok(())
+    }
+
+    /// Point the transport at the current members.
+    pub(super) fn refresh_peers(&self) {
+        let peers: Vec<(u64, Vec<String>)> = self
+            .inner
+            .members
+            .read()
+            .values()
+            .map(|m| (m.id, m.peer_urls.clone()))
+            .collect();
+        self.inner.transport.set_peers(&peers);
+    }
+
+    pub(super) fn capped(&self) -> bool {
+        self.has_alarm(AlarmType::Nospace)
+    }
+
+    pub(super) fn apply_op(
+        &self,
+        batch: &mut WriteBatch<'_>,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
+        let store = &self.inner.store;
+        let auth_store = &self.inner.auth;
+        let lease_keys = |id: i64| -> Vec<Vec<u8>> {
+            store
+                .lessor()
+                .get(id)
+                .map(|lease| lease.keys.into_iter().collect())
+                .unwrap_or_default()
+        };
+        let op = match auth_change(op) {
+            Ok(change) => {
+                return auth_store
+                    .apply(batch, &change, auth)
+                    .map(ApplyOutput::Auth);
+            }
+            Err(op) => op,
+        };
+        // etcd's corrupt applier: while a CORRUPT alarm stands, no write is applied.
+        if self.has_alarm(AlarmType::Corrupt)
+            && matches!(
+                op,
+                Op::Put(_)
+                    | Op::DeleteRange(_)
+                    | Op::Txn(_)
+                    | Op::Compaction(_)
+                    | Op::LeaseGrant(_)
+                    | Op::LeaseRevoke(_)
+            )
+        {
+            return Err(ServerError::Etcd(&rpctypes::CORRUPT));
+        }
+        match op {
+            Op::AuthEnable(_)
+            | Op::AuthDisable(_)
+            | Op::Authenticate(_)
+            | Op::UserAdd(_)
+            | Op::UserDelete(_)
+            | Op::UserChangePassword(_)
+            | Op::UserGrantRole(_)
+            | Op::UserRevokeRole(_)
+            | Op::RoleAdd(_)
+            | Op::RoleDelete(_)
+            | Op::RoleGrantPermission(_)
+            | Op::RoleRevokePermission(_) => Ok(ApplyOutput::Auth(String::new())),
+            Op::Put(req) => {
+                auth_store.check_put(auth, &req, &lease_keys(req.lease))?;
+                if self.capped() {
+                    return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+                }
+                let mut txn = batch.txn();
+                let result = apply::put(&mut txn, &req);
+                txn.end();
+                result.map(ApplyOutput::Put)
+            }
+            Op::DeleteRange(req) => {
+                auth_store.check_delete(auth, &req)?;
+                let mut txn = batch.txn();
+                let result = apply::delete_range(&mut txn, &req);
+                txn.end();
+                result.map(ApplyOutput::DeleteRange)
+            }
+            Op::Txn(req) => {
+                auth_store.check_txn(auth, &req)?;
+                if self.capped() && !apply::txn_is_read_only(&req) {
+                    return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+                }
+                let mut txn = batch.txn();
+                let result = apply::txn_write(&mut txn, store.lessor(), &req);
+                txn.end();
+                result.map(ApplyOutput::Txn)
+            }
+            Op::Compaction(req) => {
+                let rev = apply::compact(batch, req.revision)?;
+                tracing::info!(
+                    compact_revision = req.revision,
+                    "finished scheduled compaction"
+                );
+                Ok(ApplyOutput::Compaction(CompactionResponse {
+                    header: Some(ResponseHeader {
+                        revision: rev,
+                        ..Default::default()
+                    }),
+                }))
+            }
+            Op::LeaseGrant(req) => {
+                if self.capped() {
+                    return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+                }
+                let ttl = store.lessor().effective_ttl(req.ttl);
+                match batch.lease_grant(req.id, ttl) {
+                    Ok(()) => {}
+                    Err(etcdrs_mvcc::Error::LeaseExists(_)) => {
+                        return Err(ServerError::Etcd(&rpctypes::LEASE_EXIST));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(ApplyOutput::LeaseGrant(LeaseGrantResponse {
+                    header: Some(ResponseHeader {
+                        revision: batch.current_rev(),
+                        ..Default::default()
+                    }),
+                    id: req.id,
+                    ttl,
+                    error: String::new(),
+                }))
+            }
+            Op::LeaseRevoke(req) => {
+                auth_store.check_lease_keys(auth, &lease_keys(req.id))?;
+                match batch.lease_revoke(req.id) {
+                    Ok(()) => {}
+                    Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {
+                        return Err(ServerError::Etcd(&rpctypes::LEASE_NOT_FOUND));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(ApplyOutput::LeaseRevoke(LeaseRevokeResponse {
+                    header: Some(ResponseHeader {
+                        revision: batch.current_rev(),
+                        ..Default::default()
+                    }),
+                }))
+            }
+            Op::Alarm(req) => self.apply_alarm(batch, req).map(ApplyOutput::Alarm),
+            Op::UpdatePeerUrls(update) => {
+                let mut members = self.inner.members.write();
+                if let Some(member) = members.get_mut(&update.member_id) {
+                    member.peer_urls = update.peer_urls;
+                    let json = serde_json::to_vec(&*member)
+                        .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                    batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+                    tracing::info!(updated_remote_peer_id = %membership::id_hex(member.id), "updated member");
+                }
+                drop(members);
+                self.refresh_peers();
+                Ok(ApplyOutput::MembersChanged)
+            }
+            Op::Publish(attributes) => {
+                let mut members = self.inner.members.write();
+                if let Some(member) = members.get_mut(&attributes.member_id) {
+                    member.name = attributes.name;
+                    member.client_urls = attributes.client_urls;
+                    let json = serde_json::to_vec(&*member)
+                        .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                    batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+                }
+                Ok(ApplyOutput::Published)
+            }
+        }
+    }
+
+    pub(super) fn apply_alarm(
+        &self,
+        batch: &mut WriteBatch<'_>,
+        req: AlarmRequest,
+    ) -> Result<AlarmResponse> {
+        let action = AlarmAction::try_from(req.action).unwrap_or(AlarmAction::Get);
+        let mut alarms = self.inner.alarms.write();
+        let key = alarm_key(req.member_id, req.alarm);
+        let mut changed = Vec::new();
+        match action {
+            AlarmAction::Get => {}
+            AlarmAction::Activate => {
+                if req.alarm == AlarmType::None as i32 {
+                    return Ok(AlarmResponse::default());
+                }
+                let member = AlarmMember {
+                    member_id: req.member_id,
+                    alarm: req.alarm,
+                };
+                if !alarms.contains(&member) {
+                    batch.bucket_put(Bucket::ALARM, &key, &member.encode_to_vec())?;
+                    alarms.push(member);
+                    tracing::warn!(alarm = req.alarm, "alarm raised");
+                }
+                changed.push(member);
+            }
+            AlarmAction::Deactivate => {
+                let before = alarms.len();
+                alarms.retain(|a| !(a.member_id == req.member_id && a.alarm == req.alarm));
+                if alarms.len() != before {
+                    batch.bucket_delete(Bucket::ALARM, &key)?;
+                    changed.push(AlarmMember {
+                        member_id: req.member_id,
+                        alarm: req.alarm,
+                    });
+                }
+            }
+        }
+        Ok(AlarmResponse {
+            header: Some(ResponseHeader {
+                revision: batch.current_rev(),
+                ..Default::default()
+            }),
+            alarms: if action == AlarmAction::Get {
+                alarms.clone()
+            } else {
+                changed
+            },
+        })
+    }
+}
+
+/// The server's state machine, called by the raft thread.
+pub(super) struct Applier {
+    pub(super) server: EtcdServer,
+    pub(super) last_leader: u64,
+}
+
+impl StateMachine for Applier {
+    fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
+        self.server
+            .apply_committed(batch, &mut self.last_leader)
+            .map_err(|e| e.to_string())
+    }
+
+    fn restore(
+        &mut self,
+        index: u64,
+        _term: u64,
+        conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+    ) -> std::result::Result<(), String> {
+        self.server
+            .install_snapshot(index, conf_state)
+            .map_err(|e| e.to_string())
+    }
+}
+
+pub(super) fn alarm_key(member_id: u64, alarm: i32) -> Vec<u8> {
+    let mut key = member_id.to_be_bytes().to_vec();
+    key.extend_from_slice(&alarm.to_be_bytes());
+    key
+}
+
+/// The auth change an entry carries, or the entry back when it is something else.
+pub(super) fn auth_change(op: Op) -> std::result::Result<crate::auth::AuthChange, Op> {
+    use crate::auth::AuthChange;
+    Ok(match op {
+        Op::AuthEnable(_) => AuthChange::Enable,
+        Op::AuthDisable(_) => AuthChange::Disable,
+        Op::Authenticate(req) => AuthChange::Authenticate {
+            name: req.name,
+            token_prefix: req.simple_token,
+        },
+        Op::UserAdd(req) => AuthChange::UserAdd(req),
+        Op::UserDelete(req) => AuthChange::UserDelete(req.name),
+        Op::UserChangePassword(req) => AuthChange::UserChangePassword(req),
+        Op::UserGrantRole(req) => AuthChange::UserGrantRole(req),
+        Op::UserRevokeRole(req) => AuthChange::UserRevokeRole(req),
+        Op::RoleAdd(req) => AuthChange::RoleAdd(req.name),
+        Op::RoleDelete(req) => AuthChange::RoleDelete(req.role),
+        Op::RoleGrantPermission(req) => AuthChange::RoleGrantPermission(req),
+        Op::RoleRevokePermission(req) => AuthChange::RoleRevokePermission(req),
+        other => return Err(other),
+    })
+}

@@ -1,0 +1,182 @@
+//! How a member's identity and first raft state come about: a new cluster's bootstrap, joining an existing cluster, and what a restart loads from the backend (members, removed members, alarms).
+
+use super::*;
+
+pub(super) fn read_u64(bytes: Option<Vec<u8>>) -> u64 {
+    bytes
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0)
+}
+
+pub(super) fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, u64, Start)> {
+    let mut members = Vec::new();
+    for (name, urls) in &config.initial_cluster {
+        let peer_urls: Vec<String> = urls.iter().map(url_string).collect();
+        let id = membership::member_id(&peer_urls, &config.initial_cluster_token);
+        members.push(Member {
+            id,
+            name: name.clone(),
+            peer_urls,
+            client_urls: Vec::new(),
+            is_learner: false,
+        });
+    }
+    let Some(local) = members.iter().find(|m| m.name == config.name) else {
+        return Err(ServerError::Fatal(format!(
+            "couldn't find local name {:?} in the initial cluster configuration",
+            config.name
+        )));
+    };
+    // etcd refuses a member whose advertised peer URLs are not the ones the initial cluster
+    // lists for it: the other members would dial somewhere else.
+    let mut advertised: Vec<String> = config
+        .initial_advertise_peer_urls
+        .iter()
+        .map(url_string)
+        .collect();
+    advertised.sort();
+    let mut listed = local.peer_urls.clone();
+    listed.sort();
+    if advertised != listed {
+        return Err(ServerError::Fatal(format!(
+            "--initial-cluster has {}={} but missing from --initial-advertise-peer-urls={} (resolved urls: \"{}\" != \"{}\")",
+            config.name,
+            local.peer_urls.join(","),
+            advertised.join(","),
+            advertised.join(","),
+            listed.join(","),
+        )));
+    }
+    let member_id = local.id;
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    let cluster_id = membership::cluster_id(&ids);
+    tracing::info!(
+        local_member_id = %membership::id_hex(member_id),
+        cluster_id = %membership::id_hex(cluster_id),
+        "starting local member"
+    );
+    let mut batch = store.write()?;
+    batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
+    batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
+    batch.commit(true)?;
+    let mut peers = Vec::new();
+    for member in &members {
+        let context = serde_json::to_vec(member)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+        peers.push((member.id, context));
+    }
+    let mut metadata = member_id.to_be_bytes().to_vec();
+    metadata.extend_from_slice(&cluster_id.to_be_bytes());
+    Ok((member_id, cluster_id, Start::New { metadata, peers }))
+}
+
+/// Join an existing cluster (`--initial-cluster-state=existing`): ask the other members of
+/// `--initial-cluster` who is in the cluster, find this member among them by its advertised
+/// peer URLs (it must have been added with MemberAdd first), and start with an empty log.
+pub(super) async fn join_existing(
+    config: &ServerConfig,
+    store: &KvStore,
+) -> Result<(u64, u64, Start, Vec<(u64, Vec<String>)>)> {
+    let ours: Vec<String> = config
+        .initial_advertise_peer_urls
+        .iter()
+        .map(url_string)
+        .collect();
+    let mut last_error = String::from("no other member in --initial-cluster");
+    let mut found = None;
+    for (name, urls) in &config.initial_cluster {
+        if *name == config.name {
+            continue;
+        }
+        for url in urls {
+            let Ok(mut client) = crate::peer::peer_client(&url_string(url)) else {
+                continue;
+            };
+            let call = client.members(etcdrs_proto::peerpb::MembersRequest {});
+            match tokio::time::timeout(Duration::from_secs(2), call).await {
+                Ok(Ok(resp)) => {
+                    found = Some(resp.into_inner());
+                    break;
+                }
+                Ok(Err(e)) => last_error = e.message().to_string(),
+                Err(_) => last_error = format!("timed out asking {url}"),
+            }
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    let Some(remote) = found else {
+        return Err(ServerError::Fatal(format!(
+            "cannot fetch cluster info from peer urls: {last_error}"
+        )));
+    };
+    let Some(local) = remote
+        .members
+        .iter()
+        .find(|m| m.peer_ur_ls.iter().any(|u| ours.contains(u)))
+    else {
+        return Err(ServerError::Fatal(format!(
+            "error validating peerURLs: no member with peer URLs {ours:?} in the existing cluster (add it with member add first)"
+        )));
+    };
+    let member_id = local.id;
+    let cluster_id = remote.cluster_id;
+    tracing::info!(
+        local_member_id = %membership::id_hex(member_id),
+        cluster_id = %membership::id_hex(cluster_id),
+        "joining existing cluster"
+    );
+    let mut batch = store.write()?;
+    batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
+    batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
+    batch.commit(true)?;
+    let mut metadata = member_id.to_be_bytes().to_vec();
+    metadata.extend_from_slice(&cluster_id.to_be_bytes());
+    let peers = remote
+        .members
+        .iter()
+        .map(|m| (m.id, m.peer_ur_ls.clone()))
+        .collect();
+    Ok((member_id, cluster_id, Start::Join { metadata }, peers))
+}
+
+pub(super) fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
+    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
+    let mut members = BTreeMap::new();
+    read.for_each_in(Bucket::MEMBERS, &[], None, |_, value| {
+        if let Ok(member) = serde_json::from_slice::<Member>(value) {
+            members.insert(member.id, member);
+        }
+        true
+    })
+    .map_err(etcdrs_mvcc::Error::from)?;
+    Ok(members)
+}
+
+pub(super) fn load_removed(store: &KvStore) -> Result<std::collections::HashSet<u64>> {
+    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
+    let mut removed = std::collections::HashSet::new();
+    read.for_each_in(Bucket::MEMBERS_REMOVED, &[], None, |key, _| {
+        if let Ok(id) = <[u8; 8]>::try_from(key) {
+            removed.insert(u64::from_be_bytes(id));
+        }
+        true
+    })
+    .map_err(etcdrs_mvcc::Error::from)?;
+    Ok(removed)
+}
+
+pub(super) fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {
+    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
+    let mut alarms = Vec::new();
+    read.for_each_in(Bucket::ALARM, &[], None, |_, value| {
+        if let Ok(alarm) = AlarmMember::decode(value) {
+            alarms.push(alarm);
+        }
+        true
+    })
+    .map_err(etcdrs_mvcc::Error::from)?;
+    Ok(alarms)
+}

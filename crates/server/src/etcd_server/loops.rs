@@ -1,0 +1,94 @@
+//! The server's background loops, each a named task on the run's task set that stops with its shutdown token: watch catch-up, lease expiry (on the leader), auto-compaction.
+
+use super::*;
+
+impl EtcdServer {
+    /// Catch up watchers that are behind, from the store's history (etcd's `syncWatchersLoop`).
+    pub(super) async fn run_watch_sync(&self, shutdown: CancellationToken) -> Result<()> {
+        let mut ticker = tokio::time::interval(Duration::from_millis(100));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = ticker.tick() => {}
+                _ = self.inner.watch_sync.notified() => {}
+            }
+            // Keep going while rounds make progress, up to a bound per wake-up.
+            for _ in 0..16 {
+                let hub = &self.inner.watch_hub;
+                if !hub.has_unsynced() {
+                    break;
+                }
+                let outcome = tokio::task::block_in_place(|| hub.sync_round(&self.inner.store))?;
+                if outcome.behind == 0 || outcome.advanced == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    pub(super) async fn run_lease_expiry(&self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            if !self.inner.raft.status().is_leader {
+                continue;
+            }
+            let expired = self.inner.store.lessor().expired(Instant::now(), 500);
+            futures::stream::iter(expired)
+                .for_each_concurrent(16, |id| async move {
+                    let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
+                    match self.propose(Op::LeaseRevoke(revoke)).await {
+                        Ok(_) => crate::metrics::LEASES_EXPIRED.inc(),
+                        Err(ServerError::Etcd(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(lease_id = id, error = %e, "failed to revoke expired lease")
+                        }
+                    }
+                })
+                .await;
+        }
+    }
+
+    pub(super) async fn run_auto_compaction(&self, shutdown: CancellationToken) {
+        let mut plan = Plan::new(self.inner.config.auto_compaction, Instant::now());
+        let Some(interval) = plan.interval() else {
+            shutdown.cancelled().await;
+            return;
+        };
+        let mode = match plan {
+            Plan::Periodic(_) => "periodic",
+            _ => "revision",
+        };
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let Some(revision) = plan.tick(Instant::now(), self.inner.store.current_rev()) else {
+                continue;
+            };
+            if !self.inner.raft.status().is_leader {
+                continue;
+            }
+            tracing::info!(revision, "starting auto {mode} compaction");
+            let request = etcdrs_proto::etcdserverpb::CompactionRequest {
+                revision,
+                physical: false,
+            };
+            match self.propose(Op::Compaction(request)).await {
+                Ok(_) | Err(ServerError::Mvcc(etcdrs_mvcc::Error::Compacted { .. })) => {
+                    tracing::info!(revision, "completed auto {mode} compaction");
+                    plan.succeeded(revision, Instant::now());
+                }
+                Err(e) => tracing::warn!(revision, error = %e, "failed auto {mode} compaction"),
+            }
+        }
+    }
+}

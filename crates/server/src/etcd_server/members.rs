@@ -1,0 +1,201 @@
+//! Membership changes (etcd's MemberAdd, MemberRemove, MemberPromote, MemberUpdate, MoveLeader): validated as etcd validates them, proposed one at a time as raft configuration changes.
+
+use super::*;
+
+impl EtcdServer {
+    /// Propose a membership change through raft and wait until it is applied.
+    pub(super) async fn propose_conf_change(&self, mut change: ConfChange) -> Result<()> {
+        // One membership change at a time: raft refuses a change while the previous one's
+        // joint configuration has not been left.
+        self.wait_not_joint().await?;
+        let id = self.inner.ids.next();
+        change.id = id;
+        let (done, result) = oneshot::channel();
+        self.inner.waiters.lock().insert(id, done);
+        // The raft thread may hold the proposal back until the previous change is done; the
+        // whole wait is bounded by the request timeout (a proposal given up is not made).
+        let deadline = tokio::time::Instant::now() + self.inner.request_timeout;
+        let proposed =
+            tokio::time::timeout_at(deadline, self.inner.raft.propose_conf_change(change)).await;
+        let failed = match proposed {
+            Ok(Ok(())) => None,
+            Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) => {
+                Some(ServerError::Etcd(&rpctypes::NO_LEADER))
+            }
+            Ok(Err(e)) => Some(e.into()),
+            Err(_) => Some(ServerError::Etcd(&rpctypes::TIMEOUT)),
+        };
+        if let Some(e) = failed {
+            self.inner.waiters.lock().remove(&id);
+            return Err(e);
+        }
+        match tokio::time::timeout_at(deadline, result).await {
+            Ok(Ok(output)) => output.map(|_| ()),
+            Ok(Err(_)) => Err(ServerError::Stopped),
+            Err(_) => {
+                self.inner.waiters.lock().remove(&id);
+                Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+            }
+        }
+    }
+
+    /// Wait until the configuration is not joint (bounded by the request timeout).
+    pub(super) async fn wait_not_joint(&self) -> Result<()> {
+        let deadline = Instant::now() + self.inner.request_timeout;
+        while self.inner.raft.status().joint {
+            if Instant::now() >= deadline {
+                return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
+            }
+            tokio::time::sleep(self.inner.config.heartbeat_interval / 4).await;
+        }
+        Ok(())
+    }
+
+    /// Add a member (etcd's MemberAdd): a voter, or a learner.
+    pub async fn add_member(&self, peer_urls: Vec<String>, is_learner: bool) -> Result<Member> {
+        {
+            let members = self.inner.members.read();
+            if members
+                .values()
+                .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+            {
+                return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+            }
+            let learners = members.values().filter(|m| m.is_learner).count();
+            if is_learner && learners >= self.inner.config.max_learners {
+                return Err(ServerError::Etcd(&rpctypes::TOO_MANY_LEARNERS));
+            }
+            if !is_learner && self.inner.config.strict_reconfig_check {
+                // etcd's strict reconfiguration check: the started voters must still form a
+                // quorum of the grown cluster.
+                let voters = members.values().filter(|m| !m.is_learner).count();
+                let started = members
+                    .values()
+                    .filter(|m| !m.is_learner && !m.name.is_empty())
+                    .count();
+                let grown = voters + 1;
+                // Growing a one-member cluster to two is allowed (restoring a cluster from
+                // one member's data starts that way), as in etcd.
+                let one_to_two = started == 1 && grown == 2;
+                if !one_to_two && started < grown / 2 + 1 {
+                    return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_ENOUGH_STARTED));
+                }
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let seed = format!("{}{now}", self.inner.config.initial_cluster_token);
+        let member = Member {
+            id: membership::member_id(&peer_urls, &seed),
+            name: String::new(),
+            peer_urls,
+            client_urls: Vec::new(),
+            is_learner,
+        };
+        let mut change = ConfChange::default();
+        change.set_change_type(if is_learner {
+            ConfChangeType::AddLearnerNode
+        } else {
+            ConfChangeType::AddNode
+        });
+        change.node_id = member.id;
+        change.context = serde_json::to_vec(&member)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
+            .into();
+        self.propose_conf_change(change).await?;
+        Ok(member)
+    }
+
+    /// Remove a member (etcd's MemberRemove).
+    pub async fn remove_member(&self, id: u64) -> Result<()> {
+        if !self.inner.members.read().contains_key(&id) {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+        }
+        let mut change = ConfChange::default();
+        change.set_change_type(ConfChangeType::RemoveNode);
+        change.node_id = id;
+        self.propose_conf_change(change).await
+    }
+
+    /// Promote a learner to a voter (etcd's MemberPromote), once it has caught up.
+    pub async fn promote_member(&self, id: u64) -> Result<()> {
+        let Some(mut member) = self.inner.members.read().get(&id).cloned() else {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+        };
+        if !member.is_learner {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_LEARNER));
+        }
+        let status = self.inner.raft.status();
+        if status.is_leader {
+            // etcd's readiness rule: the learner's log matches at least 90% of the leader's.
+            let leader_match = status.commit;
+            let learner_match = status
+                .matched
+                .iter()
+                .find(|(m, _)| *m == id)
+                .map(|(_, matched)| *matched)
+                .unwrap_or(0);
+            if (learner_match as f64) < 0.9 * leader_match as f64 {
+                crate::metrics::LEARNER_PROMOTE_FAILURES
+                    .with_label_values(&[rpctypes::LEARNER_NOT_READY.message])
+                    .inc();
+                return Err(ServerError::Etcd(&rpctypes::LEARNER_NOT_READY));
+            }
+        }
+        member.is_learner = false;
+        let mut change = ConfChange::default();
+        change.set_change_type(ConfChangeType::AddNode);
+        change.node_id = id;
+        change.context = serde_json::to_vec(&member)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
+            .into();
+        self.propose_conf_change(change).await?;
+        if status.is_leader {
+            crate::metrics::LEARNER_PROMOTE_SUCCESSES.inc();
+        }
+        Ok(())
+    }
+
+    /// Change a member's peer URLs (etcd's MemberUpdate).
+    pub async fn update_member(&self, id: u64, peer_urls: Vec<String>) -> Result<()> {
+        {
+            let members = self.inner.members.read();
+            if !members.contains_key(&id) {
+                return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+            }
+            if members
+                .values()
+                .any(|m| m.id != id && m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+            {
+                return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+            }
+        }
+        let update = crate::request::MemberPeerUrls {
+            member_id: id,
+            peer_urls,
+        };
+        self.propose(Op::UpdatePeerUrls(update)).await.map(|_| ())
+    }
+
+    /// Ask raft to move leadership to `to` (etcd's MoveLeader).
+    pub async fn move_leader(&self, to: u64) -> Result<()> {
+        let status = self.inner.raft.status();
+        if !status.is_leader {
+            return Err(ServerError::Etcd(&rpctypes::NOT_LEADER));
+        }
+        if !status.voters.contains(&to) {
+            return Err(ServerError::Etcd(&rpctypes::BAD_LEADER_TRANSFEREE));
+        }
+        self.inner.raft.transfer_leader(to).await?;
+        let deadline = Instant::now() + self.inner.request_timeout;
+        while Instant::now() < deadline {
+            if self.inner.raft.status().leader == to {
+                return Ok(());
+            }
+            tokio::time::sleep(self.inner.config.heartbeat_interval).await;
+        }
+        Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+    }
+}

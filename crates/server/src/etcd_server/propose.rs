@@ -1,0 +1,176 @@
+//! Proposing requests through raft and waiting for their outcome (etcd's `processInternalRaftRequestOnce`), linearizable reads' barrier (ReadIndex, then the applied index), and the quota check that comes before a write.
+
+use super::*;
+
+impl EtcdServer {
+    /// Wait until every write committed before this call is applied (ReadIndex).
+    pub async fn linearizable_barrier(&self) -> Result<()> {
+        // raft silently drops a read index that a new leader cannot serve yet; etcd retries
+        // every 500 ms (`readIndexRetryTime`), and so do we, within the request timeout.
+        let deadline = Instant::now() + self.inner.request_timeout;
+        loop {
+            let attempt =
+                tokio::time::timeout(READ_INDEX_RETRY, self.inner.raft.read_index()).await;
+            match attempt {
+                Ok(Ok(index)) => return self.wait_applied(index).await,
+                Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) | Err(_) => {
+                    if attempt.is_err() {
+                        crate::metrics::SLOW_READ_INDEXES.inc();
+                    }
+                    if Instant::now() >= deadline {
+                        crate::metrics::READ_INDEXES_FAILED.inc();
+                        return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
+                    }
+                    if attempt.is_ok() {
+                        // No leader yet: wait a heartbeat before asking again.
+                        tokio::time::sleep(self.inner.config.heartbeat_interval).await;
+                    }
+                }
+                Ok(Err(e)) => {
+                    crate::metrics::READ_INDEXES_FAILED.inc();
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    pub(super) async fn wait_applied(&self, index: u64) -> Result<()> {
+        let mut applied = self.inner.applied.subscribe();
+        let wait = applied.wait_for(|applied| *applied >= index);
+        match tokio::time::timeout(self.inner.request_timeout, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(ServerError::Stopped),
+            Err(_) => Err(ServerError::Etcd(&rpctypes::TIMEOUT)),
+        }
+    }
+
+    /// Whether a write of about `cost` bytes fits the quota; raises the NOSPACE alarm when not.
+    pub async fn check_quota(&self, cost: u64) -> Result<()> {
+        if self.has_alarm(AlarmType::Nospace) {
+            return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
+        }
+        // etcd compares the file size; redb's file starts larger and grows in bigger steps than
+        // bbolt's, so the quota is checked against the data actually stored.
+        let size = self.inner.store.backend().size_in_use();
+        if size.saturating_add(cost + KV_OVERHEAD) <= self.inner.config.quota_bytes() {
+            return Ok(());
+        }
+        tracing::warn!(
+            quota_size = self.inner.config.quota_bytes(),
+            db_size = size,
+            "database space exceeded; raising NOSPACE alarm"
+        );
+        let activate = AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: self.inner.member_id,
+            alarm: AlarmType::Nospace as i32,
+        };
+        let _ = self.propose(Op::Alarm(activate)).await;
+        Err(ServerError::Etcd(&rpctypes::NO_SPACE))
+    }
+
+    /// Propose a request through raft and wait for its applied result.
+    pub async fn propose(&self, op: Op) -> Result<ApplyOutput> {
+        self.propose_as(op, None).await
+    }
+
+    /// Propose a request on behalf of `auth` (checked against its permissions when applied).
+    /// An identity whose revision is live and that an auth change overtook between the check
+    /// and the apply is proposed again under the new revision (etcd's `raftRequest` loop), at
+    /// most [`MAX_AUTH_RETRIES`] times.
+    pub async fn propose_as(
+        &self,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
+        let Some(info) = auth.filter(|info| info.live) else {
+            return self.propose_once(op, auth).await;
+        };
+        let mut info = info.clone();
+        let mut tries = 0;
+        loop {
+            let outcome = self.propose_once(op.clone(), Some(&info)).await;
+            let current = self.inner.auth.revision();
+            match outcome {
+                Err(ServerError::Etcd(e))
+                    if *e == rpctypes::AUTH_OLD_REVISION
+                        && current > info.revision
+                        && tries < MAX_AUTH_RETRIES =>
+                {
+                    info.revision = current;
+                    tries += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    pub(super) async fn propose_once(
+        &self,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<ApplyOutput> {
+        let status = self.inner.raft.status();
+        if status.commit > status.applied + MAX_GAP_APPLY_COMMIT {
+            return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
+        }
+        let id = self.inner.ids.next();
+        let auth = auth.map(|info| crate::request::AuthHeader {
+            username: info.username.clone(),
+            auth_revision: info.revision,
+        });
+        let data = InternalRaftRequest {
+            id,
+            op: Some(op),
+            auth,
+        }
+        .encode_to_vec();
+        if data.len() as u64 > self.inner.config.max_request_bytes {
+            return Err(ServerError::Etcd(&rpctypes::REQUEST_TOO_LARGE));
+        }
+        let (done, result) = oneshot::channel();
+        self.inner.waiters.lock().insert(id, done);
+        crate::metrics::PROPOSALS_PENDING.inc();
+        let outcome = self.wait_proposal(id, data, result).await;
+        crate::metrics::PROPOSALS_PENDING.dec();
+        let failed = matches!(
+            &outcome,
+            Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT || **e == rpctypes::NO_LEADER
+        );
+        if failed {
+            crate::metrics::PROPOSALS_FAILED.inc();
+        }
+        outcome
+    }
+
+    pub(super) async fn wait_proposal(
+        &self,
+        id: u64,
+        data: Vec<u8>,
+        result: oneshot::Receiver<Result<ApplyOutput>>,
+    ) -> Result<ApplyOutput> {
+        let inner = self.inner.clone();
+        let on_refused = move |e: etcdrs_raftnode::Error| {
+            if let Some(waiter) = inner.waiters.lock().remove(&id) {
+                let _ = waiter.send(Err(match e {
+                    etcdrs_raftnode::Error::ProposalDropped => {
+                        ServerError::Etcd(&rpctypes::NO_LEADER)
+                    }
+                    e => e.into(),
+                }));
+            }
+        };
+        if let Err(e) = self.inner.raft.propose(data, on_refused).await {
+            self.inner.waiters.lock().remove(&id);
+            return Err(e.into());
+        }
+        match tokio::time::timeout(self.inner.request_timeout, result).await {
+            Ok(Ok(output)) => output,
+            Ok(Err(_)) => Err(ServerError::Stopped),
+            Err(_) => {
+                self.inner.waiters.lock().remove(&id);
+                Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+            }
+        }
+    }
+}
