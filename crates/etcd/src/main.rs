@@ -251,6 +251,7 @@ fn main() -> ExitCode {
         tracing::warn!("{line}");
     }
     etcdrs_server::metrics::set_extensive(cfg.metrics == "extensive");
+    etcdrs_server::metrics::set_warning_apply_duration(cfg.experimental_warning_apply_duration);
     let server_config = match server_config(&cfg) {
         Ok(c) => c,
         Err(e) => {

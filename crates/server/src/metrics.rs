@@ -190,20 +190,43 @@ static APPLY_SERIES: LazyLock<Vec<[std::sync::OnceLock<prometheus::Histogram>; 2
             .collect()
     });
 
-/// etcd's `warnApplyDuration`: an apply slower than this is counted as slow.
-const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
+/// `--experimental-warning-apply-duration` in nanoseconds (etcd's default: 100 ms): an apply
+/// slower than this is counted as slow and logged.
+static SLOW_APPLY_NANOS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(100_000_000);
+
+/// Sets `--experimental-warning-apply-duration` (zero keeps etcd's 100 ms).
+pub fn set_warning_apply_duration(duration: std::time::Duration) {
+    if !duration.is_zero() {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        SLOW_APPLY_NANOS.store(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The slow-apply threshold in force.
+pub(crate) fn warning_apply_duration() -> std::time::Duration {
+    std::time::Duration::from_nanos(SLOW_APPLY_NANOS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The name etcd's apply metrics give operation `op` (an index into [`APPLY_OPS`]).
+pub(crate) fn apply_op_name(op: usize) -> &'static str {
+    APPLY_OPS.get(op).copied().unwrap_or("unknown")
+}
 
 /// Record one applied request: operation `op` (an index into [`APPLY_OPS`]) took `took`.
-pub(crate) fn observe_apply(op: usize, success: bool, took: std::time::Duration) {
+/// Returns whether it was slow (over `--experimental-warning-apply-duration`).
+pub(crate) fn observe_apply(op: usize, success: bool, took: std::time::Duration) -> bool {
     if let (Some(series), Some(name)) = (APPLY_SERIES.get(op), APPLY_OPS.get(op)) {
         let outcome = if success { "true" } else { "false" };
         series[usize::from(success)]
             .get_or_init(|| APPLY_SECONDS.with_label_values(&["v3", name, outcome]))
             .observe(took.as_secs_f64());
     }
-    if took > SLOW_APPLY {
+    let slow = took > warning_apply_duration();
+    if slow {
         SLOW_APPLIES.inc();
     }
+    slow
 }
 
 /// `promhttp_metric_handler_requests_total{code}`: scrapes of `/metrics`.

@@ -25,7 +25,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("experimental-enable-lease-checkpoint-persist", "lease TTLs are not checkpointed: a new leader renews every lease"),
     ("experimental-compaction-batch-limit", "a compaction deletes in one backend transaction"),
     ("experimental-compaction-sleep-interval", "a compaction deletes in one backend transaction"),
-    ("experimental-warning-apply-duration", "slow applies are not logged"),
     ("experimental-bootstrap-defrag-threshold-megabytes", "the backend is not defragmented at start"),
     ("experimental-memory-mlock", "memory is not locked"),
     ("experimental-txn-mode-write-with-shared-buffer", "the backend has no shared read buffer"),

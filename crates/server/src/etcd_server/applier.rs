@@ -123,7 +123,16 @@ impl EtcdServer {
                             &output,
                             Ok(_) | Err(ServerError::Mvcc(etcdrs_mvcc::Error::Compacted { .. }))
                         );
-                        crate::metrics::observe_apply(metric, success, started.elapsed());
+                        let took = started.elapsed();
+                        if crate::metrics::observe_apply(metric, success, took) {
+                            // etcd's `warnOfExpensiveRequest`, in its words.
+                            tracing::warn!(
+                                took = ?took,
+                                expected_duration = ?crate::metrics::warning_apply_duration(),
+                                request = crate::metrics::apply_op_name(metric),
+                                "apply request took too long"
+                            );
+                        }
                     }
                     if let Err(ServerError::Mvcc(
                         e @ (etcdrs_mvcc::Error::Backend(_) | etcdrs_mvcc::Error::Corrupt(_)),
