@@ -1,0 +1,341 @@
+//! The raft node's loop (`NodeCore`), on its own thread: ticks, messages from peers first and
+//! then local requests (proposals, ReadIndex, membership changes), and each `Ready` handled in
+//! raft's order: persist to the WAL, send, hand committed entries to the state machine, advance.
+//! Also snapshots (installing a received one, marking one in the WAL) and the deferred
+//! membership changes.
+
+use super::*;
+
+pub(crate) struct NodeCore {
+    pub(crate) config: NodeConfig,
+    pub(crate) node: RawNode<NodeStorage>,
+    pub(crate) wal: Wal,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) status: Arc<RwLock<NodeStatus>>,
+    pub(crate) state_machine: Option<Box<dyn StateMachine>>,
+    pub(crate) pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
+    pub(crate) next_read: u64,
+    pub(crate) last_mark: u64,
+    /// Membership changes that arrived while another was still in flight (raft would turn
+    /// them into empty entries, leaving their proposers waiting): proposed in order once the
+    /// previous change is applied and its joint configuration left.
+    pub(crate) deferred_conf: VecDeque<(ConfChange, oneshot::Sender<Result<()>>)>,
+}
+
+impl NodeCore {
+    pub(crate) async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<NodeMsg>,
+        mut peer_rx: mpsc::Receiver<NodeMsg>,
+        shutdown: CancellationToken,
+    ) -> Result<()> {
+        let mut ticker = tokio::time::interval(self.config.tick_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // Biased: shutdown, then peers' messages, then ticks, then local requests.
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                // Both channels' senders live in the handle: one closed means both.
+                msg = peer_rx.recv() => match msg {
+                    Some(msg) => Some(msg),
+                    None => break,
+                },
+                _ = ticker.tick() => {
+                    self.node.tick();
+                    None
+                }
+                msg = rx.recv() => match msg {
+                    Some(msg) => Some(msg),
+                    None => break,
+                },
+            };
+            if let Some(msg) = first {
+                self.handle(msg)?;
+                // Whatever else is waiting, peers' first, up to the turn's bound.
+                for _ in 0..MAX_BATCH {
+                    match peer_rx.try_recv().or_else(|_| rx.try_recv()) {
+                        Ok(msg) => self.handle(msg)?,
+                        Err(_) => break,
+                    }
+                }
+            }
+            self.maybe_campaign()?;
+            if self.node.has_ready() {
+                self.on_ready().await?;
+            }
+        }
+        for (_, done) in self.pending_reads.drain() {
+            let _ = done.send(Err(Error::Stopped));
+        }
+        Ok(())
+    }
+
+    fn handle(&mut self, msg: NodeMsg) -> Result<()> {
+        match msg {
+            NodeMsg::Propose { data, on_refused } => match self.node.propose(Vec::new(), data) {
+                Ok(()) => {}
+                Err(raft::Error::ProposalDropped) => on_refused(Error::ProposalDropped),
+                Err(e) => on_refused(Error::Raft(e)),
+            },
+            NodeMsg::ReadIndex { done } => {
+                if self.node.raft.leader_id == raft::INVALID_ID {
+                    let _ = done.send(Err(Error::ProposalDropped));
+                    return Ok(());
+                }
+                // raft drops a read index it cannot serve yet (a new leader that has not
+                // committed in its term); the caller retries, and its abandoned waits go.
+                self.pending_reads.retain(|_, waiting| !waiting.is_closed());
+                self.next_read += 1;
+                let ctx = self.next_read;
+                self.pending_reads.insert(ctx, done);
+                self.node.read_index(ctx.to_be_bytes().to_vec());
+            }
+            NodeMsg::ProposeConfChange { change, done } => {
+                if self.conf_change_in_flight() {
+                    if self.deferred_conf.len() >= MAX_DEFERRED_CONF_CHANGES {
+                        let _ = done.send(Err(Error::ProposalDropped));
+                    } else {
+                        self.deferred_conf.push_back((change, done));
+                    }
+                } else {
+                    self.propose_conf_change(change, done);
+                }
+            }
+            NodeMsg::TransferLeader { to } => self.node.transfer_leader(to),
+            NodeMsg::ReportSnapshot { to, ok } => self.report_snapshot(to, ok),
+            NodeMsg::Step(message) => {
+                if let Err(e) = self.node.step(*message) {
+                    tracing::debug!(error = %e, "raft step refused a message");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether raft would refuse a membership change now: the last one is not applied yet, or
+    /// its joint configuration is not left yet.
+    fn conf_change_in_flight(&self) -> bool {
+        let raft = &self.node.raft;
+        raft.has_pending_conf() || !raft.prs().conf().to_conf_state().voters_outgoing.is_empty()
+    }
+
+    /// Proposes `change` (through joint consensus: raft enters the joint configuration and
+    /// leaves it by itself once that is applied).
+    fn propose_conf_change(&mut self, change: ConfChange, done: oneshot::Sender<Result<()>>) {
+        let mut single = raft::eraftpb::ConfChangeSingle::default();
+        single.set_change_type(change.get_change_type());
+        single.node_id = change.node_id;
+        let mut joint = ConfChangeV2::default();
+        joint.set_changes(vec![single].into());
+        joint.set_transition(ConfChangeTransition::Implicit);
+        let mut context = change.id.to_be_bytes().to_vec();
+        context.extend_from_slice(&change.context);
+        joint.context = context.into();
+        let result = match self.node.propose_conf_change(Vec::new(), joint) {
+            Ok(()) => Ok(()),
+            Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
+            Err(e) => Err(Error::Raft(e)),
+        };
+        let _ = done.send(result);
+    }
+
+    /// Proposes the deferred membership changes whose turn has come.
+    fn propose_deferred_conf_changes(&mut self) {
+        while !self.conf_change_in_flight() {
+            let Some((change, done)) = self.deferred_conf.pop_front() else {
+                return;
+            };
+            // Its proposer gave up waiting: the change is not made behind its back.
+            if done.is_closed() {
+                continue;
+            }
+            self.propose_conf_change(change, done);
+        }
+    }
+
+    /// A cluster of one does not wait out an election timeout to lead itself.
+    fn maybe_campaign(&mut self) -> Result<()> {
+        let raft = &self.node.raft;
+        if raft.state == StateRole::Leader || !raft.promotable() {
+            return Ok(());
+        }
+        let voters: Vec<u64> = raft.prs().conf().voters().ids().iter().collect();
+        if voters == [self.config.id] {
+            self.node.campaign()?;
+        }
+        Ok(())
+    }
+
+    async fn on_ready(&mut self) -> Result<()> {
+        let mut ready = self.node.ready();
+        if !ready.messages().is_empty() {
+            self.transport.send(ready.take_messages());
+        }
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(ready.snapshot().clone())?;
+        }
+        let committed = ready.take_committed_entries();
+        self.send_committed(committed).await?;
+        for read_state in ready.take_read_states() {
+            let ctx = <[u8; 8]>::try_from(read_state.request_ctx.as_slice())
+                .map(u64::from_be_bytes)
+                .unwrap_or(0);
+            if let Some(done) = self.pending_reads.remove(&ctx) {
+                let _ = done.send(Ok(read_state.index));
+            }
+        }
+        let hard_state = ready.hs().cloned();
+        if hard_state.is_some() || !ready.entries().is_empty() {
+            let entries = ready.take_entries();
+            let wal = &mut self.wal;
+            let storage = self.node.raft.raft_log.store.mem.clone();
+            persist(wal, &storage, hard_state.as_ref(), &entries)?;
+        }
+        if !ready.persisted_messages().is_empty() {
+            self.transport.send(ready.take_persisted_messages());
+        }
+        let mut light = self.node.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.node
+                .raft
+                .raft_log
+                .store
+                .mem
+                .wl()
+                .mut_hard_state()
+                .commit = commit;
+        }
+        if !light.messages().is_empty() {
+            self.transport.send(light.take_messages());
+        }
+        let committed = light.take_committed_entries();
+        self.send_committed(committed).await?;
+        self.node.advance_apply();
+        self.propose_deferred_conf_changes();
+        self.publish_status();
+        Ok(())
+    }
+
+    async fn send_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
+        let Some(last) = entries.last() else {
+            return Ok(());
+        };
+        let last_index = last.index;
+        let mut conf_state = None;
+        for entry in &entries {
+            let changed = match entry.get_entry_type() {
+                EntryType::EntryConfChange => {
+                    let mut change = ConfChange::default();
+                    change
+                        .merge_from_bytes(&entry.data)
+                        .map_err(|e| Error::Corrupt(e.to_string()))?;
+                    Some(self.node.apply_conf_change(&change)?)
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let mut change = ConfChangeV2::default();
+                    change
+                        .merge_from_bytes(&entry.data)
+                        .map_err(|e| Error::Corrupt(e.to_string()))?;
+                    Some(self.node.apply_conf_change(&change)?)
+                }
+                EntryType::EntryNormal => None,
+            };
+            if let Some(changed) = changed {
+                *self.node.raft.raft_log.store.conf_state.lock() = changed.clone();
+                conf_state = Some(changed);
+            }
+        }
+        let Some(machine) = self.state_machine.as_mut() else {
+            return Err(Error::Stopped);
+        };
+        let applied = machine
+            .apply(Apply {
+                entries,
+                conf_state,
+            })
+            .map_err(Error::Apply)?;
+        self.status.write().applied = last_index;
+        *self.node.raft.raft_log.store.applied.lock() = (applied.index, applied.term);
+        self.on_applied(applied.index, applied.term, applied.durable)
+    }
+
+    /// A snapshot from the leader: the state machine installs its image first, then the WAL
+    /// records the snapshot and raft's log restarts after it.
+    fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<()> {
+        let meta = snapshot.get_metadata();
+        let (index, term) = (meta.index, meta.term);
+        let Some(machine) = self.state_machine.as_mut() else {
+            return Err(Error::Stopped);
+        };
+        metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(1);
+        let restored = machine.restore(index, term, meta.get_conf_state());
+        metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(0);
+        restored.map_err(Error::Apply)?;
+        save_snapshot_mark(&mut self.wal, SnapshotMark { index, term })?;
+        let store = &self.node.raft.raft_log.store;
+        *store.conf_state.lock() = meta.get_conf_state().clone();
+        store.mem.wl().apply_snapshot(snapshot)?;
+        *store.applied.lock() = (index, term);
+        self.last_mark = index;
+        self.status.write().applied = index;
+        tracing::info!(index, term, "applied snapshot from the leader");
+        Ok(())
+    }
+
+    /// Tell raft whether a snapshot reached member `to`.
+    fn report_snapshot(&mut self, to: u64, ok: bool) {
+        let status = if ok {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        self.node.report_snapshot(to, status);
+    }
+
+    fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {
+        if !durable || index < self.last_mark + self.config.snapshot_count {
+            return Ok(());
+        }
+        // Everything up to `index` is durable in the backend: the WAL no longer needs it.
+        let wal = &mut self.wal;
+        save_snapshot_mark(wal, SnapshotMark { index, term })?;
+        wal.release_to(index)?;
+        self.last_mark = index;
+        let keep_from = index.saturating_sub(self.config.catch_up_entries);
+        let store = self.node.raft.raft_log.store.mem.clone();
+        let first = store.first_index().unwrap_or(1);
+        if keep_from > first {
+            store.wl().compact(keep_from)?;
+        }
+        tracing::info!(index, "saved snapshot mark and released old WAL segments");
+        Ok(())
+    }
+
+    fn publish_status(&self) {
+        let raft = &self.node.raft;
+        let conf = raft.prs().conf();
+        let mut status = self.status.write();
+        status.leader = raft.leader_id;
+        status.term = raft.term;
+        status.commit = raft.raft_log.committed;
+        status.is_leader = raft.state == StateRole::Leader;
+        status.joint = !conf.to_conf_state().voters_outgoing.is_empty();
+        let voters: Vec<u64> = conf.voters().ids().iter().collect();
+        if *status.voters != *voters {
+            status.voters = voters.into();
+        }
+        let learners: Vec<u64> = conf.learners().iter().copied().collect();
+        if *status.learners != *learners {
+            status.learners = learners.into();
+        }
+        status.matched = if status.is_leader {
+            raft.prs()
+                .iter()
+                .map(|(id, pr)| (*id, pr.matched))
+                .collect()
+        } else {
+            Arc::from([])
+        };
+    }
+}
