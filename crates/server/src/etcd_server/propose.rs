@@ -2,7 +2,73 @@
 
 use super::*;
 
+use etcdrs_proto::etcdserverpb::{
+    AlarmRequest as AlarmReq, CompactionRequest, DeleteRangeRequest, LeaseGrantRequest,
+    LeaseRevokeRequest, PutRequest, TxnRequest,
+};
+
+/// A client request that goes through raft, with the typed answer its apply produces: handlers
+/// call [`EtcdServer::request`] and get that answer, never a sum of every kind.
+pub trait Proposal: Send + Sized {
+    /// What applying it answers.
+    type Response;
+    /// The raft request carrying it.
+    fn into_op(self) -> Op;
+    /// The answer, out of what the applier produced for this request.
+    fn answer(output: ApplyOutput) -> Option<Self::Response>;
+}
+
+macro_rules! proposal {
+    ($($request:ty => $variant:ident($response:ty),)*) => {$(
+        impl Proposal for $request {
+            type Response = $response;
+            fn into_op(self) -> Op {
+                Op::$variant(self)
+            }
+            fn answer(output: ApplyOutput) -> Option<$response> {
+                match output {
+                    ApplyOutput::$variant(response) => Some(response),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+proposal! {
+    PutRequest => Put(PutResponse),
+    DeleteRangeRequest => DeleteRange(DeleteRangeResponse),
+    TxnRequest => Txn(TxnResponse),
+    CompactionRequest => Compaction(CompactionResponse),
+    LeaseGrantRequest => LeaseGrant(LeaseGrantResponse),
+    LeaseRevokeRequest => LeaseRevoke(LeaseRevokeResponse),
+    AlarmReq => Alarm(AlarmResponse),
+}
+
 impl EtcdServer {
+    /// Propose `request` on behalf of `auth` and wait for its typed answer.
+    pub async fn request<R: Proposal>(
+        &self,
+        request: R,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<R::Response> {
+        let output = self.propose_as(request.into_op(), auth).await?;
+        R::answer(output).ok_or_else(mismatched_answer)
+    }
+
+    /// Propose an auth change (or Authenticate) on behalf of `auth`; Authenticate's answer is
+    /// its token, the others' is empty.
+    pub async fn request_auth(
+        &self,
+        op: Op,
+        auth: Option<&crate::auth::AuthInfo>,
+    ) -> Result<String> {
+        match self.propose_as(op, auth).await? {
+            ApplyOutput::Auth(token) => Ok(token),
+            _ => Err(mismatched_answer()),
+        }
+    }
+
     /// Wait until every write committed before this call is applied (ReadIndex).
     pub async fn linearizable_barrier(&self) -> Result<()> {
         // raft silently drops a read index that a new leader cannot serve yet; etcd retries
@@ -173,4 +239,13 @@ impl EtcdServer {
             }
         }
     }
+}
+
+/// The applier answered a request with another kind's answer: a bug, not a client's error.
+fn mismatched_answer() -> ServerError {
+    debug_assert!(
+        false,
+        "the applier answered a request with another kind's answer"
+    );
+    ServerError::Fatal("the applier answered a request with another kind's answer".into())
 }

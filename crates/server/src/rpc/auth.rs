@@ -20,7 +20,6 @@ use tonic::{Request, Response, Status};
 
 use super::Rpc;
 use crate::auth::{AuthInfo, AuthStore};
-use crate::etcd_server::ApplyOutput;
 use crate::request::{InternalAuthenticateRequest, Op};
 
 impl Rpc {
@@ -36,14 +35,10 @@ impl Rpc {
         if admin {
             self.server.auth().check_admin(auth)?;
         }
-        match self.server.propose_as(op, auth).await? {
-            ApplyOutput::Auth(token) => {
-                let mut header = None;
-                self.server.fill_header(&mut header);
-                Ok((token, header))
-            }
-            _ => Err(Status::internal("etcdserver: unexpected apply result")),
-        }
+        let token = self.server.request_auth(op, auth).await?;
+        let mut header = None;
+        self.server.fill_header(&mut header);
+        Ok((token, header))
     }
 
     fn header(&self) -> Option<ResponseHeader> {

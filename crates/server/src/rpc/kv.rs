@@ -10,13 +10,7 @@ use tonic::{Request, Response, Status};
 
 use super::Rpc;
 use crate::apply;
-use crate::etcd_server::ApplyOutput;
-use crate::request::Op;
 use crate::validate;
-
-fn unexpected() -> Status {
-    Status::internal("etcdserver: unexpected apply result")
-}
 
 /// Bytes a txn's puts would add, for the quota check.
 fn txn_put_bytes(req: &TxnRequest) -> u64 {
@@ -62,13 +56,9 @@ impl Kv for Rpc {
         self.server
             .check_quota((req.key.len() + req.value.len()) as u64)
             .await?;
-        match self.server.propose_as(Op::Put(req), auth.as_ref()).await? {
-            ApplyOutput::Put(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(unexpected()),
-        }
+        let mut resp = self.server.request(req, auth.as_ref()).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 
     async fn delete_range(
@@ -79,17 +69,9 @@ impl Kv for Rpc {
         let req = request.into_inner();
         self.server.check_not_learner()?;
         validate::delete_range(&req).map_err(|e| e.to_status())?;
-        match self
-            .server
-            .propose_as(Op::DeleteRange(req), auth.as_ref())
-            .await?
-        {
-            ApplyOutput::DeleteRange(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(unexpected()),
-        }
+        let mut resp = self.server.request(req, auth.as_ref()).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
@@ -113,13 +95,9 @@ impl Kv for Rpc {
         if put_bytes > 0 {
             self.server.check_quota(put_bytes).await?;
         }
-        match self.server.propose_as(Op::Txn(req), auth.as_ref()).await? {
-            ApplyOutput::Txn(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(unexpected()),
-        }
+        let mut resp = self.server.request(req, auth.as_ref()).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 
     async fn compact(
@@ -128,12 +106,8 @@ impl Kv for Rpc {
     ) -> Result<Response<CompactionResponse>, Status> {
         let req = request.into_inner();
         self.server.check_not_learner()?;
-        match self.server.propose(Op::Compaction(req)).await? {
-            ApplyOutput::Compaction(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(unexpected()),
-        }
+        let mut resp = self.server.request(req, None).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 }

@@ -30,18 +30,12 @@ use tonic::{Request, Response, Status, Streaming};
 use super::Rpc;
 use crate::EtcdServer;
 use crate::error::ServerError;
-use crate::etcd_server::ApplyOutput;
-use crate::request::Op;
 
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
 
 /// etcd's lease quota cost (`leaseOverhead`): a grant is refused once the backend is this close
 /// to its quota.
 const LEASE_OVERHEAD: u64 = 64;
-
-fn unexpected() -> Status {
-    Status::internal("etcdserver: unexpected apply result")
-}
 
 /// etcd's `ReqTimeout()`: how long a lease request may wait for this member's lessor.
 fn request_timeout(server: &EtcdServer) -> Duration {
@@ -163,13 +157,9 @@ impl Lease for Rpc {
         if req.id == 0 {
             req.id = self.server.new_lease_id();
         }
-        match self.server.propose(Op::LeaseGrant(req)).await? {
-            ApplyOutput::LeaseGrant(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(unexpected()),
-        }
+        let mut resp = self.server.request(req, None).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 
     async fn lease_revoke(
@@ -179,17 +169,9 @@ impl Lease for Rpc {
         self.server.check_not_learner()?;
         let auth = self.auth_info(&request)?;
         let req = request.into_inner();
-        match self
-            .server
-            .propose_as(Op::LeaseRevoke(req), auth.as_ref())
-            .await?
-        {
-            ApplyOutput::LeaseRevoke(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(unexpected()),
-        }
+        let mut resp = self.server.request(req, auth.as_ref()).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;

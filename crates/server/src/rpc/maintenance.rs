@@ -26,8 +26,6 @@ use tonic::{Request, Response, Status};
 
 use super::Rpc;
 use crate::error::ServerError;
-use crate::etcd_server::ApplyOutput;
-use crate::request::Op;
 use crate::version::SERVER_VERSION;
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
@@ -63,13 +61,9 @@ impl Maintenance for Rpc {
                 alarms: self.server.alarms(),
             }));
         }
-        match self.server.propose(Op::Alarm(req)).await? {
-            ApplyOutput::Alarm(mut resp) => {
-                self.server.fill_header(&mut resp.header);
-                Ok(Response::new(resp))
-            }
-            _ => Err(Status::internal("etcdserver: unexpected apply result")),
-        }
+        let mut resp = self.server.request(req, None).await?;
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 
     async fn status(
