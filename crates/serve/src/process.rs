@@ -4,14 +4,17 @@
 
 use prometheus::{Counter, Gauge, Registry};
 
-fn gauge(registry: &Registry, name: &str, help: &str, value: f64) {
+/// Registers a scrape-time gauge `name` at `value` in `registry` (a family a scrape builds
+/// afresh); a family already there is left alone.
+pub fn gauge(registry: &Registry, name: &str, help: &str, value: f64) {
     if let Ok(g) = Gauge::new(name, help) {
         g.set(value);
         let _ = registry.register(Box::new(g));
     }
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, value: f64) {
+/// Registers a scrape-time counter `name` at `value` in `registry`, as [`gauge`].
+pub fn counter(registry: &Registry, name: &str, help: &str, value: f64) {
     if let Ok(c) = Counter::new(name, help) {
         c.inc_by(value);
         let _ = registry.register(Box::new(c));

@@ -8,9 +8,10 @@
 
 use std::sync::LazyLock;
 
+use etcdrs_serve::process::{counter, gauge};
 use prometheus::{
-    Counter, Encoder, Gauge, GaugeVec, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub use etcdrs_serve::grpc_metrics::set_extensive;
@@ -513,20 +514,6 @@ pub static SNAPSHOT_RECEIVE_SECONDS: LazyLock<prometheus::HistogramVec> = LazyLo
         &["From"],
     ))
 });
-
-fn gauge(registry: &Registry, name: &str, help: &str, value: f64) {
-    if let Ok(g) = Gauge::new(name, help) {
-        g.set(value);
-        let _ = registry.register(Box::new(g));
-    }
-}
-
-fn counter(registry: &Registry, name: &str, help: &str, value: f64) {
-    if let Ok(c) = Counter::new(name, help) {
-        c.inc_by(value);
-        let _ = registry.register(Box::new(c));
-    }
-}
 
 fn labelled(registry: &Registry, name: &str, help: &str, label: &str, value: &str) {
     if let Ok(g) = GaugeVec::new(Opts::new(name, help), &[label]) {

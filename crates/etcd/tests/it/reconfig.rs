@@ -334,6 +334,18 @@ async fn check_writes(who: &str, client: &mut Client, acked: usize) {
     }
 }
 
+/// A member joining the cluster that `etcdctl member add` just grew: its `--initial-cluster`
+/// is what etcdctl printed.
+fn joining(name: &str, host: std::net::Ipv4Addr, initial: String, token: &str) -> MemberOpts {
+    MemberOpts::new(&bin())
+        .name(name)
+        .host(host)
+        .initial_cluster(initial)
+        .initial_cluster_token(token)
+        .setting("initial-cluster-state", "existing")
+        .fast_timers()
+}
+
 /// What `etcdctl member add` printed: the new member's ID, the cluster ID and the
 /// `ETCD_*` lines.
 fn parse_member_add(out: &str) -> (u64, u64, BTreeMap<String, String>) {
@@ -405,13 +417,7 @@ async fn add_promote_and_remove_members_while_writing() {
     );
 
     // The learner starts from the printed configuration and catches up.
-    let n4_opts = MemberOpts::new(&bin())
-        .name("n4")
-        .host(host)
-        .initial_cluster(initial)
-        .initial_cluster_token(c.token())
-        .setting("initial-cluster-state", "existing")
-        .fast_timers();
+    let n4_opts = joining("n4", host, initial, c.token());
     let mut n4 = Member::spawn_on(n4_opts, client_port, peer_port).expect("spawn n4");
     let recent = writer.acked() - 1;
     poll_until(WAIT, || async {
@@ -1176,13 +1182,7 @@ async fn force_new_cluster_recovers_a_lost_quorum() {
         .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER="))
         .map(|v| v.trim_matches('"').to_owned())
         .unwrap_or_else(|| panic!("no ETCD_INITIAL_CLUSTER in {out}"));
-    let n4_opts = MemberOpts::new(&bin())
-        .name("n4")
-        .host(host)
-        .initial_cluster(initial)
-        .initial_cluster_token(c.token())
-        .setting("initial-cluster-state", "existing")
-        .fast_timers();
+    let n4_opts = joining("n4", host, initial, c.token());
     let n4 = Member::spawn_on(n4_opts, client_port, peer_port).expect("spawn n4");
     poll_until(WAIT, || async {
         let mut client = probe_client(&n4.endpoint()).await?;
