@@ -36,15 +36,6 @@ pub enum Error {
     #[error("{0}")]
     Service(String),
 
-    /// `ETCDRS_DNS_SERVER` is not an `<ip>:<port>`.
-    #[error(
-        "invalid {} {value:?}: expected <ip>:<port>",
-        crate::srv::DNS_SERVER_ENV
-    )]
-    BadServerOverride {
-        /// The variable's value.
-        value: String,
-    },
     /// The resolver could not be built (e.g. an unreadable `/etc/resolv.conf`).
     #[error("cannot configure the DNS resolver: {0}")]
     SystemConfig(String),

@@ -9,11 +9,12 @@
 //!
 //! # Resolver
 //!
-//! [`SrvResolver::from_env`] is the one place a resolver is built. It reads the system
-//! configuration (`/etc/resolv.conf`) unless `ETCDRS_DNS_SERVER=<ip>:<port>` is set, in which case
-//! that single name server is asked over UDP and TCP instead. The override exists so that tests
-//! can point a real binary at a DNS server on a loopback port; it is not an etcd setting. Answers
-//! are cached for at most one second, so that periodic re-resolution sees record changes.
+//! A resolver is passed in by whoever runs a lookup: [`SrvResolver::system`] reads the system
+//! configuration (`/etc/resolv.conf`), [`SrvResolver::with_server`] asks one name server over
+//! UDP and TCP (the `etcd` binary uses it when `ETCDRS_DNS_SERVER=<ip>:<port>` is set, so that
+//! tests can point a real binary at a DNS server on a loopback port; it is not an etcd
+//! setting). Answers are cached for at most one second, so that periodic re-resolution sees
+//! record changes.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -22,9 +23,6 @@ use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::{RData, RecordType};
-
-/// The environment variable naming a DNS server to use instead of the system's.
-pub const DNS_SERVER_ENV: &str = "ETCDRS_DNS_SERVER";
 
 /// The longest an answer is cached: re-resolution must see changes quickly.
 const MAX_CACHE_TTL: Duration = Duration::from_secs(1);
@@ -100,25 +98,15 @@ impl std::fmt::Debug for SrvResolver {
 }
 
 impl SrvResolver {
-    /// The system resolver, or the name server named by `ETCDRS_DNS_SERVER`.
-    pub fn from_env() -> Result<SrvResolver> {
-        match std::env::var(DNS_SERVER_ENV) {
-            Ok(value) if !value.is_empty() => {
-                let addr: SocketAddr = value
-                    .parse()
-                    .map_err(|_| Error::BadServerOverride { value })?;
-                SrvResolver::with_server(addr)
-            }
-            _ => {
-                let mut builder = TokioResolver::builder_tokio()
-                    .map_err(|e| Error::SystemConfig(e.to_string()))?;
-                tune(builder.options_mut());
-                let inner = builder
-                    .build()
-                    .map_err(|e| Error::SystemConfig(e.to_string()))?;
-                Ok(SrvResolver { inner })
-            }
-        }
+    /// The system resolver (`/etc/resolv.conf`).
+    pub fn system() -> Result<SrvResolver> {
+        let mut builder =
+            TokioResolver::builder_tokio().map_err(|e| Error::SystemConfig(e.to_string()))?;
+        tune(builder.options_mut());
+        let inner = builder
+            .build()
+            .map_err(|e| Error::SystemConfig(e.to_string()))?;
+        Ok(SrvResolver { inner })
     }
 
     /// A resolver asking only the name server at `addr`, over UDP and TCP.

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use etcdrs_discovery::error::Error as DiscoveryError;
-use etcdrs_discovery::srv::SrvResolver;
 use etcdrs_discovery::tls::TlsFiles;
 use etcdrs_discovery::{srv_cluster, v2, v3};
 
@@ -94,7 +93,7 @@ fn bootstrap_srv(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
         .enable_all()
         .build()?;
     let found = runtime.block_on(async {
-        let resolver = SrvResolver::from_env().map_err(|e| e.to_string())?;
+        let resolver = crate::dns::resolver().map_err(|e| format!("{e:#}"))?;
         srv_cluster::get_cluster(
             &resolver,
             &cfg.discovery_srv,

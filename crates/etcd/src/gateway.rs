@@ -398,7 +398,16 @@ fn start(start_args: &[String]) -> ExitCode {
             );
             on_signal.cancel();
         });
-        etcdrs_gateway::run(config, stop).await
+        // The resolver is built only for SRV discovery, as before.
+        let resolver = if config.discovery_srv.is_empty() {
+            None
+        } else {
+            match crate::dns::resolver() {
+                Ok(resolver) => Some(resolver),
+                Err(e) => return Err(etcdrs_gateway::Error::Resolver(e.to_string())),
+            }
+        };
+        etcdrs_gateway::run(config, resolver, stop).await
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -464,7 +464,7 @@ fn bind(addr: &str) -> Result<std::net::TcpListener, String> {
 /// its handshake is skipped by the proxy's failover. Empty: fall back to `--endpoints`.
 async fn discover_endpoints(flags: &StartFlags) -> anyhow::Result<Vec<String>> {
     use etcdrs_discovery::srv;
-    let resolver = srv::SrvResolver::from_env()?;
+    let resolver = crate::dns::resolver()?;
     let targets = srv::client_targets(&resolver, &flags.discovery_srv, &flags.discovery_srv_name)
         .await
         .map_err(|e| anyhow::anyhow!(e))?;

@@ -4,6 +4,7 @@
 
 mod config;
 mod discovery;
+mod dns;
 mod gateway;
 mod grpcproxy;
 mod logging;

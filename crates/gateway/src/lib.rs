@@ -108,9 +108,9 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
-    /// The resolver could not be built.
-    #[error(transparent)]
-    Resolver(#[from] etcdrs_discovery::srv::Error),
+    /// No DNS resolver for SRV discovery (it could not be built).
+    #[error("cannot configure the DNS resolver: {0}")]
+    Resolver(String),
     /// Both SRV lookups failed (etcd's `dns lookup errors: ... and ...`).
     #[error("{0}")]
     DnsLookup(String),
@@ -184,7 +184,12 @@ async fn static_specs(endpoints: &[String]) -> Result<Vec<EndpointSpec>, Error> 
 }
 
 /// Runs the gateway until `stop` is cancelled; `Err` if it cannot start.
-pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
+/// `resolver` is needed for `--discovery-srv` only.
+pub async fn run(
+    config: Config,
+    resolver: Option<SrvResolver>,
+    stop: CancellationToken,
+) -> Result<(), Error> {
     let metrics = Metrics::new()?;
     let verified = match &config.trusted_ca_file {
         Some(path) => {
@@ -207,7 +212,8 @@ pub async fn run(config: Config, stop: CancellationToken) -> Result<(), Error> {
         None
     } else {
         Some(Discovery {
-            resolver: SrvResolver::from_env()?,
+            resolver: resolver
+                .ok_or_else(|| Error::Resolver("no resolver given for SRV discovery".into()))?,
             domain: config.discovery_srv.clone(),
             srv_name: config.discovery_srv_name.clone(),
             insecure: config.insecure_discovery,

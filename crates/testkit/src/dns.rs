@@ -2,7 +2,7 @@
 //!
 //! [`DnsServer::start`] serves one authoritative zone (hickory-server, in memory) over UDP and
 //! TCP on `127.0.0.1` at the same ephemeral port; point a program at it with
-//! `ETCDRS_DNS_SERVER=<addr>` (see `etcdrs_discovery::srv`). Records can be added while it runs
+//! `ETCDRS_DNS_SERVER=<addr>` (read by the `etcd` binary's `dns` module). Records can be added while it runs
 //! ([`DnsServer::add_srv`], [`DnsServer::add_a`]), so tests can check that a program re-resolves.
 //! Names not in the zone get NXDOMAIN-style empty answers, as from any authoritative server.
 //!
