@@ -123,7 +123,23 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         grpc_keepalive_timeout: cfg.grpc_keepalive_timeout,
         initial_corrupt_check: cfg.experimental_initial_corrupt_check,
         corrupt_check_time: cfg.experimental_corrupt_check_time,
+        lease_checkpoint: cfg.experimental_enable_lease_checkpoint,
+        lease_checkpoint_interval: lease_checkpoint_interval(),
     })
+}
+
+/// How often the leader checkpoints leases: etcd's 5 minutes, which no flag changes; tests
+/// shorten it with `ETCDRS_LEASE_CHECKPOINT_INTERVAL` (a Go duration; not an etcd setting).
+fn lease_checkpoint_interval() -> std::time::Duration {
+    std::env::var("ETCDRS_LEASE_CHECKPOINT_INTERVAL")
+        .ok()
+        .and_then(|text| config::goparse::parse_duration(&text).ok())
+        .and_then(|nanos| u64::try_from(nanos).ok())
+        .filter(|nanos| *nanos > 0)
+        .map_or(
+            std::time::Duration::from_secs(300),
+            std::time::Duration::from_nanos,
+        )
 }
 
 /// The settings both TLS ports share: cipher suites and protocol versions.

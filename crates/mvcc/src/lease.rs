@@ -65,6 +65,10 @@ pub struct Lease {
     pub expiry: Option<Instant>,
     /// Keys attached to it.
     pub keys: BTreeSet<Vec<u8>>,
+    /// The TTL left at the leader's last checkpoint (etcd's `remainingTTL`, with
+    /// `--experimental-enable-lease-checkpoint`); 0 when none stands. A new leader restarts
+    /// the lease's clock from it rather than from the full TTL.
+    pub remaining_ttl: i64,
 }
 
 impl Lease {
@@ -182,6 +186,7 @@ impl Lessor {
                 ttl,
                 expiry,
                 keys: BTreeSet::new(),
+                remaining_ttl: 0,
             },
         );
     }
@@ -273,8 +278,40 @@ impl Lessor {
             return Renewal::Expired;
         }
         lease.expiry = expiry_at(now, Duration::ZERO, lease.ttl);
+        // A renewal starts the lease afresh: a checkpointed remainder no longer holds.
+        lease.remaining_ttl = 0;
         crate::metrics::LEASES_RENEWED.inc();
         Renewal::Renewed(lease.ttl)
+    }
+
+    /// Apply a checkpoint (etcd's `Checkpoint`): `id` had `remaining_ttl` seconds left on the
+    /// leader (0 clears it). Only a promotion reads it.
+    pub fn checkpoint(&self, id: LeaseId, remaining_ttl: i64) {
+        if let Some(lease) = self.inner.lock().leases.get_mut(&id) {
+            lease.remaining_ttl = remaining_ttl.max(0);
+        }
+    }
+
+    /// What the leader checkpoints (at most `limit` leases, soonest expiry first): each lease
+    /// with a running clock and the seconds it has left. Empty unless primary.
+    pub fn checkpoints(&self, now: Instant, limit: usize) -> Vec<(LeaseId, i64)> {
+        let inner = self.inner.lock();
+        if !inner.primary {
+            return Vec::new();
+        }
+        let mut due: Vec<(Instant, LeaseId, i64)> = inner
+            .leases
+            .values()
+            .filter_map(|lease| {
+                let expiry = lease.expiry?;
+                (expiry > now).then(|| (expiry, lease.id, lease.remaining(now).max(1)))
+            })
+            .collect();
+        due.sort_unstable();
+        due.into_iter()
+            .take(limit)
+            .map(|(_, id, remaining)| (id, remaining))
+            .collect()
     }
 
     /// Whether this lessor is primary (tracks expiries and renews).
@@ -294,7 +331,13 @@ impl Lessor {
             inner.primary = true;
             inner.revoke_retry.clear();
             for lease in inner.leases.values_mut() {
-                lease.expiry = expiry_at(now, extend, lease.ttl);
+                // etcd: a checkpointed remainder, else the full TTL.
+                let ttl = if lease.remaining_ttl > 0 {
+                    lease.remaining_ttl
+                } else {
+                    lease.ttl
+                };
+                lease.expiry = expiry_at(now, extend, ttl);
             }
             if inner.leases.len() >= LEASE_REVOKE_RATE {
                 spread_expiries(&mut inner.leases, now, extend);

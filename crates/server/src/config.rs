@@ -109,6 +109,10 @@ pub struct ServerConfig {
     pub initial_corrupt_check: bool,
     /// `--experimental-corrupt-check-time` (zero: off): how often the leader compares hashes.
     pub corrupt_check_time: Duration,
+    /// `--experimental-enable-lease-checkpoint`: the leader checkpoints remaining TTLs.
+    pub lease_checkpoint: bool,
+    /// How often (etcd: 5 minutes, not a flag).
+    pub lease_checkpoint_interval: Duration,
 }
 
 /// etcd's default backend quota: 2 GiB.
@@ -160,6 +164,8 @@ impl ServerConfig {
             grpc_keepalive_timeout: Duration::from_secs(20),
             initial_corrupt_check: false,
             corrupt_check_time: Duration::ZERO,
+            lease_checkpoint: false,
+            lease_checkpoint_interval: Duration::from_secs(300),
         }
     }
 

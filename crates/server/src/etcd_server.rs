@@ -106,6 +106,8 @@ pub enum ApplyOutput {
     Published,
     /// A membership change took effect.
     MembersChanged,
+    /// Lease checkpoints were recorded.
+    Checkpointed,
     /// An auth change took effect; Authenticate's token (empty for the others).
     Auth(String),
 }
@@ -318,6 +320,15 @@ impl EtcdServer {
                 ),
             }
         });
+        if server.inner.config.lease_checkpoint {
+            let checkpointer = server.clone();
+            let stop = shutdown.clone();
+            let interval = server.inner.config.lease_checkpoint_interval;
+            tasks.spawn(async move {
+                checkpointer.run_lease_checkpoints(interval, stop).await;
+                ("lease checkpoints", Ok(()))
+            });
+        }
         if server.inner.config.corrupt_check_time > Duration::ZERO {
             let checker = server.clone();
             let stop = shutdown.clone();

@@ -108,7 +108,15 @@ impl EtcdServer {
                     }
                     let request = InternalRaftRequest::decode(entry.data.as_ref())
                         .map_err(|e| ServerError::Fatal(format!("decode raft request: {e}")))?;
-                    let Some(op) = request.op else { continue };
+                    let Some(op) = request.op else {
+                        // An operation this member cannot read: its proposer is told, not left
+                        // waiting.
+                        results.push((
+                            request.id,
+                            Err(ServerError::Fatal("unknown raft request".into())),
+                        ));
+                        continue;
+                    };
                     let auth = request.auth.map(|h| crate::auth::AuthInfo {
                         username: h.username,
                         revision: h.auth_revision,
@@ -387,6 +395,15 @@ impl EtcdServer {
                 }))
             }
             Op::Alarm(req) => self.apply_alarm(batch, req).map(ApplyOutput::Alarm),
+            Op::LeaseCheckpoint(req) => {
+                // Every member records the leader's remainders; only a promotion reads them.
+                for checkpoint in req.checkpoints {
+                    store
+                        .lessor()
+                        .checkpoint(checkpoint.id, checkpoint.remaining_ttl);
+                }
+                Ok(ApplyOutput::Checkpointed)
+            }
             Op::UpdatePeerUrls(update) => {
                 let mut members = self.inner.members.write();
                 if let Some(member) = members.get_mut(&update.member_id) {

@@ -2,6 +2,11 @@
 
 use super::*;
 
+use etcdrs_proto::etcdserverpb::{LeaseCheckpoint, LeaseCheckpointRequest};
+
+/// Leases checkpointed per round (etcd's `maxLeaseCheckpointBatchSize`).
+const CHECKPOINT_BATCH: usize = 1000;
+
 impl EtcdServer {
     /// Catch up watchers that are behind, from the store's history (etcd's `syncWatchersLoop`).
     pub(super) async fn run_watch_sync(&self, shutdown: CancellationToken) -> Result<()> {
@@ -89,6 +94,52 @@ impl EtcdServer {
                 }
                 Err(e) => tracing::warn!(revision, error = %e, "failed auto {mode} compaction"),
             }
+        }
+    }
+
+    /// The leader's lease checkpoints (etcd's `checkpointScheduledLeases`): every `interval`,
+    /// the remaining TTL of up to [`CHECKPOINT_BATCH`] leases, soonest expiry first, goes
+    /// through raft, so that a new leader restarts each lease from what was left rather than
+    /// from its full TTL.
+    pub(super) async fn run_lease_checkpoints(
+        &self,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let checkpoints = self
+                .store()
+                .lessor()
+                .checkpoints(Instant::now(), CHECKPOINT_BATCH);
+            if checkpoints.is_empty() {
+                continue;
+            }
+            let request = LeaseCheckpointRequest {
+                checkpoints: checkpoints
+                    .into_iter()
+                    .map(|(id, remaining_ttl)| LeaseCheckpoint { id, remaining_ttl })
+                    .collect(),
+            };
+            if let Err(e) = self.propose(Op::LeaseCheckpoint(request)).await {
+                tracing::warn!(error = %e, "failed to checkpoint leases");
+            }
+        }
+    }
+
+    /// Clears `id`'s checkpointed remainder on every member (a renewal on the leader).
+    pub async fn clear_lease_checkpoint(&self, id: i64) {
+        let request = LeaseCheckpointRequest {
+            checkpoints: vec![LeaseCheckpoint {
+                id,
+                remaining_ttl: 0,
+            }],
+        };
+        if let Err(e) = self.propose(Op::LeaseCheckpoint(request)).await {
+            tracing::warn!(error = %e, "failed to clear a lease checkpoint");
         }
     }
 }

@@ -63,8 +63,16 @@ pub(crate) async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, Serve
     loop {
         // Subscribed before the check: a revocation between the two is not missed.
         let mut changes = lessor.subscribe();
+        let checkpointed = lessor.get(id).is_some_and(|lease| lease.remaining_ttl > 0);
         match lessor.renew(id, Instant::now()) {
-            Renewal::Renewed(ttl) => return Ok(ttl),
+            Renewal::Renewed(ttl) => {
+                if checkpointed && server.config().lease_checkpoint {
+                    // As etcd 3.5: the members' checkpointed remainder is cleared too, or a
+                    // new leader would restart the renewed lease from it.
+                    server.clear_lease_checkpoint(id).await;
+                }
+                return Ok(ttl);
+            }
             Renewal::NotFound => return Ok(0),
             Renewal::Expired | Renewal::NotPrimary => wait_change(&mut changes, deadline).await?,
         }
