@@ -4,21 +4,12 @@
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use prometheus::{Histogram, HistogramOpts, IntGauge};
+use etcdrs_metrics::histogram;
+use prometheus::{Histogram, IntGauge};
 
 /// Buckets `start`, `start*2`, ... (`count` of them), as Go's `ExponentialBuckets(start, 2, n)`.
 fn doubling(start: f64, count: usize) -> Vec<f64> {
-    std::iter::successors(Some(start), |b| Some(b * 2.0))
-        .take(count)
-        .collect()
-}
-
-fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
-    let opts = HistogramOpts::new(name, help).buckets(buckets);
-    let histogram = Histogram::with_opts(opts).expect("static metric definition is valid");
-    // Registering twice (several backends in one test process) is harmless: the first wins.
-    let _ = prometheus::default_registry().register(Box::new(histogram.clone()));
-    histogram
+    etcdrs_metrics::exponential(start, 2.0, count)
 }
 
 /// `etcd_disk_backend_commit_duration_seconds`: each commit of a write transaction.

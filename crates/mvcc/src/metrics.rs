@@ -7,20 +7,13 @@
 
 use std::sync::LazyLock;
 
+use etcdrs_metrics::register;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge};
 
-fn register<M: prometheus::core::Collector + Clone + 'static>(metric: prometheus::Result<M>) -> M {
-    let metric = metric.expect("static metric definitions are valid");
-    // Registering twice (several stores in one test process) is harmless: the first one wins.
-    let _ = prometheus::default_registry().register(Box::new(metric.clone()));
-    metric
-}
-
 fn histogram(name: &str, help: &str, start: f64, count: usize) -> prometheus::Result<Histogram> {
-    let buckets = std::iter::successors(Some(start), |b| Some(b * 2.0))
-        .take(count)
-        .collect();
-    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+    Histogram::with_opts(
+        HistogramOpts::new(name, help).buckets(etcdrs_metrics::exponential(start, 2.0, count)),
+    )
 }
 
 macro_rules! counter {

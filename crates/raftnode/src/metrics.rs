@@ -2,6 +2,7 @@
 
 use std::sync::LazyLock;
 
+use etcdrs_metrics::{exponential, register};
 use prometheus::{Gauge, Histogram, HistogramOpts, IntGauge};
 
 /// etcd's `etcd_disk_wal_fsync_duration_seconds`: how long each WAL fdatasync took.
@@ -42,9 +43,7 @@ pub static SNAPSHOT_APPLY_IN_PROGRESS: LazyLock<IntGauge> = LazyLock::new(|| {
 });
 
 fn histogram(name: &str, help: &str, start: f64, count: usize) -> Histogram {
-    register(Histogram::with_opts(
-        HistogramOpts::new(name, help).buckets(exponential(start, 2.0, count)),
-    ))
+    etcdrs_metrics::histogram(name, help, exponential(start, 2.0, count))
 }
 
 /// etcd's `etcd_debugging_snap_save_total_duration_seconds`: each snapshot save (here: the
@@ -88,22 +87,4 @@ pub fn init() {
     LazyLock::force(&SNAP_SAVE_SECONDS);
     LazyLock::force(&SNAP_MARSHALLING_SECONDS);
     LazyLock::force(&SNAP_FSYNC_SECONDS);
-}
-
-/// Buckets `start`, `start*factor`, ... (`count` of them), as Go's `ExponentialBuckets`.
-pub fn exponential(start: f64, factor: f64, count: usize) -> Vec<f64> {
-    let mut buckets = Vec::with_capacity(count);
-    let mut next = start;
-    for _ in 0..count {
-        buckets.push(next);
-        next *= factor;
-    }
-    buckets
-}
-
-fn register<M: prometheus::core::Collector + Clone + 'static>(metric: prometheus::Result<M>) -> M {
-    let metric = metric.expect("static metric definitions are valid");
-    // Registering twice (tests that start several nodes) is harmless: the first one wins.
-    let _ = prometheus::default_registry().register(Box::new(metric.clone()));
-    metric
 }

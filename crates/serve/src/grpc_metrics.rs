@@ -8,16 +8,10 @@
 use std::sync::LazyLock;
 use std::time::Instant;
 
+use etcdrs_metrics::register;
 use prometheus::{HistogramOpts, IntCounter, IntCounterVec, Opts};
 
 pub mod wire;
-
-fn register<M: prometheus::core::Collector + Clone + 'static>(metric: prometheus::Result<M>) -> M {
-    let metric = metric.expect("static metric definitions are valid");
-    // Registering twice is harmless: the first one wins.
-    let _ = prometheus::default_registry().register(Box::new(metric.clone()));
-    metric
-}
 
 /// `grpc_server_started_total`, as go-grpc-prometheus labels it.
 static GRPC_STARTED: LazyLock<IntCounterVec> = LazyLock::new(|| {

@@ -8,6 +8,7 @@
 
 use std::sync::LazyLock;
 
+use etcdrs_metrics::register;
 use etcdrs_serve::process::{counter, gauge};
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -18,12 +19,6 @@ pub use etcdrs_serve::grpc_metrics::set_extensive;
 
 use crate::EtcdServer;
 use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
-
-fn register<M: prometheus::core::Collector + Clone + 'static>(metric: prometheus::Result<M>) -> M {
-    let metric = metric.expect("static metric definitions are valid");
-    let _ = prometheus::default_registry().register(Box::new(metric.clone()));
-    metric
-}
 
 /// `etcd_server_health_success`: `/health` checks that found the member healthy.
 pub static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -125,7 +120,7 @@ pub static SNAP_DB_SAVE_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new
             "etcd_snap_db_save_total_duration_seconds",
             "The total latency distributions of v3 snapshot save",
         )
-        .buckets(etcdrs_raftnode::metrics::exponential(0.1, 2.0, 10)),
+        .buckets(etcdrs_metrics::exponential(0.1, 2.0, 10)),
     ))
 });
 
@@ -136,7 +131,7 @@ pub static SNAP_DB_FSYNC_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::ne
             "etcd_snap_db_fsync_duration_seconds",
             "The latency distributions of fsyncing .snap.db file",
         )
-        .buckets(etcdrs_raftnode::metrics::exponential(0.001, 2.0, 14)),
+        .buckets(etcdrs_metrics::exponential(0.001, 2.0, 14)),
     ))
 });
 
@@ -148,7 +143,7 @@ static APPLY_SECONDS: LazyLock<prometheus::HistogramVec> = LazyLock::new(|| {
             "etcd_server_apply_duration_seconds",
             "The latency distributions of v2 apply called by backend.",
         )
-        .buckets(etcdrs_raftnode::metrics::exponential(0.0001, 2.0, 20)),
+        .buckets(etcdrs_metrics::exponential(0.0001, 2.0, 20)),
         &["version", "op", "success"],
     ))
 });
@@ -347,7 +342,7 @@ pub static PEER_RTT: LazyLock<prometheus::HistogramVec> = LazyLock::new(|| {
             "Round-Trip-Time histogram between peers",
         )
         // etcd 3.5's 16 buckets (3.4 had 14).
-        .buckets(etcdrs_raftnode::metrics::exponential(0.0001, 2.0, 16)),
+        .buckets(etcdrs_metrics::exponential(0.0001, 2.0, 16)),
         &["To"],
     ))
 });
@@ -498,7 +493,7 @@ pub static SNAPSHOT_SEND_SECONDS: LazyLock<prometheus::HistogramVec> = LazyLock:
             "etcd_network_snapshot_send_total_duration_seconds",
             "Total latency distributions of v3 snapshot sends",
         )
-        .buckets(etcdrs_raftnode::metrics::exponential(0.1, 2.0, 10)),
+        .buckets(etcdrs_metrics::exponential(0.1, 2.0, 10)),
         &["To"],
     ))
 });
@@ -510,7 +505,7 @@ pub static SNAPSHOT_RECEIVE_SECONDS: LazyLock<prometheus::HistogramVec> = LazyLo
             "etcd_network_snapshot_receive_total_duration_seconds",
             "Total latency distributions of v3 snapshot receives",
         )
-        .buckets(etcdrs_raftnode::metrics::exponential(0.1, 2.0, 10)),
+        .buckets(etcdrs_metrics::exponential(0.1, 2.0, 10)),
         &["From"],
     ))
 });

@@ -74,6 +74,12 @@ const RULES: &[Rule] = &[
         why: "tls depends on rustls only",
     },
     Rule {
+        krate: "etcdrs-metrics",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "metrics (registration and buckets) depends on prometheus only",
+    },
+    Rule {
         krate: "etcdrs-backend",
         reach: Reach::Transitive,
         forbid: Forbid::Crates(&[
