@@ -1,0 +1,353 @@
+//! Against real bbolt: files written by etcd 3.4 (`/usr/bin/etcd`, Go's bbolt) are read with
+//! [`Db`], and a copy made with [`Writer`] is checked by Go's bbolt through `etcdctl snapshot
+//! status` (which runs bbolt's `tx.Check`) and `etcdctl snapshot restore`, then served by
+//! etcd 3.4 itself.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use etcdrs_bolt::{Db, Error, Writer, etcd_status_hash};
+
+const ETCD: &str = "/usr/bin/etcd";
+const ETCDCTL: &str = "/usr/bin/etcdctl";
+const N_SMALL_KEYS: usize = 2_000;
+const N_LARGE_KEYS: usize = 5;
+/// Puts per `etcdctl txn`: etcd's `--max-txn-ops` default is 128.
+const TXN_BATCH: usize = 100;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An etcd 3.4 process, stopped with SIGTERM on drop.
+struct Etcd {
+    child: Child,
+    endpoint: String,
+}
+
+impl Etcd {
+    fn start(data_dir: &Path, log: &Path) -> Etcd {
+        let client = format!("http://127.0.0.1:{}", free_port());
+        let peer = format!("http://127.0.0.1:{}", free_port());
+        let log_file = File::create(log).unwrap();
+        let child = Command::new(ETCD)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("default={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        let etcd = Etcd {
+            child,
+            endpoint: client,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let health = etcd.ctl(&["endpoint", "health", "--command-timeout=1s"]);
+            if health.status.success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd not healthy in time: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        etcd
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        ctl_with(&["--endpoints", &self.endpoint], args, None)
+    }
+
+    fn ctl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = ctl_with(&["--endpoints", &self.endpoint], args, stdin);
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// SIGTERM, then waits for the exit (etcd closes its backend on the way out).
+    fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return;
+        }
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("etcd did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.terminate();
+        } else {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn ctl_with(global: &[&str], args: &[&str], stdin: Option<&str>) -> Output {
+    let mut command = Command::new(ETCDCTL);
+    command
+        .env("ETCDCTL_API", "3")
+        .args(global)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `etcdctl snapshot status -w json`: (hash, revision, totalKey, totalSize).
+fn snapshot_status(file: &Path) -> (u32, i64, u64, u64) {
+    let out = ctl_with(
+        &[],
+        &["snapshot", "status", path_str(file), "-w", "json"],
+        None,
+    );
+    assert!(out.status.success(), "snapshot status {file:?}: {out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        json["hash"].as_u64().unwrap() as u32,
+        json["revision"].as_i64().unwrap(),
+        json["totalKey"].as_u64().unwrap(),
+        json["totalSize"].as_u64().unwrap(),
+    )
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn small_key(idx: usize) -> String {
+    format!("key-{idx:05}")
+}
+
+fn large_key(idx: usize) -> String {
+    format!("large-{idx}")
+}
+
+/// The key of an `mvccpb.KeyValue`: field 1, length-delimited, written first by Go's
+/// protobuf.
+fn kv_key(value: &[u8]) -> Vec<u8> {
+    assert_eq!(value[0], 0x0a, "KeyValue starts with field 1 (key)");
+    let (mut len, mut at, mut shift) = (0usize, 1, 0);
+    loop {
+        let byte = value[at];
+        len |= usize::from(byte & 0x7f) << shift;
+        at += 1;
+        if byte & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+    }
+    value[at..at + len].to_vec()
+}
+
+/// Checks an etcd-written file: buckets, the `key` bucket's contents, `meta` and `lease`.
+fn check_etcd_file(path: &Path, expected_keys: &BTreeSet<Vec<u8>>, lease_id: &str) -> Db {
+    let db = Db::open(path).unwrap();
+    assert_eq!(db.page_size(), 4096);
+    let names: Vec<String> = db
+        .bucket_names()
+        .unwrap()
+        .into_iter()
+        .map(|name| String::from_utf8(name).unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "alarm",
+            "auth",
+            "authRoles",
+            "authUsers",
+            "cluster",
+            "key",
+            "lease",
+            "members",
+            "members_removed",
+            "meta"
+        ],
+        "{path:?}"
+    );
+    let mut seen = BTreeSet::new();
+    let mut n_revisions = 0;
+    db.for_each(b"key", |revision, value| -> Result<(), Error> {
+        assert_eq!(revision.len(), 17, "a revision key: main, '_', sub");
+        let key = kv_key(value);
+        let value_has_key = value.windows(key.len()).filter(|w| *w == key).count() >= 1;
+        assert!(value_has_key);
+        if key.starts_with(b"large-") {
+            assert!(value.len() > 10_000, "the 10 KB value is whole");
+        }
+        seen.insert(key);
+        n_revisions += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(&seen, expected_keys);
+    assert_eq!(n_revisions, expected_keys.len());
+    assert_eq!(db.len(b"key").unwrap(), expected_keys.len() as u64);
+
+    let consistent_index = db.get(b"meta", b"consistent_index").unwrap().unwrap();
+    assert_eq!(consistent_index.len(), 8);
+    assert!(u64::from_be_bytes(consistent_index.try_into().unwrap()) > 0);
+    // The lease bucket's key is the lease id, big-endian.
+    let lease_key = u64::from_str_radix(lease_id, 16).unwrap().to_be_bytes();
+    assert!(db.get(b"lease", &lease_key).unwrap().is_some());
+    assert_eq!(db.len(b"lease").unwrap(), 1);
+    assert!(db.len(b"members").unwrap() >= 1);
+    db
+}
+
+/// Copies every bucket of `source` into a new file with [`Writer`].
+fn copy_with_writer(source: &Db, target: &Path) -> u64 {
+    let out = BufWriter::new(File::create(target).unwrap());
+    let mut writer = Writer::new(out).unwrap();
+    for name in source.bucket_names().unwrap() {
+        writer.bucket(&name).unwrap();
+        source
+            .for_each(&name, |key, value| writer.put(key, value))
+            .unwrap();
+    }
+    let (out, len) = writer.finish().unwrap();
+    out.into_inner().unwrap().sync_all().unwrap();
+    len
+}
+
+#[test]
+fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let etcd = Etcd::start(&data_dir, &dir.path().join("etcd.log"));
+
+    let mut expected_keys = BTreeSet::new();
+    for batch in (0..N_SMALL_KEYS).collect::<Vec<_>>().chunks(TXN_BATCH) {
+        let mut txn = String::from("\n");
+        for &idx in batch {
+            txn.push_str(&format!("put {} value-{idx}\n", small_key(idx)));
+            expected_keys.insert(small_key(idx).into_bytes());
+        }
+        // An empty line ends the success ops, another the (empty) failure ops.
+        txn.push_str("\n\n");
+        etcd.ctl_ok(&["txn"], Some(&txn));
+    }
+    let large_value = "x".repeat(10 * 1024);
+    for idx in 0..N_LARGE_KEYS {
+        etcd.ctl_ok(&["put", &large_key(idx), "--", &large_value], None);
+        expected_keys.insert(large_key(idx).into_bytes());
+    }
+    let granted = etcd.ctl_ok(&["lease", "grant", "600"], None);
+    // "lease 694d7a6b1e3f2a0c granted with TTL(600s)"
+    let lease_id = granted.split_whitespace().nth(1).unwrap().to_string();
+    etcd.ctl_ok(&["put", "--lease", &lease_id, "leased", "v"], None);
+    expected_keys.insert(b"leased".to_vec());
+
+    let snapshot = dir.path().join("snapshot.db");
+    etcd.ctl_ok(&["snapshot", "save", path_str(&snapshot)], None);
+    etcd.stop();
+
+    // etcd's snapshot file ends with a SHA-256 trailer after the last page.
+    let from_snapshot = check_etcd_file(&snapshot, &expected_keys, &lease_id);
+    assert_eq!(from_snapshot.file_size() % 512, 32);
+    assert_eq!(from_snapshot.file_size(), from_snapshot.size() + 32);
+    check_etcd_file(&data_dir.join("member/snap/db"), &expected_keys, &lease_id);
+
+    let (hash, revision, total_key, total_size) = snapshot_status(&snapshot);
+    assert_eq!(etcd_status_hash(&from_snapshot).unwrap(), hash);
+    assert_eq!(total_size, from_snapshot.size());
+    assert!(revision > N_SMALL_KEYS as i64 / TXN_BATCH as i64);
+
+    // The writer's copy passes bbolt's tx.Check and has the same content.
+    let copy = dir.path().join("copy.db");
+    let copy_len = copy_with_writer(&from_snapshot, &copy);
+    let (copy_hash, copy_revision, copy_total_key, copy_total_size) = snapshot_status(&copy);
+    assert_eq!(
+        (copy_hash, copy_revision, copy_total_key),
+        (hash, revision, total_key)
+    );
+    assert_eq!(copy_total_size, copy_len);
+    assert_eq!(std::fs::metadata(&copy).unwrap().len(), copy_len);
+    let reread = Db::open(&copy).unwrap();
+    assert_eq!(etcd_status_hash(&reread).unwrap(), hash);
+
+    // The strongest check: etcd 3.4 restores the copy and serves its keys.
+    let restored: PathBuf = dir.path().join("restored");
+    let peer = format!("http://127.0.0.1:{}", free_port());
+    let out = ctl_with(
+        &[],
+        &[
+            "snapshot",
+            "restore",
+            path_str(&copy),
+            "--data-dir",
+            path_str(&restored),
+            "--skip-hash-check",
+            "--name",
+            "default",
+            "--initial-cluster",
+            &format!("default={peer}"),
+            "--initial-advertise-peer-urls",
+            &peer,
+        ],
+        None,
+    );
+    assert!(out.status.success(), "snapshot restore: {out:?}");
+    let etcd = Etcd::start(&restored, &dir.path().join("restored.log"));
+    let listed = etcd.ctl_ok(&["get", "--prefix", "", "--keys-only"], None);
+    let served: BTreeSet<Vec<u8>> = listed
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| line.as_bytes().to_vec())
+        .collect();
+    assert_eq!(served, expected_keys);
+    let large = etcd.ctl_ok(&["get", &large_key(0), "--print-value-only"], None);
+    assert_eq!(large.trim_end(), large_value);
+    etcd.stop();
+}
