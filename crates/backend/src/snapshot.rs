@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redb::{ReadableTable, TableDefinition, TableHandle};
 use sha2::{Digest, Sha256};
 
-use crate::{Backend, Error, Result};
+use crate::{Backend, Error, ReadTx, Result};
 
 /// Length of the SHA-256 digest that ends a snapshot stream.
 pub const SHA256_LEN: u64 = 32;
@@ -190,22 +190,56 @@ fn db_len(image_len: u64, tail: &[u8; TRAILER_LEN as usize]) -> u64 {
 }
 
 impl Backend {
-    /// Copy the last commit into a snapshot image in a temporary file beside the database.
-    /// Runs in the caller's thread and does not block other transactions.
-    pub fn snapshot(&self) -> Result<Snapshot> {
+    /// A guard for a new temporary snapshot file beside the database (not yet created).
+    fn snapshot_guard(&self) -> Snapshot {
         let seq = SNAPSHOT_SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!(
             "{}{}-{seq}.tmp",
             temp_prefix(&self.path),
             std::process::id()
         );
-        let path = self.path.with_file_name(name);
-        // From here on the guard removes the file, also when the copy fails.
-        let mut snapshot = Snapshot {
-            path,
+        Snapshot {
+            path: self.path.with_file_name(name),
             size: 0,
             taken: std::time::Instant::now(),
-        };
+        }
+    }
+
+    /// Write the last commit, as `write` lays it out, into a temporary file beside the
+    /// database: `write` gets one read transaction and the new file, and returns the image's
+    /// length, which must be a multiple of 512 bytes (the digest rule in the module docs). Runs
+    /// in the caller's thread and does not block other transactions; the guard removes the
+    /// file, also when `write` fails.
+    pub fn snapshot_with<E: From<Error>>(
+        &self,
+        write: impl FnOnce(&ReadTx, File) -> std::result::Result<u64, E>,
+    ) -> std::result::Result<Snapshot, E> {
+        let mut snapshot = self.snapshot_guard();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&snapshot.path)
+            .map_err(Error::Io)?;
+        let read = self.read()?;
+        let size = write(&read, file)?;
+        drop(read);
+        if !size.is_multiple_of(SECTOR) {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "snapshot image of {size} bytes does not end on a {SECTOR}-byte boundary"
+            )))
+            .into());
+        }
+        snapshot.size = size;
+        Ok(snapshot)
+    }
+
+    /// Copy the last commit into a snapshot image (a redb database, what members send each
+    /// other) in a temporary file beside the database. Runs in the caller's thread and does
+    /// not block other transactions.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        // From here on the guard removes the file, also when the copy fails.
+        let mut snapshot = self.snapshot_guard();
         let read = self.read()?;
         {
             let copy = redb::Database::builder()

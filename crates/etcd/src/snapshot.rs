@@ -1,6 +1,8 @@
 //! `etcd snapshot restore` and `etcd snapshot status`: etcd's `etcdutl snapshot` (3.5) for
-//! the snapshots our members stream (`etcdctl snapshot save`). The image format is described
-//! in `etcdrs_backend`'s `snapshot` module.
+//! snapshots saved with `etcdctl snapshot save` from etcd or from etcd-rs: etcd's bbolt
+//! database with a SHA-256 trailer, read through `etcdrs_server::etcd_db` into our backend.
+//! Images of etcd-rs before it wrote etcd's format (a redb database, see `etcdrs_backend`'s
+//! `snapshot` module) are still read.
 //!
 //! # Restore
 //!
@@ -27,7 +29,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use etcdrs_backend::{Backend, Bucket, HashCheck};
 use etcdrs_mvcc::hash::DbStatus;
 use etcdrs_mvcc::{META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM};
-use etcdrs_server::{membership, url_string};
+use etcdrs_server::{etcd_db, membership, url_string};
 
 /// `meta` keys the server's bootstrap writes (`etcd_server.rs`).
 const META_MEMBER_ID: &[u8] = b"memberID";
@@ -243,8 +245,31 @@ fn write_db(args: &RestoreArgs, db_path: &Path) -> anyhow::Result<()> {
     } else {
         HashCheck::Verify
     };
-    etcdrs_backend::restore_image(&args.file, db_path, check)?;
-    let backend = Backend::open(db_path).context("open restored database")?;
+    let Some(snap_dir) = db_path.parent() else {
+        bail!("no directory for {}", db_path.display());
+    };
+    // The image's database, checked against its digest, beside where ours goes.
+    let copy = snap_dir.join("db.restoring");
+    etcdrs_backend::restore_image(&args.file, &copy, check)?;
+    let backend = match image_format(&copy)? {
+        ImageFormat::Bolt => {
+            let db = etcd_db::Db::open(&copy).map_err(|e| anyhow!("invalid database: {e}"))?;
+            let backend = Backend::open(db_path).context("create the database")?;
+            let imported = etcd_db::import(&db, &backend)?;
+            tracing::info!(
+                revisions = imported.revisions,
+                leases = imported.leases,
+                "converted etcd's database into etcd-rs's backend"
+            );
+            drop(db);
+            std::fs::remove_file(&copy).context("remove the image copy")?;
+            backend
+        }
+        ImageFormat::Redb => {
+            std::fs::rename(&copy, db_path).context("move the database into place")?;
+            Backend::open(db_path).context("open restored database")?
+        }
+    };
     let tx = backend.write()?;
     for key in [
         META_CONSISTENT_INDEX,
@@ -261,6 +286,31 @@ fn write_db(args: &RestoreArgs, db_path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a snapshot image holds.
+enum ImageFormat {
+    /// etcd's bbolt database, as every snapshot etcd or etcd-rs streams.
+    Bolt,
+    /// A redb database: what etcd-rs streamed before it wrote etcd's format.
+    Redb,
+}
+
+/// Tell the image's database format by its first page (bbolt's meta page, or redb's magic).
+fn image_format(path: &Path) -> anyhow::Result<ImageFormat> {
+    let mut head = [0u8; 32];
+    let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let read = std::io::Read::read(&mut file, &mut head).context("read the snapshot")?;
+    if read >= 4 && head[..4] == *b"redb" {
+        return Ok(ImageFormat::Redb);
+    }
+    if read >= 20 && u32::from_le_bytes([head[16], head[17], head[18], head[19]]) == BOLT_MAGIC {
+        return Ok(ImageFormat::Bolt);
+    }
+    bail!("invalid database")
+}
+
+/// bbolt's magic number, in its meta pages.
+const BOLT_MAGIC: u32 = 0xED0C_DAED;
+
 /// What `status` prints, as etcd's `snapshot.Status`.
 struct Status {
     db: DbStatus,
@@ -276,11 +326,26 @@ fn status(args: &StatusArgs) -> anyhow::Result<()> {
         .prefix("etcd-snapshot-status-")
         .tempdir()
         .context("create a scratch directory")?;
-    let db_path = scratch.path().join("db");
-    let total_size = etcdrs_backend::restore_image(&args.file, &db_path, HashCheck::Skip)?;
-    let backend = Backend::open(&db_path).map_err(|e| anyhow!("invalid database: {e}"))?;
-    let db = etcdrs_mvcc::hash::db_status(&backend)?;
-    print!("{}", render(&Status { db, total_size }, args.write_out));
+    let status = match image_format(&args.file)? {
+        // bbolt ignores what follows its last page (the digest): read the file in place.
+        ImageFormat::Bolt => {
+            let db = etcd_db::Db::open(&args.file).map_err(|e| anyhow!("invalid database: {e}"))?;
+            Status {
+                db: etcd_db::status(&db)?,
+                total_size: db.size(),
+            }
+        }
+        ImageFormat::Redb => {
+            let db_path = scratch.path().join("db");
+            let total_size = etcdrs_backend::restore_image(&args.file, &db_path, HashCheck::Skip)?;
+            let backend = Backend::open(&db_path).map_err(|e| anyhow!("invalid database: {e}"))?;
+            Status {
+                db: etcdrs_mvcc::hash::db_status(&backend)?,
+                total_size,
+            }
+        }
+    };
+    print!("{}", render(&status, args.write_out));
     Ok(())
 }
 

@@ -28,7 +28,7 @@ mod node_loop;
 use node_loop::NodeCore;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -641,6 +641,59 @@ impl raft::Storage for NodeStorage {
     }
 }
 
+/// Write a new WAL in `wal_dir` for a raft log that comes from elsewhere (an etcd member's,
+/// translated into our entries, by the server's data-directory conversion): `metadata` (node
+/// and cluster id, opaque here), a snapshot mark at `snapshot` (index, term) when past 0, then
+/// `entries` (all after the mark) and `hard_state`, with one fsync. A member then starts from
+/// it with [`Start::Restart`], as from its own log.
+pub fn write_imported_log(
+    wal_dir: &Path,
+    metadata: &[u8],
+    snapshot: (u64, u64),
+    hard_state: &HardState,
+    entries: &[Entry],
+) -> Result<()> {
+    if let Some(entry) = entries.first()
+        && entry.index != snapshot.0 + 1
+    {
+        return Err(Error::Corrupt(format!(
+            "imported log starts at index {} after a snapshot at {}",
+            entry.index, snapshot.0
+        )));
+    }
+    let mut wal = Wal::create(wal_dir, metadata)?;
+    if snapshot.0 > 0 {
+        wal.save_snapshot_mark(SnapshotMark {
+            index: snapshot.0,
+            term: snapshot.1,
+        })?;
+    }
+    let records = entry_records(entries)?;
+    let hard_state = WalHardState {
+        term: hard_state.term,
+        vote: hard_state.vote,
+        commit: hard_state.commit,
+    };
+    wal.save(Some(hard_state), &records)?;
+    Ok(())
+}
+
+/// Entries as the WAL stores them.
+fn entry_records(entries: &[Entry]) -> Result<Vec<EntryRecord>> {
+    entries
+        .iter()
+        .map(|e| {
+            Ok(EntryRecord {
+                index: e.index,
+                term: e.term,
+                data: e
+                    .write_to_bytes()
+                    .map_err(|err| Error::Corrupt(err.to_string()))?,
+            })
+        })
+        .collect()
+}
+
 fn decode_entry(record: &EntryRecord) -> Result<Entry> {
     let mut entry = Entry::default();
     entry
@@ -655,18 +708,7 @@ fn persist(
     hard_state: Option<&HardState>,
     entries: &[Entry],
 ) -> Result<()> {
-    let records = entries
-        .iter()
-        .map(|e| {
-            Ok(EntryRecord {
-                index: e.index,
-                term: e.term,
-                data: e
-                    .write_to_bytes()
-                    .map_err(|err| Error::Corrupt(err.to_string()))?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let records = entry_records(entries)?;
     let wal_hard_state = hard_state.map(|hs| WalHardState {
         term: hs.term,
         vote: hs.vote,

@@ -70,10 +70,10 @@ pub const ROOT: &str = "root";
 /// Simple tokens kept at most; the oldest expiring ones go first when full.
 const MAX_SIMPLE_TOKENS: usize = 100_000;
 
-const KEY_ENABLED: &[u8] = b"enabled";
-const KEY_REVISION: &[u8] = b"revision";
-const USER_PREFIX: &[u8] = b"user/";
-const ROLE_PREFIX: &[u8] = b"role/";
+pub(crate) const KEY_ENABLED: &[u8] = b"enabled";
+pub(crate) const KEY_REVISION: &[u8] = b"revision";
+pub(crate) const USER_PREFIX: &[u8] = b"user/";
+pub(crate) const ROLE_PREFIX: &[u8] = b"role/";
 
 /// The auth settings of the command line.
 #[derive(Clone, Debug)]

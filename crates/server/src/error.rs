@@ -25,9 +25,21 @@ pub enum ServerError {
     /// where etcd has one.
     #[error("{0}")]
     Tls(String),
+    /// An etcd database file that cannot be read or translated (`etcd_db`).
+    #[error("{0}")]
+    EtcdDb(String),
+    /// The bbolt file codec failed.
+    #[error(transparent)]
+    Bolt(#[from] etcdrs_bolt::Error),
     /// `--auth-token` cannot be used (etcd's "auth: invalid auth options", ...).
     #[error("{0}")]
     AuthOptions(&'static str),
+}
+
+impl From<etcdrs_backend::Error> for ServerError {
+    fn from(e: etcdrs_backend::Error) -> Self {
+        ServerError::Mvcc(e.into())
+    }
 }
 
 impl From<&'static EtcdError> for ServerError {

@@ -53,20 +53,21 @@ mod members;
 mod propose;
 
 use applier::Applier;
+pub(crate) use applier::alarm_key;
 use bootstrap::{bootstrap, join_existing, load_alarms, load_members, load_removed, read_u64};
 
 /// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
-mod protobuf_free {
+pub(crate) mod protobuf_free {
     use etcdrs_raftnode::eraftpb::{ConfChange, ConfState};
     use protobuf::Message;
 
-    pub(super) fn decode_conf_change(bytes: &[u8]) -> Option<ConfChange> {
+    pub(crate) fn decode_conf_change(bytes: &[u8]) -> Option<ConfChange> {
         let mut change = ConfChange::default();
         change.merge_from_bytes(bytes).ok()?;
         Some(change)
     }
 
-    pub(super) fn decode_conf_change_v2(
+    pub(crate) fn decode_conf_change_v2(
         bytes: &[u8],
     ) -> Option<etcdrs_raftnode::eraftpb::ConfChangeV2> {
         let mut change = etcdrs_raftnode::eraftpb::ConfChangeV2::default();
@@ -74,14 +75,18 @@ mod protobuf_free {
         Some(change)
     }
 
-    pub(super) fn decode_conf_state(bytes: &[u8]) -> Option<ConfState> {
+    pub(crate) fn decode_conf_state(bytes: &[u8]) -> Option<ConfState> {
         let mut state = ConfState::default();
         state.merge_from_bytes(bytes).ok()?;
         Some(state)
     }
 
-    pub(super) fn encode_conf_state(state: &ConfState) -> Vec<u8> {
+    pub(crate) fn encode_conf_state(state: &ConfState) -> Vec<u8> {
         state.write_to_bytes().unwrap_or_default()
+    }
+
+    pub(crate) fn encode_conf_change(change: &ConfChange) -> Vec<u8> {
+        change.write_to_bytes().unwrap_or_default()
     }
 }
 
@@ -123,8 +128,8 @@ const MAX_GAP_APPLY_COMMIT: u64 = 5000;
 const MAX_AUTH_RETRIES: u32 = 8;
 /// Cost etcd's quota charges per key on top of its key and value.
 const KV_OVERHEAD: u64 = 256;
-const META_MEMBER_ID: &[u8] = b"memberID";
-const META_CLUSTER_ID: &[u8] = b"clusterID";
+pub(crate) const META_MEMBER_ID: &[u8] = b"memberID";
+pub(crate) const META_CLUSTER_ID: &[u8] = b"clusterID";
 
 struct Inner {
     config: ServerConfig,
@@ -174,6 +179,7 @@ impl EtcdServer {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
         std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
+        crate::convert::convert_if_etcd(&config.data_dir)?;
         let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
         backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);

@@ -29,6 +29,7 @@ mod lease;
 mod lock;
 mod maintenance;
 mod metrics;
+mod migrate;
 mod reconfig;
 mod startup;
 mod subcommands;

@@ -508,7 +508,7 @@ impl StateMachine for Applier {
     }
 }
 
-pub(super) fn alarm_key(member_id: u64, alarm: i32) -> Vec<u8> {
+pub(crate) fn alarm_key(member_id: u64, alarm: i32) -> Vec<u8> {
     let mut key = member_id.to_be_bytes().to_vec();
     key.extend_from_slice(&alarm.to_be_bytes());
     key

@@ -2,8 +2,9 @@
 //! defragmentation, the consistency hashes and snapshots.
 //!
 //! Work that reads the whole backend (hashes, the snapshot copy) runs on tokio's blocking
-//! pool; the request awaits it. A snapshot is first copied into a temporary file
-//! ([`etcdrs_backend::Backend::snapshot`]) and then streamed from it in 32 KiB messages, read
+//! pool; the request awaits it. A snapshot is first written into a temporary file as etcd's
+//! bbolt database ([`crate::etcd_db::snapshot`], so that etcd's tools and etcd itself can read
+//! it) and then streamed from it in 32 KiB messages, read
 //! as the client takes them, so memory stays bounded whatever the database size. As in etcd,
 //! each message's `remaining_bytes` counts the image bytes still to come, and one last message
 //! carries the SHA-256 of everything sent (with `remaining_bytes == 0`). The temporary file is
@@ -154,8 +155,7 @@ impl Maintenance for Rpc {
         self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
-        let snapshot =
-            blocking(move || server.store().backend().snapshot().map_err(backend_error)).await?;
+        let snapshot = blocking(move || crate::etcd_db::snapshot(server.store().backend())).await?;
         let file = snapshot.open().map_err(backend_error)?;
         tracing::info!(
             total_bytes = snapshot.size(),

@@ -1,0 +1,359 @@
+//! Migration both ways through etcd's snapshot format: a snapshot saved from etcd 3.4 restores
+//! into etcd-rs, and one saved from etcd-rs restores into etcd 3.4 with etcd's own `etcdctl
+//! snapshot restore`, each side serving the same keys, revisions, history, leases, users and
+//! roles, with the same `endpoint hashkv`; `etcdctl snapshot status` and ours agree on every
+//! file.
+//!
+//! These tests always run both servers, ours and `/usr/bin/etcd` (3.4), so they are skipped
+//! when the suite itself runs against etcd (`ETCDRS_TEST_ETCD_BIN`).
+
+use std::path::Path;
+use std::process::Command;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcdrs_testkit::{EtcdBin, Etcdctl, Member, MemberOpts};
+use serde_json::Value;
+
+use crate::ours;
+
+const ROOT: &str = "root:rootpw";
+
+fn etcd34() -> EtcdBin {
+    EtcdBin::at("/usr/bin/etcd")
+}
+
+fn our_bin() -> EtcdBin {
+    EtcdBin::at(env!("CARGO_BIN_EXE_etcd"))
+}
+
+/// `etcdctl` as root.
+fn root_ctl(m: &Member) -> Etcdctl {
+    m.etcdctl().with_user(ROOT)
+}
+
+/// Runs `etcd snapshot <args>` of our binary.
+fn our_snapshot(args: &[&str]) -> std::process::Output {
+    our_bin()
+        .command()
+        .arg("snapshot")
+        .args(args)
+        .output()
+        .expect("run etcd snapshot")
+}
+
+/// Runs etcdctl 3.4's offline `snapshot <args>`.
+fn ctl_snapshot(args: &[&str]) -> std::process::Output {
+    Command::new(Etcdctl::new("").bin())
+        .env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .args(args)
+        .output()
+        .expect("run etcdctl snapshot")
+}
+
+fn stdout_ok(out: &std::process::Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A history with what a snapshot must carry: versions, a deletion, a compaction, a lease with
+/// a key, a transaction, values over a page, enough keys for several pages, users, roles with
+/// permissions, and auth enabled (the last step, so everything after runs as root).
+async fn write_history(m: &Member) {
+    let mut c = m.client().await.expect("client");
+    c.put("a", "1", None).await.unwrap();
+    c.put("b", "2", None).await.unwrap();
+    c.put("a", "3", None).await.unwrap();
+    c.delete("b", None).await.unwrap();
+    for i in 0..400 {
+        c.put(format!("/many/{i:04}"), format!("value-{i}"), None)
+            .await
+            .unwrap();
+    }
+    c.put("big", "x".repeat(10_000), None).await.unwrap();
+    let lease = c.lease_grant(900, None).await.unwrap().id();
+    c.put("leased", "l", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+    c.txn(
+        Txn::new()
+            .when([Compare::value("a", CompareOp::Equal, "3")])
+            .and_then([TxnOp::put("t1", "x", None), TxnOp::put("t2", "y", None)]),
+    )
+    .await
+    .unwrap();
+    c.compact(5, None).await.unwrap();
+    c.put("a", "4", None).await.unwrap();
+    let ctl = m.etcdctl();
+    ctl.ok(&["user", "add", ROOT]).await;
+    ctl.ok(&["role", "add", "r1"]).await;
+    ctl.ok(&[
+        "role",
+        "grant-permission",
+        "r1",
+        "readwrite",
+        "/many/",
+        "--prefix",
+    ])
+    .await;
+    ctl.ok(&["user", "add", "alice:alicepw"]).await;
+    ctl.ok(&["user", "grant-role", "alice", "r1"]).await;
+    ctl.ok(&["auth", "enable"]).await;
+}
+
+/// What must be equal on both sides of a migration.
+#[derive(Debug, PartialEq)]
+struct State {
+    /// Every key with its value, revisions and version, as `etcdctl get -w json` prints them.
+    kvs: Value,
+    revision: i64,
+    /// `endpoint hashkv`: hash and compact revision, now and at an older revision.
+    hashkv: (u64, i64),
+    hashkv_old: (u64, i64),
+    /// An old value that survived the compaction.
+    old_a: String,
+    leases: String,
+    lease_ttl: String,
+    users: String,
+    roles: String,
+    role_r1: String,
+    user_alice: String,
+}
+
+async fn hashkv(ctl: &Etcdctl, rev: i64) -> (u64, i64) {
+    let rev = format!("--rev={rev}");
+    let json: Value =
+        serde_json::from_str(&ctl.ok(&["endpoint", "hashkv", &rev, "-w", "json"]).await)
+            .expect("hashkv json");
+    let h = &json[0]["HashKV"];
+    (
+        h["hash"].as_u64().expect("hash"),
+        h["compact_revision"].as_i64().expect("compact revision"),
+    )
+}
+
+async fn capture(m: &Member) -> State {
+    let ctl = root_ctl(m);
+    let json: Value =
+        serde_json::from_str(&ctl.ok(&["get", "", "--from-key", "-w", "json"]).await).unwrap();
+    let revision = json["header"]["revision"].as_i64().expect("revision");
+    let leases = ctl.ok(&["lease", "list"]).await;
+    let lease_id = leases.lines().nth(1).expect("a lease").trim().to_string();
+    let ttl = ctl.ok(&["lease", "timetolive", &lease_id, "--keys"]).await;
+    // The remaining TTL counts down: keep the granted TTL and the attached keys.
+    let lease_ttl = ttl
+        .split(", ")
+        .filter(|part| !part.contains("remaining"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    State {
+        kvs: json["kvs"].clone(),
+        revision,
+        hashkv: hashkv(&ctl, 0).await,
+        hashkv_old: hashkv(&ctl, 8).await,
+        old_a: ctl.ok(&["get", "a", "--rev=6", "--print-value-only"]).await,
+        leases,
+        lease_ttl,
+        users: ctl.ok(&["user", "list"]).await,
+        roles: ctl.ok(&["role", "list"]).await,
+        role_r1: ctl.ok(&["role", "get", "r1"]).await,
+        user_alice: ctl.ok(&["user", "get", "alice"]).await,
+    }
+}
+
+/// Auth works after the move: alice's password (its bcrypt hash travelled) and her role's
+/// permissions.
+async fn check_alice(m: &Member) {
+    let alice = m.etcdctl().with_user("alice:alicepw");
+    assert_eq!(
+        alice.ok(&["get", "/many/0001", "--print-value-only"]).await,
+        "value-1\n"
+    );
+    let denied = alice.fail(&["put", "a", "nope"]).await;
+    assert!(denied.contains("permission denied"), "{denied}");
+    let wrong = m.etcdctl().with_user("alice:wrong");
+    let refused = wrong.fail(&["get", "a"]).await;
+    assert!(refused.contains("authentication failed"), "{refused}");
+}
+
+/// `snapshot status -w json` of `file` by etcdctl 3.4 and by our binary: the same numbers.
+fn statuses_agree(file: &Path) -> Value {
+    let file = file.display().to_string();
+    let theirs: Value =
+        serde_json::from_str(&stdout_ok(&ctl_snapshot(&["status", &file, "-w", "json"])))
+            .expect("etcdctl status json");
+    let mine: Value =
+        serde_json::from_str(&stdout_ok(&our_snapshot(&["status", &file, "-w", "json"])))
+            .expect("our status json");
+    assert_eq!(mine, theirs, "snapshot status of {file}");
+    theirs
+}
+
+/// A stopped member of `bin` whose data dir is gone, for a restore to fill: started once
+/// for its ports and name.
+async fn empty_member(bin: &EtcdBin) -> Member {
+    let mut m = Member::start(MemberOpts::new(bin)).await.expect("member");
+    m.stop().await.unwrap();
+    std::fs::remove_dir_all(m.data_dir()).unwrap();
+    m
+}
+
+fn restore_args(m: &Member, file: &Path) -> Vec<String> {
+    vec![
+        "restore".into(),
+        file.display().to_string(),
+        "--data-dir".into(),
+        m.data_dir().display().to_string(),
+        "--name".into(),
+        m.name().into(),
+        "--initial-cluster".into(),
+        format!("{}={}", m.name(), m.peer_url()),
+        "--initial-advertise-peer-urls".into(),
+        m.peer_url(),
+    ]
+}
+
+async fn save(m: &Member, dir: &Path) -> std::path::PathBuf {
+    let file = dir.join("snap.db");
+    let arg = file.display().to_string();
+    root_ctl(m).ok(&["snapshot", "save", &arg]).await;
+    file
+}
+
+/// The way in: etcd 3.4 → `etcdctl snapshot save` → our `etcd snapshot restore` → etcd-rs.
+#[tokio::test]
+async fn etcd_snapshot_restores_into_etcd_rs() {
+    if !ours() {
+        return;
+    }
+    let source = Member::start(MemberOpts::new(&etcd34())).await.unwrap();
+    write_history(&source).await;
+    let before = capture(&source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = save(&source, dir.path()).await;
+    let status = statuses_agree(&file);
+    assert_eq!(status["revision"].as_i64(), Some(before.revision));
+
+    let mut target = empty_member(&our_bin()).await;
+    let args = restore_args(&target, &file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    stdout_ok(&our_snapshot(&args));
+    target.restart().await.unwrap();
+    assert_eq!(capture(&target).await, before);
+    check_alice(&target).await;
+    // A new cluster of one that takes writes at the next revision.
+    let put = root_ctl(&target)
+        .ok(&["put", "after", "x", "-w", "json"])
+        .await;
+    let put: Value = serde_json::from_str(&put).unwrap();
+    assert_eq!(
+        put["header"]["revision"].as_i64(),
+        Some(before.revision + 1)
+    );
+}
+
+/// The way back out: etcd-rs → `etcdctl snapshot save` → etcdctl 3.4's `snapshot restore`
+/// → etcd 3.4.
+#[tokio::test]
+async fn etcd_rs_snapshot_restores_into_etcd() {
+    if !ours() {
+        return;
+    }
+    let source = Member::start(MemberOpts::new(&our_bin())).await.unwrap();
+    write_history(&source).await;
+    let before = capture(&source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = save(&source, dir.path()).await;
+    let status = statuses_agree(&file);
+    assert_eq!(status["revision"].as_i64(), Some(before.revision));
+    assert_eq!(
+        status["totalSize"].as_u64().map(|s| s + 32),
+        Some(std::fs::metadata(&file).unwrap().len()),
+        "the file is the database and its SHA-256"
+    );
+
+    let mut target = empty_member(&etcd34()).await;
+    let args = restore_args(&target, &file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    stdout_ok(&ctl_snapshot(&args));
+    target.restart().await.unwrap();
+    assert_eq!(capture(&target).await, before);
+    check_alice(&target).await;
+
+    // And back in again: etcd 3.4's snapshot of the restored member restores into etcd-rs
+    // with the same state.
+    std::fs::create_dir(dir.path().join("again")).unwrap();
+    let file2 = save(&target, &dir.path().join("again")).await;
+    let mut back = empty_member(&our_bin()).await;
+    let args = restore_args(&back, &file2);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    stdout_ok(&our_snapshot(&args));
+    back.restart().await.unwrap();
+    assert_eq!(capture(&back).await, before);
+}
+
+/// A snapshot that is not a database, or a truncated one, is refused with a clear error and
+/// leaves no data directory behind.
+#[tokio::test]
+async fn damaged_snapshots_are_refused_and_change_nothing() {
+    if !ours() {
+        return;
+    }
+    let source = Member::start(MemberOpts::new(&our_bin())).await.unwrap();
+    source
+        .client()
+        .await
+        .unwrap()
+        .put("k", "v", None)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("snap.db");
+    let arg = file.display().to_string();
+    source.etcdctl().ok(&["snapshot", "save", &arg]).await;
+    let image = std::fs::read(&file).unwrap();
+    let target = dir.path().join("restored");
+    let target_arg = target.display().to_string();
+    let cases: [(&str, Vec<u8>); 3] = [
+        (
+            "not a database",
+            b"hello, this is not a database".repeat(100),
+        ),
+        ("truncated", image[..image.len() / 2].to_vec()),
+        ("zeroed meta pages", {
+            let mut zeroed = image.clone();
+            zeroed[..8192].fill(0);
+            zeroed
+        }),
+    ];
+    for (what, bytes) in cases {
+        let bad = dir.path().join("bad.db");
+        std::fs::write(&bad, &bytes).unwrap();
+        let bad_arg = bad.display().to_string();
+        for args in [
+            vec!["status", bad_arg.as_str()],
+            vec![
+                "restore",
+                bad_arg.as_str(),
+                "--data-dir",
+                target_arg.as_str(),
+                "--skip-hash-check",
+            ],
+        ] {
+            let out = our_snapshot(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{what} {args:?}: {out:?}");
+            // The error is the last line (restore logs its steps before it).
+            let error = stderr.lines().last().unwrap_or_default();
+            assert!(error.starts_with("Error: "), "{what} {args:?}: {stderr}");
+            assert!(
+                error.contains("invalid database"),
+                "{what} {args:?}: {stderr}"
+            );
+            assert!(
+                !target.exists(),
+                "{what}: a failed restore leaves no data dir"
+            );
+        }
+    }
+}
