@@ -610,6 +610,12 @@ impl Member {
         }
     }
 
+    /// Runs `bin` from the next start on, on the same data dir, ports and flags: a member
+    /// moved between etcd and etcd-rs.
+    pub fn set_bin(&mut self, bin: &EtcdBin) {
+        self.opts.bin = bin.clone();
+    }
+
     /// Adds a setting (as [`MemberOpts::setting`]) for the next start, e.g. a recovery flag
     /// given to one restart.
     pub fn add_setting(&mut self, flag: impl Into<String>, value: impl Into<String>) {

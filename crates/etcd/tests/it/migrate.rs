@@ -4,14 +4,20 @@
 //! roles, with the same `endpoint hashkv`; `etcdctl snapshot status` and ours agree on every
 //! file.
 //!
+//! And the other way in: etcd-rs started on a stopped etcd member's data directory comes up as
+//! that member (a single member, and every member of a 3-member cluster), leaving etcd's own
+//! files as they were, so etcd starts on them again.
+//!
 //! These tests always run both servers, ours and `/usr/bin/etcd` (3.4), so they are skipped
 //! when the suite itself runs against etcd (`ETCDRS_TEST_ETCD_BIN`).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use etcdrs_testkit::{EtcdBin, Etcdctl, Member, MemberOpts};
+use etcdrs_testkit::{Cluster, ClusterOpts, EtcdBin, Etcdctl, Member, MemberOpts};
+use sha2::{Digest, Sha256};
 use serde_json::Value;
 
 use crate::ours;
@@ -356,4 +362,158 @@ async fn damaged_snapshots_are_refused_and_change_nothing() {
             );
         }
     }
+}
+
+/// Every file under `dir` but our converted storage, with its length and SHA-256: etcd's files
+/// as they are.
+fn etcd_files(dir: &Path) -> BTreeMap<PathBuf, (u64, Vec<u8>)> {
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<PathBuf, (u64, Vec<u8>)>) {
+        for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.strip_prefix(root).is_ok_and(|p| p.starts_with("etcd-rs")) {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, root, out);
+            } else {
+                let bytes = std::fs::read(&path).expect("read file");
+                let digest = Sha256::digest(&bytes).to_vec();
+                out.insert(path, (bytes.len() as u64, digest));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// (cluster id, member id) as `endpoint status` reports them.
+async fn ids(m: &Member) -> (u64, u64) {
+    let json: Value =
+        serde_json::from_str(&root_ctl(m).ok(&["endpoint", "status", "-w", "json"]).await)
+            .expect("status json");
+    let header = &json[0]["Status"]["header"];
+    (
+        header["cluster_id"].as_u64().expect("cluster id"),
+        header["member_id"].as_u64().expect("member id"),
+    )
+}
+
+/// The members as `member list` reports them.
+async fn members(m: &Member) -> Value {
+    let json: Value =
+        serde_json::from_str(&root_ctl(m).ok(&["member", "list", "-w", "json"]).await)
+            .expect("member list json");
+    json["members"].clone()
+}
+
+/// A stopped etcd 3.4 member's data directory, started by etcd-rs with the same flags: the
+/// same member, cluster, keys, history, leases and auth; etcd's files untouched, so etcd 3.4
+/// starts on the directory again afterwards.
+#[tokio::test]
+async fn etcd_data_dir_starts_as_the_same_member() {
+    if !ours() {
+        return;
+    }
+    let mut m = Member::start(MemberOpts::new(&etcd34())).await.unwrap();
+    write_history(&m).await;
+    let before = capture(&m).await;
+    let ids_before = ids(&m).await;
+    let members_before = members(&m).await;
+    m.stop().await.unwrap();
+    let files = etcd_files(m.data_dir());
+
+    m.set_bin(&our_bin());
+    m.restart().await.unwrap();
+    assert!(
+        m.current_log().contains("converted etcd data directory"),
+        "{}",
+        m.log_tail(40)
+    );
+    assert_eq!(capture(&m).await, before);
+    assert_eq!(ids(&m).await, ids_before);
+    assert_eq!(members(&m).await, members_before);
+    check_alice(&m).await;
+    root_ctl(&m).ok(&["put", "written-by", "etcd-rs"]).await;
+    // The next start is an ordinary restart of the converted member.
+    m.restart().await.unwrap();
+    assert!(!m.current_log().contains("converting"), "{}", m.log_tail(40));
+    assert_eq!(
+        root_ctl(&m)
+            .ok(&["get", "written-by", "--print-value-only"])
+            .await,
+        "etcd-rs\n"
+    );
+    m.stop().await.unwrap();
+    assert_eq!(etcd_files(m.data_dir()), files, "etcd's files are untouched");
+
+    // Back to etcd: it starts from its own files, as it left them.
+    m.set_bin(&etcd34());
+    m.restart().await.unwrap();
+    assert_eq!(capture(&m).await, before);
+}
+
+/// All three members of a stopped etcd 3.4 cluster, started by etcd-rs: one etcd-rs cluster
+/// with the same ids and the same state on every member, which elects a leader and takes
+/// writes.
+#[tokio::test]
+async fn stopped_etcd_cluster_runs_as_an_etcd_rs_cluster() {
+    if !ours() {
+        return;
+    }
+    let mut cluster = Cluster::start(3, ClusterOpts::new(&etcd34())).await.unwrap();
+    write_history(cluster.member(0)).await;
+    let before = capture(cluster.member(0)).await;
+    let mut ids_before = Vec::new();
+    for i in 0..3 {
+        ids_before.push(ids(cluster.member(i)).await);
+    }
+    let members_before = members(cluster.member(0)).await;
+    for i in 0..3 {
+        cluster.member_mut(i).stop().await.unwrap();
+        cluster.member_mut(i).set_bin(&our_bin());
+    }
+    cluster.restart_all().await.unwrap();
+    for i in 0..3 {
+        let m = cluster.member(i);
+        assert!(
+            m.current_log().contains("converted etcd data directory"),
+            "{}",
+            m.log_tail(40)
+        );
+        assert_eq!(ids(m).await, ids_before[i]);
+        assert_eq!(capture(m).await, before, "member {i}");
+    }
+    assert_eq!(members(cluster.member(0)).await, members_before);
+    check_alice(cluster.member(1)).await;
+    root_ctl(cluster.member(2))
+        .ok(&["put", "after", "conversion"])
+        .await;
+    for i in 0..3 {
+        let got = root_ctl(cluster.member(i))
+            .ok(&["get", "after", "--print-value-only"])
+            .await;
+        assert_eq!(got, "conversion\n", "member {i}");
+    }
+}
+
+/// A conversion that did not finish (a crash before its last step) is refused with an error
+/// that says what to do, and changes nothing.
+#[tokio::test]
+async fn a_half_finished_conversion_is_refused() {
+    if !ours() {
+        return;
+    }
+    let mut m = Member::start(MemberOpts::new(&etcd34())).await.unwrap();
+    m.stop().await.unwrap();
+    std::fs::create_dir(m.data_dir().join("etcd-rs.converting")).unwrap();
+    let files = etcd_files(m.data_dir());
+    m.set_bin(&our_bin());
+    assert!(m.restart().await.is_err());
+    let log = m.current_log();
+    assert!(
+        log.contains("holds a conversion from etcd that did not finish"),
+        "{log}"
+    );
+    assert_eq!(etcd_files(m.data_dir()), files);
 }
