@@ -382,3 +382,69 @@ fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
     assert_eq!(large.trim_end(), large_value);
     etcd.stop();
 }
+
+/// A revision key as etcd's `key` bucket has them (`etcdctl snapshot status` parses them).
+fn revision_key(main: u64, sub: u64) -> Vec<u8> {
+    let mut key = main.to_be_bytes().to_vec();
+    key.push(b'_');
+    key.extend_from_slice(&sub.to_be_bytes());
+    key
+}
+
+#[test]
+fn go_bbolt_checks_the_writers_shapes_clean() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // No buckets at all: the root is one empty leaf.
+    let empty = dir.path().join("empty.db");
+    let writer = Writer::new(File::create(&empty).unwrap()).unwrap();
+    let (_, len) = writer.finish().unwrap();
+    let (hash, revision, total_key, total_size) = snapshot_status(&empty);
+    assert_eq!((revision, total_key, total_size), (0, 0, len));
+    assert_eq!(etcd_status_hash(&Db::open(&empty).unwrap()).unwrap(), hash);
+
+    // Empty and inline buckets, one bucket of exactly one non-inline leaf, values spanning
+    // overflow pages, a three-level tree, and enough buckets for the root to branch.
+    let shapes = dir.path().join("shapes.db");
+    let mut writer = Writer::new(BufWriter::new(File::create(&shapes).unwrap())).unwrap();
+    let mut n_keys = 0u64;
+    writer.bucket(b"a-empty").unwrap();
+    writer.bucket(b"b-one-leaf").unwrap();
+    writer.put(b"only", &[3; 2000]).unwrap();
+    n_keys += 1;
+    for bucket_idx in 0..400u32 {
+        writer
+            .bucket(format!("c-{bucket_idx:04}").as_bytes())
+            .unwrap();
+        for key_idx in 0..bucket_idx % 4 {
+            writer.put(&key_idx.to_be_bytes(), b"inline").unwrap();
+            n_keys += 1;
+        }
+    }
+    writer.bucket(b"key").unwrap();
+    let last_main = 40_000u64;
+    for main in 1..=last_main {
+        let value_len = if main % 5_000 == 0 { 20_000 } else { 100 };
+        writer
+            .put(&revision_key(main, 0), &vec![(main % 256) as u8; value_len])
+            .unwrap();
+        n_keys += 1;
+    }
+    let (out, len) = writer.finish().unwrap();
+    drop(out);
+    let (hash, revision, total_key, total_size) = snapshot_status(&shapes);
+    assert_eq!(
+        (revision, total_key, total_size),
+        (last_main as i64, n_keys, len)
+    );
+    let db = Db::open(&shapes).unwrap();
+    assert_eq!(etcd_status_hash(&db).unwrap(), hash);
+    assert_eq!(db.len(b"key").unwrap(), last_main);
+    assert_eq!(
+        db.get(b"key", &revision_key(5_000, 0))
+            .unwrap()
+            .unwrap()
+            .len(),
+        20_000
+    );
+}
