@@ -140,6 +140,9 @@ pub enum CorruptReason {
         /// The meta's page count.
         high_water: u64,
     },
+    /// A tree points at page 0 or 1, which are the meta pages.
+    #[error("a tree points at a meta page")]
+    MetaPageReference,
     /// The page header names another page id.
     #[error("page header says id {found}")]
     WrongId {

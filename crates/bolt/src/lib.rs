@@ -31,14 +31,16 @@
 //!
 //! # Why our own codec
 //!
-//! We evaluated `bbolt-rs` 1.3.10 (MIT, a port of bbolt 1.3.10). It is a whole engine with
-//! transactions, and its normal dependencies pull in 119 crates (clap, anyhow, fake, rand,
-//! bumpalo, ...). Writing 1M keys of 100-byte values in one transaction took 1.8 s and 897 MB
-//! of RSS for a 276 MB file (pages half full), because a transaction holds every node in
-//! memory (its own TODO: "almost 3x the Go version"); it cannot stream a file out from sorted
-//! input, and it has no `Tx.copy`. Reading with it is fast (mmap), but needs its `unsafe`
-//! mmap layer. This codec has one dependency (thiserror), streams pages with bounded
-//! memory, and uses no `unsafe`.
+//! We tried `bbolt-rs` 1.3.10 (MIT, a port of bbolt 1.3.10) in a scratch project. It could
+//! not open any file etcd 3.4 wrote: a snapshot, the same file without its SHA-256 trailer
+//! and `member/snap/db` all failed with `InvalidDatabase(true)`, as did a 131 MiB file that
+//! Go's bbolt checks clean (we did not debug why). It is a whole engine whose
+//! normal dependencies resolve to 119 crates (clap, anyhow, fake, rand, bumpalo, ...).
+//! Writing 1M keys of 100 bytes in one transaction took 1.8 s and 897 MB of RSS for a
+//! 276 MB file, because a transaction holds every node in memory (its TODO: "almost 3x the
+//! Go version"), so it cannot stream a file out; our [`Writer`] writes the same shape of
+//! data in about 0.2 s, 2 MiB of RSS, 131 MiB of file (example `million`). This codec has
+//! one dependency (thiserror) and no `unsafe`.
 
 #![deny(missing_docs)]
 

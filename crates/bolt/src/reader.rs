@@ -329,7 +329,10 @@ impl Db {
 
     /// Reads page `id` with its overflow pages.
     fn read_page(&self, id: u64) -> Result<Vec<u8>> {
-        if id < 2 || id >= self.meta.pgid {
+        if id < 2 {
+            return Err(self.corrupt(id, CorruptReason::MetaPageReference));
+        }
+        if id >= self.meta.pgid {
             return Err(self.corrupt(id, self.out_of_bounds()));
         }
         let page_size = u64::from(self.meta.page_size);

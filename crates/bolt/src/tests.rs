@@ -436,3 +436,51 @@ fn crc32c_matches_known_vectors() {
     }
     assert_eq!(whole.finish(), parts.finish());
 }
+
+#[test]
+fn corrupt_bytes_give_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let mut buckets = Buckets::new();
+    buckets.insert(
+        b"key".to_vec(),
+        (0..3000u32)
+            .map(|i| (i.to_be_bytes().to_vec(), vec![9; (i % 7) as usize * 700]))
+            .collect(),
+    );
+    buckets.insert(
+        b"small".to_vec(),
+        bucket_of([(b"k".to_vec(), b"v".to_vec())]),
+    );
+    write_file(&path, &buckets);
+    let pristine = std::fs::read(&path).unwrap();
+    // A fixed xorshift sequence: the same corruptions every run.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let corrupt_path = dir.path().join("corrupt");
+    let mut n_errors = 0;
+    for _ in 0..300 {
+        let mut bytes = pristine.clone();
+        for _ in 0..1 + next() % 8 {
+            // Mostly page headers and element headers, where damage matters most.
+            let page = (next() % (bytes.len() as u64 / 4096)) as usize;
+            let offset = page * 4096 + (next() % 96) as usize;
+            bytes[offset] = next() as u8;
+        }
+        std::fs::write(&corrupt_path, &bytes).unwrap();
+        let outcome = Db::open(&corrupt_path).and_then(|db| {
+            for name in db.bucket_names()? {
+                db.len(&name)?;
+                db.get(&name, &1500u32.to_be_bytes())?;
+            }
+            Ok(())
+        });
+        n_errors += usize::from(outcome.is_err());
+    }
+    assert!(n_errors > 0, "some corruptions are detected");
+}

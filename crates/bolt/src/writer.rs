@@ -147,8 +147,8 @@ enum TreeRoot {
 }
 
 impl<W: Write + Seek> Writer<W> {
-    /// Starts a file on `out` at its current position 0, with 4096-byte pages. Writes
-    /// placeholders for the two meta pages, which `finish` fills in.
+    /// Starts a file at offset 0 of `out`, with 4096-byte pages, by writing placeholders for
+    /// the two meta pages, which `finish` fills in.
     pub fn new(mut out: W) -> Result<Self> {
         out.seek(SeekFrom::Start(0)).map_err(Error::Write)?;
         out.write_all(&[0u8; 2 * PAGE_SIZE]).map_err(Error::Write)?;

@@ -22,9 +22,9 @@ const TXN_BATCH: usize = 100;
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
-        .unwrap()
+        .expect("bind 127.0.0.1:0")
         .local_addr()
-        .unwrap()
+        .expect("local address")
         .port()
 }
 
@@ -38,7 +38,7 @@ impl Etcd {
     fn start(data_dir: &Path, log: &Path) -> Etcd {
         let client = format!("http://127.0.0.1:{}", free_port());
         let peer = format!("http://127.0.0.1:{}", free_port());
-        let log_file = File::create(log).unwrap();
+        let log_file = File::create(log).expect("create the etcd log");
         let child = Command::new(ETCD)
             .arg("--data-dir")
             .arg(data_dir)
@@ -50,7 +50,7 @@ impl Etcd {
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .unwrap();
+            .expect("spawn the process");
         let etcd = Etcd {
             child,
             endpoint: client,
@@ -78,7 +78,7 @@ impl Etcd {
     fn ctl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
         let out = ctl_with(&["--endpoints", &self.endpoint], args, stdin);
         assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
-        String::from_utf8(out.stdout).unwrap()
+        String::from_utf8(out.stdout).expect("etcdctl prints UTF-8")
     }
 
     /// SIGTERM, then waits for the exit (etcd closes its backend on the way out).
@@ -87,16 +87,26 @@ impl Etcd {
     }
 
     fn terminate(&mut self) {
-        if self.child.try_wait().unwrap().is_some() {
+        if self
+            .child
+            .try_wait()
+            .expect("poll the etcd process")
+            .is_some()
+        {
             return;
         }
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
-            .unwrap();
+            .expect("run kill");
         assert!(status.success());
         let deadline = Instant::now() + Duration::from_secs(15);
-        while self.child.try_wait().unwrap().is_none() {
+        while self
+            .child
+            .try_wait()
+            .expect("poll the etcd process")
+            .is_none()
+        {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
@@ -131,17 +141,17 @@ fn ctl_with(global: &[&str], args: &[&str], stdin: Option<&str>) -> Output {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = command.spawn().unwrap();
+    let mut child = command.spawn().expect("spawn the process");
     if let Some(input) = stdin {
         use std::io::Write;
         child
             .stdin
             .take()
-            .unwrap()
+            .expect("etcdctl stdin is piped")
             .write_all(input.as_bytes())
-            .unwrap();
+            .expect("write etcdctl stdin");
     }
-    child.wait_with_output().unwrap()
+    child.wait_with_output().expect("wait for etcdctl")
 }
 
 /// `etcdctl snapshot status -w json`: (hash, revision, totalKey, totalSize).
@@ -152,17 +162,23 @@ fn snapshot_status(file: &Path) -> (u32, i64, u64, u64) {
         None,
     );
     assert!(out.status.success(), "snapshot status {file:?}: {out:?}");
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcdctl prints JSON");
     (
-        json["hash"].as_u64().unwrap() as u32,
-        json["revision"].as_i64().unwrap(),
-        json["totalKey"].as_u64().unwrap(),
-        json["totalSize"].as_u64().unwrap(),
+        json["hash"].as_u64().expect("a number in the status JSON") as u32,
+        json["revision"]
+            .as_i64()
+            .expect("a number in the status JSON"),
+        json["totalKey"]
+            .as_u64()
+            .expect("a number in the status JSON"),
+        json["totalSize"]
+            .as_u64()
+            .expect("a number in the status JSON"),
     )
 }
 
 fn path_str(path: &Path) -> &str {
-    path.to_str().unwrap()
+    path.to_str().expect("temporary paths are UTF-8")
 }
 
 fn small_key(idx: usize) -> String {
@@ -192,13 +208,13 @@ fn kv_key(value: &[u8]) -> Vec<u8> {
 
 /// Checks an etcd-written file: buckets, the `key` bucket's contents, `meta` and `lease`.
 fn check_etcd_file(path: &Path, expected_keys: &BTreeSet<Vec<u8>>, lease_id: &str) -> Db {
-    let db = Db::open(path).unwrap();
+    let db = Db::open(path).expect("open the etcd-written file");
     assert_eq!(db.page_size(), 4096);
     let names: Vec<String> = db
         .bucket_names()
-        .unwrap()
+        .expect("list buckets")
         .into_iter()
-        .map(|name| String::from_utf8(name).unwrap())
+        .map(|name| String::from_utf8(name).expect("etcd bucket names are UTF-8"))
         .collect();
     assert_eq!(
         names,
@@ -230,34 +246,49 @@ fn check_etcd_file(path: &Path, expected_keys: &BTreeSet<Vec<u8>>, lease_id: &st
         n_revisions += 1;
         Ok(())
     })
-    .unwrap();
+    .expect("walk the key bucket");
     assert_eq!(&seen, expected_keys);
     assert_eq!(n_revisions, expected_keys.len());
-    assert_eq!(db.len(b"key").unwrap(), expected_keys.len() as u64);
+    assert_eq!(
+        db.len(b"key").expect("count the key bucket"),
+        expected_keys.len() as u64
+    );
 
-    let consistent_index = db.get(b"meta", b"consistent_index").unwrap().unwrap();
+    let consistent_index = db
+        .get(b"meta", b"consistent_index")
+        .expect("read the meta bucket")
+        .expect("etcd stores consistent_index");
     assert_eq!(consistent_index.len(), 8);
-    assert!(u64::from_be_bytes(consistent_index.try_into().unwrap()) > 0);
+    assert!(u64::from_be_bytes(consistent_index.try_into().expect("8 bytes")) > 0);
     // The lease bucket's key is the lease id, big-endian.
-    let lease_key = u64::from_str_radix(lease_id, 16).unwrap().to_be_bytes();
-    assert!(db.get(b"lease", &lease_key).unwrap().is_some());
-    assert_eq!(db.len(b"lease").unwrap(), 1);
-    assert!(db.len(b"members").unwrap() >= 1);
+    let lease_key = u64::from_str_radix(lease_id, 16)
+        .expect("a hex lease id")
+        .to_be_bytes();
+    assert!(
+        db.get(b"lease", &lease_key)
+            .expect("read the lease bucket")
+            .is_some()
+    );
+    assert_eq!(db.len(b"lease").expect("count the lease bucket"), 1);
+    assert!(db.len(b"members").expect("count the members bucket") >= 1);
     db
 }
 
 /// Copies every bucket of `source` into a new file with [`Writer`].
 fn copy_with_writer(source: &Db, target: &Path) -> u64 {
-    let out = BufWriter::new(File::create(target).unwrap());
-    let mut writer = Writer::new(out).unwrap();
-    for name in source.bucket_names().unwrap() {
-        writer.bucket(&name).unwrap();
+    let out = BufWriter::new(File::create(target).expect("create the copy"));
+    let mut writer = Writer::new(out).expect("start the copy");
+    for name in source.bucket_names().expect("list buckets") {
+        writer.bucket(&name).expect("buckets come in order");
         source
             .for_each(&name, |key, value| writer.put(key, value))
-            .unwrap();
+            .expect("copy a bucket");
     }
-    let (out, len) = writer.finish().unwrap();
-    out.into_inner().unwrap().sync_all().unwrap();
+    let (out, len) = writer.finish().expect("finish the copy");
+    out.into_inner()
+        .expect("flush the copy")
+        .sync_all()
+        .expect("sync the copy");
     len
 }
 
@@ -350,4 +381,70 @@ fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
     let large = etcd.ctl_ok(&["get", &large_key(0), "--print-value-only"], None);
     assert_eq!(large.trim_end(), large_value);
     etcd.stop();
+}
+
+/// A revision key as etcd's `key` bucket has them (`etcdctl snapshot status` parses them).
+fn revision_key(main: u64, sub: u64) -> Vec<u8> {
+    let mut key = main.to_be_bytes().to_vec();
+    key.push(b'_');
+    key.extend_from_slice(&sub.to_be_bytes());
+    key
+}
+
+#[test]
+fn go_bbolt_checks_the_writers_shapes_clean() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // No buckets at all: the root is one empty leaf.
+    let empty = dir.path().join("empty.db");
+    let writer = Writer::new(File::create(&empty).unwrap()).unwrap();
+    let (_, len) = writer.finish().unwrap();
+    let (hash, revision, total_key, total_size) = snapshot_status(&empty);
+    assert_eq!((revision, total_key, total_size), (0, 0, len));
+    assert_eq!(etcd_status_hash(&Db::open(&empty).unwrap()).unwrap(), hash);
+
+    // Empty and inline buckets, one bucket of exactly one non-inline leaf, values spanning
+    // overflow pages, a three-level tree, and enough buckets for the root to branch.
+    let shapes = dir.path().join("shapes.db");
+    let mut writer = Writer::new(BufWriter::new(File::create(&shapes).unwrap())).unwrap();
+    let mut n_keys = 0u64;
+    writer.bucket(b"a-empty").unwrap();
+    writer.bucket(b"b-one-leaf").unwrap();
+    writer.put(b"only", &[3; 2000]).unwrap();
+    n_keys += 1;
+    for bucket_idx in 0..400u32 {
+        writer
+            .bucket(format!("c-{bucket_idx:04}").as_bytes())
+            .unwrap();
+        for key_idx in 0..bucket_idx % 4 {
+            writer.put(&key_idx.to_be_bytes(), b"inline").unwrap();
+            n_keys += 1;
+        }
+    }
+    writer.bucket(b"key").unwrap();
+    let last_main = 40_000u64;
+    for main in 1..=last_main {
+        let value_len = if main % 5_000 == 0 { 20_000 } else { 100 };
+        writer
+            .put(&revision_key(main, 0), &vec![(main % 256) as u8; value_len])
+            .unwrap();
+        n_keys += 1;
+    }
+    let (out, len) = writer.finish().unwrap();
+    drop(out);
+    let (hash, revision, total_key, total_size) = snapshot_status(&shapes);
+    assert_eq!(
+        (revision, total_key, total_size),
+        (last_main as i64, n_keys, len)
+    );
+    let db = Db::open(&shapes).unwrap();
+    assert_eq!(etcd_status_hash(&db).unwrap(), hash);
+    assert_eq!(db.len(b"key").unwrap(), last_main);
+    assert_eq!(
+        db.get(b"key", &revision_key(5_000, 0))
+            .unwrap()
+            .unwrap()
+            .len(),
+        20_000
+    );
 }

@@ -80,6 +80,18 @@ const RULES: &[Rule] = &[
         why: "metrics (registration and buckets) depends on prometheus only",
     },
     Rule {
+        krate: "etcdrs-bolt",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "bolt is a leaf: the bbolt file codec knows nothing of etcd's buckets or encodings",
+    },
+    Rule {
+        krate: "etcdrs-bolt",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&["redb"]),
+        why: "bolt is a codec of bbolt files, not a storage engine: no redb",
+    },
+    Rule {
         krate: "etcdrs-backend",
         reach: Reach::Transitive,
         forbid: Forbid::Crates(&[
