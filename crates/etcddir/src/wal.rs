@@ -17,13 +17,15 @@
 //!
 //! # Torn writes (etcd's rule, matched here)
 //!
-//! The decoder reports `io.ErrUnexpectedEOF` for a frame cut short (in any segment), and for a
-//! record that fails to decode or to check when it is in the last segment and one of its
-//! 512-byte sectors is all zeros (a torn write). etcd's server then runs `wal.Repair`, which
-//! truncates the *last* segment at the last good record, and reads again; a short frame in an
-//! earlier segment fails the second read too, and etcd refuses to start. So: a torn record in
-//! the last segment ends the log there; anywhere else it is [`Error::WalTornRecord`]. Any other
-//! CRC or decode failure is an error wherever it is.
+//! The decoder reports `io.ErrUnexpectedEOF` for a frame cut short or whose length runs past
+//! the end of the file (in any segment), and for a record that fails to decode or to check
+//! when it is in the last segment and one of its 512-byte sectors is all zeros (a torn
+//! write). etcd's server then runs `wal.Repair`, which truncates the *last* segment at the
+//! last good record, and reads again; a short frame in an earlier segment fails the second
+//! read too, and etcd refuses to start. So: a torn record in the last segment ends the log
+//! there; anywhere else it is [`Error::WalTornRecord`]. Any other CRC or decode failure is an
+//! error wherever it is. A record longer than 10 MiB, which etcd 3.4 refused and 3.5 writes
+//! and reads, is read.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +35,6 @@ use raft::eraftpb::{Entry, HardState};
 use crate::crc;
 use crate::error::{Error, Result};
 use crate::pb::{Record, WalSnapshot, record_type};
-
-/// etcd's bound on one record (`maxWALEntrySizeLimit`, 10 MiB).
-const MAX_RECORD_BYTES: u64 = 10 * 1024 * 1024;
 
 /// The sector size etcd's torn-write check assumes (`minSectorSize`).
 const SECTOR_BYTES: u64 = 512;
@@ -185,16 +184,11 @@ impl<'a> Decoder<'a> {
                 self.next_segment();
                 continue;
             }
+            // A length past the end of the file is a frame cut short (etcd 3.5's check; 3.4
+            // refused any record over 10 MiB instead, which 3.5 can write).
             let (record_bytes, pad_bytes) = decode_frame_size(word);
-            if record_bytes >= MAX_RECORD_BYTES - pad_bytes {
-                return Err(Error::WalMaxEntrySize {
-                    path: segment.path.clone(),
-                    offset,
-                    size: record_bytes,
-                });
-            }
-            let frame_len = to_usize(record_bytes + pad_bytes);
-            let Some(frame) = rest.get(8..8 + frame_len) else {
+            let frame_len = to_usize(record_bytes.saturating_add(pad_bytes));
+            let Some(frame) = rest.get(8..).and_then(|r| r.get(..frame_len)) else {
                 return Ok(Step::Torn {
                     segment: self.current,
                     offset,
