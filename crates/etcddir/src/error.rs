@@ -93,17 +93,6 @@ pub enum Error {
         offset: u64,
     },
 
-    /// A record's length word claims more than etcd's 10 MiB limit.
-    #[error("wal: max entry size limit exceeded in {path} at offset {offset} ({size} bytes)")]
-    WalMaxEntrySize {
-        /// The segment.
-        path: PathBuf,
-        /// Offset of the record's length word.
-        offset: u64,
-        /// The size the length word claims.
-        size: u64,
-    },
-
     /// A record (or the message in its data) is not valid protobuf.
     #[error("wal: cannot decode {what} in {path} at offset {offset}: {reason}")]
     WalDecode {

@@ -17,13 +17,15 @@
 //!
 //! # Torn writes (etcd's rule, matched here)
 //!
-//! The decoder reports `io.ErrUnexpectedEOF` for a frame cut short (in any segment), and for a
-//! record that fails to decode or to check when it is in the last segment and one of its
-//! 512-byte sectors is all zeros (a torn write). etcd's server then runs `wal.Repair`, which
-//! truncates the *last* segment at the last good record, and reads again; a short frame in an
-//! earlier segment fails the second read too, and etcd refuses to start. So: a torn record in
-//! the last segment ends the log there; anywhere else it is [`Error::WalTornRecord`]. Any other
-//! CRC or decode failure is an error wherever it is.
+//! The decoder reports `io.ErrUnexpectedEOF` for a frame cut short or whose length runs past
+//! the end of the file (in any segment), and for a record that fails to decode or to check
+//! when it is in the last segment and one of its 512-byte sectors is all zeros (a torn
+//! write). etcd's server then runs `wal.Repair`, which truncates the *last* segment at the
+//! last good record, and reads again; a short frame in an earlier segment fails the second
+//! read too, and etcd refuses to start. So: a torn record in the last segment ends the log
+//! there; anywhere else it is [`Error::WalTornRecord`]. Any other CRC or decode failure is an
+//! error wherever it is. A record longer than 10 MiB, which etcd 3.4 refused and 3.5 writes
+//! and reads, is read.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +35,6 @@ use raft::eraftpb::{Entry, HardState};
 use crate::crc;
 use crate::error::{Error, Result};
 use crate::pb::{Record, WalSnapshot, record_type};
-
-/// etcd's bound on one record (`maxWALEntrySizeLimit`, 10 MiB).
-const MAX_RECORD_BYTES: u64 = 10 * 1024 * 1024;
 
 /// The sector size etcd's torn-write check assumes (`minSectorSize`).
 const SECTOR_BYTES: u64 = 512;
@@ -185,16 +184,11 @@ impl<'a> Decoder<'a> {
                 self.next_segment();
                 continue;
             }
+            // A length past the end of the file is a frame cut short (etcd 3.5's check; 3.4
+            // refused any record over 10 MiB instead, which 3.5 can write).
             let (record_bytes, pad_bytes) = decode_frame_size(word);
-            if record_bytes >= MAX_RECORD_BYTES - pad_bytes {
-                return Err(Error::WalMaxEntrySize {
-                    path: segment.path.clone(),
-                    offset,
-                    size: record_bytes,
-                });
-            }
-            let frame_len = to_usize(record_bytes + pad_bytes);
-            let Some(frame) = rest.get(8..8 + frame_len) else {
+            let frame_len = to_usize(record_bytes.saturating_add(pad_bytes));
+            let Some(frame) = rest.get(8..).and_then(|r| r.get(..frame_len)) else {
                 return Ok(Step::Torn {
                     segment: self.current,
                     offset,
@@ -329,11 +323,7 @@ pub fn valid_snapshot_entries(segments: &[Segment]) -> Result<Vec<WalSnapshot>> 
     let mut decoder = Decoder::new(segments);
     let mut snapshots = Vec::new();
     let mut commit = 0;
-    loop {
-        let located = match decoder.decode()? {
-            Step::Record(located) => located,
-            Step::End | Step::Torn { .. } => break,
-        };
+    while let Step::Record(located) = decoder.decode()? {
         match located.record.r#type {
             record_type::SNAPSHOT => snapshots.push(decode_wal_snapshot(&located, segments)?),
             record_type::STATE => {
@@ -523,6 +513,147 @@ mod tests {
         // The second sector the frame touches (file bytes 512..1024) is zero.
         frame[504..1016].fill(0);
         assert!(is_torn(&frame, 8));
+    }
+
+    /// Frames records as etcd's encoder does, rolling the CRC; for the cases a real etcd
+    /// does not produce on demand (several segments, overwritten entries, damage in an
+    /// earlier segment).
+    struct Writer {
+        crc: u32,
+        bytes: Vec<u8>,
+    }
+
+    impl Writer {
+        fn record(&mut self, r#type: i64, data: Vec<u8>) -> u64 {
+            let crc = if r#type == record_type::CRC {
+                self.crc
+            } else {
+                self.crc = crate::crc::update(self.crc, &data);
+                self.crc
+            };
+            let encoded = prost::Message::encode_to_vec(&Record { r#type, crc, data });
+            let pad = (8 - encoded.len() % 8) % 8;
+            let mut word = encoded.len() as u64;
+            if pad != 0 {
+                word |= (0x80 | pad as u64) << 56;
+            }
+            let offset = self.bytes.len() as u64;
+            self.bytes.extend_from_slice(&word.to_le_bytes());
+            self.bytes.extend_from_slice(&encoded);
+            self.bytes.extend(std::iter::repeat_n(0u8, pad));
+            offset
+        }
+
+        fn entry(&mut self, index: u64, term: u64) -> u64 {
+            let entry = Entry {
+                index,
+                term,
+                data: vec![7u8; 20].into(),
+                ..Entry::default()
+            };
+            let data = protobuf::Message::write_to_bytes(&entry).expect("encodes");
+            self.record(record_type::ENTRY, data)
+        }
+
+        /// Starts a segment: etcd's crc, metadata and (first segment) snapshot records.
+        fn start(&mut self, metadata: &[u8]) {
+            self.bytes.clear();
+            self.record(record_type::CRC, Vec::new());
+            self.record(record_type::METADATA, metadata.to_vec());
+        }
+
+        fn save(&self, dir: &Path, seq: u64, index: u64) -> Segment {
+            let path = dir.join(format!("{seq:016x}-{index:016x}.wal"));
+            let mut bytes = self.bytes.clone();
+            bytes.extend(std::iter::repeat_n(0u8, 4096)); // preallocated
+            std::fs::write(&path, bytes).expect("write a segment");
+            Segment { path, seq, index }
+        }
+    }
+
+    fn snapshot_record(index: u64, term: u64) -> Vec<u8> {
+        prost::Message::encode_to_vec(&WalSnapshot {
+            index,
+            term,
+            conf_state: None,
+        })
+    }
+
+    #[test]
+    fn two_segments_and_overwritten_entries() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut writer = Writer {
+            crc: 0,
+            bytes: Vec::new(),
+        };
+        writer.start(b"meta");
+        writer.record(record_type::SNAPSHOT, snapshot_record(0, 0));
+        for index in 1..=3 {
+            writer.entry(index, 1);
+        }
+        let torn_in_first = writer.entry(4, 1);
+        let first = writer.save(dir.path(), 0, 0);
+        writer.start(b"meta");
+        // A new leader overwrote index 3 onwards.
+        writer.entry(3, 2);
+        let last = writer.entry(4, 2);
+        let second = writer.save(dir.path(), 1, 5);
+        let segments = vec![first.clone(), second.clone()];
+
+        let contents = read_all(dir.path(), &segments, (0, 0)).expect("reads");
+        let read: Vec<_> = contents.entries.iter().map(|e| (e.index, e.term)).collect();
+        assert_eq!(read, [(1, 1), (2, 1), (3, 2), (4, 2)]);
+        assert!(contents.torn_tail.is_none());
+        assert_eq!(contents.metadata.map(|m| m.0), Some(b"meta".to_vec()));
+
+        // No snapshot record for (9, 1).
+        assert!(matches!(
+            read_all(dir.path(), &segments, (9, 1)),
+            Err(Error::WalSnapshotNotFound { index: 9, .. })
+        ));
+
+        // Cut inside the last record of the last segment: the log ends before it.
+        let full = std::fs::read(&second.path).expect("read");
+        std::fs::write(&second.path, &full[..to_usize(last) + 12]).expect("truncate");
+        let contents = read_all(dir.path(), &segments, (0, 0)).expect("a torn tail is tolerated");
+        assert_eq!(contents.entries.len(), 3);
+        assert_eq!(contents.torn_tail.map(|t| t.offset), Some(last));
+        std::fs::write(&second.path, &full).expect("restore");
+
+        // Cut inside the last record of the first segment: etcd cannot repair it.
+        let first_bytes = std::fs::read(&first.path).expect("read");
+        std::fs::write(&first.path, &first_bytes[..to_usize(torn_in_first) + 12]).expect("cut");
+        assert!(matches!(
+            read_all(dir.path(), &segments, (0, 0)),
+            Err(Error::WalTornRecord { offset, .. }) if offset == torn_in_first
+        ));
+        std::fs::write(&first.path, &first_bytes).expect("restore");
+
+        // The second segment's crc record does not carry the first segment's final CRC.
+        let mut bad = Writer {
+            crc: 0x1234,
+            bytes: Vec::new(),
+        };
+        bad.start(b"meta");
+        bad.entry(5, 2);
+        bad.save(dir.path(), 1, 5);
+        assert!(matches!(
+            read_all(dir.path(), &segments, (0, 0)),
+            Err(Error::WalCrcMismatch { offset: 0, .. })
+        ));
+        // ... and conflicting metadata.
+        let mut conflict = Writer {
+            crc: 0,
+            bytes: Vec::new(),
+        };
+        conflict.start(b"meta");
+        conflict.record(record_type::SNAPSHOT, snapshot_record(0, 0));
+        conflict.record(record_type::METADATA, b"other".to_vec());
+        conflict.save(dir.path(), 0, 0);
+        assert!(matches!(
+            read_all(dir.path(), &segments[..1], (0, 0)),
+            Err(Error::WalMetadataConflict { .. })
+        ));
     }
 
     fn segment(seq: u64, index: u64) -> Segment {

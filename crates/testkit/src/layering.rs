@@ -192,6 +192,19 @@ const RULES: &[Rule] = &[
         forbid: Forbid::Crates(SERVER_SIDE),
         why: "bench is a client only: it never depends on our server crates",
     },
+    Rule {
+        krate: "etcdrs-etcddir",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-wal",
+            "etcdrs-backend",
+            "etcdrs-mvcc",
+            "etcdrs-raftnode",
+            "etcdrs-server",
+            "etcdrs-serve",
+        ]),
+        why: "etcddir reads etcd's files only: it knows nothing of etcd-rs's own storage",
+    },
 ];
 
 /// The dependency graph of a workspace: every package's direct normal dependencies, by

@@ -51,6 +51,25 @@ fn fresh_member_reads_back() {
     assert_eq!(joined.name, "m1");
     assert!(!joined.is_learner);
 
+    // Then, before any client request: the new leader's empty entry (term 2), the v2
+    // publish of the member's attributes, and the v2 cluster version.
+    let kinds: Vec<_> = member.entries[1..4]
+        .iter()
+        .map(|entry| match decode_entry(&entry.data) {
+            Ok(Payload::Noop) => format!("noop@{}", entry.term),
+            Ok(Payload::V2(v2)) => format!("{} {}", v2.method, v2.path),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "noop@2".to_string(),
+            format!("PUT /0/members/{:x}/attributes", member.node_id),
+            "PUT /0/version".to_string()
+        ]
+    );
+
     let mut v2_paths = Vec::new();
     let mut put_keys = Vec::new();
     let mut last_put_index = 0;
