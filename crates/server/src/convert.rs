@@ -238,9 +238,11 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
 /// etcd-rs does not keep, such as the cluster version and the v2 store, becomes an empty
 /// entry, which applies nothing).
 pub fn translate(entry: &Entry) -> Result<Entry> {
-    let mut out = Entry::default();
-    out.index = entry.index;
-    out.term = entry.term;
+    let mut out = Entry {
+        index: entry.index,
+        term: entry.term,
+        ..Default::default()
+    };
     match entry.get_entry_type() {
         EntryType::EntryNormal => {
             out.set_entry_type(EntryType::EntryNormal);
@@ -268,11 +270,13 @@ pub fn translate(entry: &Entry) -> Result<Entry> {
                 ))
             })?;
             let ours = |kind: etcdrs_raftnode::eraftpb::ConfChangeType, context: Vec<u8>| {
-                let mut cc = ConfChange::default();
-                cc.id = change.id;
+                let mut cc = ConfChange {
+                    id: change.id,
+                    node_id: change.node_id,
+                    context: context.into(),
+                    ..Default::default()
+                };
                 cc.set_change_type(kind);
-                cc.node_id = change.node_id;
-                cc.context = context.into();
                 Ok::<_, ServerError>(encode_conf_change(&cc))
             };
             let member_json = || -> Result<Vec<u8>> {

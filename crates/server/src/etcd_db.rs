@@ -422,12 +422,14 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                     } else if key == META_CONF_STATE {
                         let json: ConfStateJson =
                             serde_json::from_slice(value).map_err(format_error)?;
-                        let mut state = ConfState::default();
-                        state.voters = json.voters;
-                        state.learners = json.learners;
-                        state.voters_outgoing = json.voters_outgoing;
-                        state.learners_next = json.learners_next;
-                        state.auto_leave = json.auto_leave;
+                        let state = ConfState {
+                            voters: json.voters,
+                            learners: json.learners,
+                            voters_outgoing: json.voters_outgoing,
+                            learners_next: json.learners_next,
+                            auto_leave: json.auto_leave,
+                            ..Default::default()
+                        };
                         out.put(Bucket::META, key, &encode_conf_state(&state))
                     } else {
                         if key == etcdrs_mvcc::META_CONSISTENT_INDEX {

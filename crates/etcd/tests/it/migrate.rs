@@ -17,8 +17,8 @@ use std::process::Command;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use etcdrs_testkit::{Cluster, ClusterOpts, EtcdBin, Etcdctl, Member, MemberOpts};
-use sha2::{Digest, Sha256};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::ours;
 
@@ -67,29 +67,35 @@ fn stdout_ok(out: &std::process::Output) -> String {
 /// permissions, and auth enabled (the last step, so everything after runs as root).
 async fn write_history(m: &Member) {
     let mut c = m.client().await.expect("client");
-    c.put("a", "1", None).await.unwrap();
-    c.put("b", "2", None).await.unwrap();
-    c.put("a", "3", None).await.unwrap();
-    c.delete("b", None).await.unwrap();
+    c.put("a", "1", None).await.expect("writing the history");
+    c.put("b", "2", None).await.expect("writing the history");
+    c.put("a", "3", None).await.expect("writing the history");
+    c.delete("b", None).await.expect("writing the history");
     for i in 0..400 {
         c.put(format!("/many/{i:04}"), format!("value-{i}"), None)
             .await
-            .unwrap();
+            .expect("writing the history");
     }
-    c.put("big", "x".repeat(10_000), None).await.unwrap();
-    let lease = c.lease_grant(900, None).await.unwrap().id();
+    c.put("big", "x".repeat(10_000), None)
+        .await
+        .expect("writing the history");
+    let lease = c
+        .lease_grant(900, None)
+        .await
+        .expect("writing the history")
+        .id();
     c.put("leased", "l", Some(PutOptions::new().with_lease(lease)))
         .await
-        .unwrap();
+        .expect("writing the history");
     c.txn(
         Txn::new()
             .when([Compare::value("a", CompareOp::Equal, "3")])
             .and_then([TxnOp::put("t1", "x", None), TxnOp::put("t2", "y", None)]),
     )
     .await
-    .unwrap();
-    c.compact(5, None).await.unwrap();
-    c.put("a", "4", None).await.unwrap();
+    .expect("writing the history");
+    c.compact(5, None).await.expect("writing the history");
+    c.put("a", "4", None).await.expect("writing the history");
     let ctl = m.etcdctl();
     ctl.ok(&["user", "add", ROOT]).await;
     ctl.ok(&["role", "add", "r1"]).await;
@@ -140,8 +146,8 @@ async fn hashkv(ctl: &Etcdctl, rev: i64) -> (u64, i64) {
 
 async fn capture(m: &Member) -> State {
     let ctl = root_ctl(m);
-    let json: Value =
-        serde_json::from_str(&ctl.ok(&["get", "", "--from-key", "-w", "json"]).await).unwrap();
+    let json: Value = serde_json::from_str(&ctl.ok(&["get", "", "--from-key", "-w", "json"]).await)
+        .expect("reading the state");
     let revision = json["header"]["revision"].as_i64().expect("revision");
     let leases = ctl.ok(&["lease", "list"]).await;
     let lease_id = leases.lines().nth(1).expect("a lease").trim().to_string();
@@ -199,8 +205,8 @@ fn statuses_agree(file: &Path) -> Value {
 /// for its ports and name.
 async fn empty_member(bin: &EtcdBin) -> Member {
     let mut m = Member::start(MemberOpts::new(bin)).await.expect("member");
-    m.stop().await.unwrap();
-    std::fs::remove_dir_all(m.data_dir()).unwrap();
+    m.stop().await.expect("preparing an empty member");
+    std::fs::remove_dir_all(m.data_dir()).expect("preparing an empty member");
     m
 }
 
@@ -370,7 +376,10 @@ fn etcd_files(dir: &Path) -> BTreeMap<PathBuf, (u64, Vec<u8>)> {
     fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<PathBuf, (u64, Vec<u8>)>) {
         for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
             let path = entry.path();
-            if path.strip_prefix(root).is_ok_and(|p| p.starts_with("etcd-rs")) {
+            if path
+                .strip_prefix(root)
+                .is_ok_and(|p| p.starts_with("etcd-rs"))
+            {
                 continue;
             }
             if path.is_dir() {
@@ -437,7 +446,11 @@ async fn etcd_data_dir_starts_as_the_same_member() {
     root_ctl(&m).ok(&["put", "written-by", "etcd-rs"]).await;
     // The next start is an ordinary restart of the converted member.
     m.restart().await.unwrap();
-    assert!(!m.current_log().contains("converting"), "{}", m.log_tail(40));
+    assert!(
+        !m.current_log().contains("converting"),
+        "{}",
+        m.log_tail(40)
+    );
     assert_eq!(
         root_ctl(&m)
             .ok(&["get", "written-by", "--print-value-only"])
@@ -445,7 +458,11 @@ async fn etcd_data_dir_starts_as_the_same_member() {
         "etcd-rs\n"
     );
     m.stop().await.unwrap();
-    assert_eq!(etcd_files(m.data_dir()), files, "etcd's files are untouched");
+    assert_eq!(
+        etcd_files(m.data_dir()),
+        files,
+        "etcd's files are untouched"
+    );
 
     // Back to etcd: it starts from its own files, as it left them.
     m.set_bin(&etcd34());
@@ -461,7 +478,9 @@ async fn stopped_etcd_cluster_runs_as_an_etcd_rs_cluster() {
     if !ours() {
         return;
     }
-    let mut cluster = Cluster::start(3, ClusterOpts::new(&etcd34())).await.unwrap();
+    let mut cluster = Cluster::start(3, ClusterOpts::new(&etcd34()))
+        .await
+        .unwrap();
     write_history(cluster.member(0)).await;
     let before = capture(cluster.member(0)).await;
     let mut ids_before = Vec::new();
@@ -474,14 +493,14 @@ async fn stopped_etcd_cluster_runs_as_an_etcd_rs_cluster() {
         cluster.member_mut(i).set_bin(&our_bin());
     }
     cluster.restart_all().await.unwrap();
-    for i in 0..3 {
+    for (i, ids_before) in ids_before.iter().enumerate() {
         let m = cluster.member(i);
         assert!(
             m.current_log().contains("converted etcd data directory"),
             "{}",
             m.log_tail(40)
         );
-        assert_eq!(ids(m).await, ids_before[i]);
+        assert_eq!(ids(m).await, *ids_before);
         assert_eq!(capture(m).await, before, "member {i}");
     }
     assert_eq!(members(cluster.member(0)).await, members_before);
