@@ -153,10 +153,21 @@ fn sync_dir(dir: &Path) -> Result<()> {
 fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<()> {
     let snap_dir = root.join("member").join("snap");
     std::fs::create_dir_all(&snap_dir).map_err(|e| fatal(format!("create {root:?}: {e}")))?;
-    // etcd 3.4/3.5 start from a received snapshot's database when it is ahead of `db`.
-    let source = member.snap_db.as_ref().unwrap_or(&member.db_path);
-    let db = crate::etcd_db::Db::open(source)
-        .map_err(|e| fatal(format!("{}: invalid database: {e}", source.display())))?;
+    // etcd 3.4/3.5 start from a received snapshot's database (`<index>.snap.db`) when `db`'s
+    // consistent index is behind that snapshot (`recoverSnapshotBackend`).
+    let open = |path: &Path| {
+        crate::etcd_db::Db::open(path)
+            .map_err(|e| fatal(format!("{}: invalid database: {e}", path.display())))
+    };
+    let mut source = member.db_path.clone();
+    let mut db = open(&source)?;
+    if let Some(snap_db) = &member.snap_db
+        && crate::etcd_db::consistent_index(&db)? < member.wal_snapshot.0
+    {
+        tracing::info!(path = %snap_db.display(), "using the received snapshot's database, as etcd would");
+        source = snap_db.clone();
+        db = open(&source)?;
+    }
     let backend = Backend::open(&snap_dir.join("db")).map_err(|e| fatal(format!("{e}")))?;
     let imported = crate::etcd_db::import(&db, &backend)?;
     tracing::info!(

@@ -528,6 +528,14 @@ pub fn snapshot(backend: &Backend) -> Result<etcdrs_backend::Snapshot> {
     })
 }
 
+/// The consistent index etcd's database file `db` records (0 when none).
+pub fn consistent_index(db: &Db) -> Result<u64> {
+    match db.get(names::META, etcdrs_mvcc::META_CONSISTENT_INDEX)? {
+        Some(value) => be_u64(&value, "consistent index"),
+        None => Ok(0),
+    }
+}
+
 /// What `etcdctl snapshot status` reports for etcd's database file `db` (etcd's
 /// `snapshot.Status`): a CRC-32C over every bucket's name followed by its keys and values, in
 /// order; the main revision of the `key` bucket's last key; and the pairs in all.

@@ -536,3 +536,24 @@ async fn a_half_finished_conversion_is_refused() {
     );
     assert_eq!(etcd_files(m.data_dir()), files);
 }
+
+/// A data directory whose database is neither etcd's nor ours is refused at start, and left as
+/// it is.
+#[tokio::test]
+async fn an_unknown_database_is_refused() {
+    if !ours() {
+        return;
+    }
+    let mut m = Member::start(MemberOpts::new(&our_bin())).await.unwrap();
+    m.stop().await.unwrap();
+    let db = m.data_dir().join("member/snap/db");
+    std::fs::write(&db, b"this is not a database of anybody's".repeat(200)).unwrap();
+    let files = etcd_files(m.data_dir());
+    assert!(m.restart().await.is_err());
+    let log = m.current_log();
+    assert!(
+        log.contains("is neither etcd's (bbolt) nor etcd-rs's (redb) database"),
+        "{log}"
+    );
+    assert_eq!(etcd_files(m.data_dir()), files);
+}
