@@ -112,6 +112,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         max_learners: usize::try_from(cfg.experimental_max_learners).unwrap_or(0),
         force_new_cluster: cfg.force_new_cluster,
         unsafe_no_fsync: cfg.unsafe_no_fsync,
+        socket_reuse_port: cfg.socket_reuse_port,
         enable_v2: cfg.enable_v2,
         enable_grpc_gateway: cfg.enable_grpc_gateway,
         backend_batch_interval: cfg.backend_batch_interval,

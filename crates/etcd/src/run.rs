@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use etcdrs_server::tls::{TlsClient, TlsServer};
 use etcdrs_server::{EtcdServer, ServerConfig, TaskResult};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -39,6 +39,34 @@ fn bind_addr(url: &Url) -> anyhow::Result<SocketAddr> {
         })
         .with_context(|| format!("cannot resolve {url}"))
 }
+
+/// A listener on `addr`. SO_REUSEADDR is set, as Go's (and so etcd's) listeners set it on
+/// Unix whatever `--socket-reuse-address` says; SO_REUSEPORT only with `--socket-reuse-port`.
+fn listen(addr: SocketAddr, reuse_port: bool) -> anyhow::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .with_context(|| format!("listen tcp {addr}: socket"))?;
+    socket
+        .set_reuseaddr(true)
+        .with_context(|| format!("listen tcp {addr}: SO_REUSEADDR"))?;
+    if reuse_port {
+        socket
+            .set_reuseport(true)
+            .with_context(|| format!("listen tcp {addr}: SO_REUSEPORT"))?;
+    }
+    socket
+        .bind(addr)
+        .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+    socket
+        .listen(LISTEN_BACKLOG)
+        .with_context(|| format!("listen tcp {addr}: listen"))
+}
+
+/// The accept queue of each listener (Linux's default `somaxconn`, which Go's listeners use).
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// The TLS a listener on `url` serves with: `https` needs certificates (etcd's error when they
 /// are missing); `http` ignores them, with etcd's warning.
@@ -98,9 +126,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             "peer",
         )?;
         let addr = bind_addr(url)?;
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+        let listener = listen(addr, config.socket_reuse_port)?;
         tracing::info!(address = %addr, "starting peer listener");
         peer_listeners.push((listener, tls));
     }
@@ -117,9 +143,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             "client",
         )?;
         let addr = bind_addr(url)?;
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+        let listener = listen(addr, config.socket_reuse_port)?;
         client_listeners.push((addr, listener, tls, http_only));
     }
 
@@ -137,9 +161,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
             None
         };
         let addr = bind_addr(url)?;
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listen tcp {addr}: bind: address already in use"))?;
+        let listener = listen(addr, config.socket_reuse_port)?;
         metrics_listeners.push((addr, listener, tls));
     }
 

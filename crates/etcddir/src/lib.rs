@@ -155,8 +155,19 @@ pub fn read(data_dir: &Path) -> Result<EtcdMember> {
             path: data_dir.to_path_buf(),
         });
     }
-    let wal_dir = data_dir.join("member").join("wal");
+    read_with_wal_dir(data_dir, &data_dir.join("member").join("wal"))
+}
+
+/// [`read`] for a member whose WAL etcd kept in `wal_dir` (`--wal-dir`) rather than in
+/// `member/wal`.
+pub fn read_with_wal_dir(data_dir: &Path, wal_dir: &Path) -> Result<EtcdMember> {
+    let wal_dir = wal_dir.to_path_buf();
     let snap_dir = data_dir.join("member").join("snap");
+    if !snap_dir.is_dir() {
+        return Err(Error::NotEtcdDataDir {
+            path: data_dir.to_path_buf(),
+        });
+    }
 
     let segments = wal::list_segments(&wal_dir)?;
     if segments.is_empty() {

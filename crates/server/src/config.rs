@@ -85,6 +85,8 @@ pub struct ServerConfig {
     pub force_new_cluster: bool,
     /// `--unsafe-no-fsync`: the WAL is not fsynced (a power loss may lose acknowledged writes).
     pub unsafe_no_fsync: bool,
+    /// `--socket-reuse-port`: listeners are bound with SO_REUSEPORT.
+    pub socket_reuse_port: bool,
     /// `--enable-v2`: serve the v2 keys API (the subset v2 discovery uses) and `/new`.
     pub enable_v2: bool,
     /// `--enable-grpc-gateway`: serve the JSON gateway under `/v3`.
@@ -153,6 +155,7 @@ impl ServerConfig {
             max_learners: 1,
             force_new_cluster: false,
             unsafe_no_fsync: false,
+            socket_reuse_port: false,
             enable_v2: false,
             enable_grpc_gateway: true,
             backend_batch_interval: Duration::ZERO,

@@ -88,7 +88,7 @@ pub fn storage_root(data_dir: &Path) -> PathBuf {
 
 /// Convert `data_dir` if etcd wrote it and it has not been converted yet (module docs).
 /// Returns whether it converted.
-pub fn convert_if_etcd(data_dir: &Path) -> Result<bool> {
+pub fn convert_if_etcd(data_dir: &Path, wal_dir: Option<&Path>) -> Result<bool> {
     let converting = data_dir.join(CONVERTING_DIR);
     if converting.exists() {
         return Err(fatal(format!(
@@ -118,7 +118,11 @@ pub fn convert_if_etcd(data_dir: &Path) -> Result<bool> {
         "found an etcd data directory; converting it to etcd-rs's layout, leaving etcd's files untouched"
     );
     let started = std::time::Instant::now();
-    let member = etcdrs_etcddir::read(data_dir).map_err(fatal)?;
+    let member = match wal_dir {
+        Some(wal_dir) => etcdrs_etcddir::read_with_wal_dir(data_dir, wal_dir),
+        None => etcdrs_etcddir::read(data_dir),
+    }
+    .map_err(fatal)?;
     tracing::info!(
         local_member_id = %membership::id_hex(member.node_id),
         cluster_id = %membership::id_hex(member.cluster_id),

@@ -156,6 +156,10 @@ struct Inner {
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
     watch_sync: tokio::sync::Notify,
     leader_changes: AtomicU64,
+    /// Term of the last applied entry: what etcd reports as the raft term (`EtcdServer.Term`,
+    /// in response headers and `Status`), which does not move with elections that commit
+    /// nothing.
+    applied_term: AtomicU64,
     /// Changes when require-leader streams must end (see `leader`).
     leader_losses: tokio::sync::watch::Receiver<u64>,
     request_timeout: Duration,
@@ -179,7 +183,7 @@ impl EtcdServer {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
         std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
-        crate::convert::convert_if_etcd(&config.data_dir)?;
+        crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
         let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
         backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
@@ -284,6 +288,7 @@ impl EtcdServer {
                 pending_snapshot: Mutex::new(None),
                 watch_sync: tokio::sync::Notify::new(),
                 leader_changes: AtomicU64::new(0),
+                applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
                 leader_losses: leader_loss.subscribe(),
                 request_timeout,
                 auth,
@@ -463,8 +468,13 @@ impl EtcdServer {
             } else {
                 revision
             },
-            raft_term: self.inner.raft.status().term,
+            raft_term: self.applied_term(),
         }
+    }
+
+    /// Term of the last applied entry (etcd's `Term()`).
+    pub fn applied_term(&self) -> u64 {
+        self.inner.applied_term.load(AtomicOrdering::Relaxed)
     }
 
     /// The header etcd's Cluster service sends: no revision.

@@ -1024,3 +1024,45 @@ async fn require_leader_streams_end_and_requests_are_refused_without_a_leader() 
         .expect("a serializable read without require-leader is served");
     assert_eq!(resp.kvs()[0].value(), b"1");
 }
+
+/// `--pre-vote`: a member whose peers are gone campaigns over and over; with pre-vote it only
+/// pre-campaigns (raft's "became pre-candidate", the term unchanged), without it every
+/// campaign is a real election at a new term ("became candidate"). Read from raft's log lines,
+/// which raft-rs and etcd's raft word alike: `endpoint status` reports the term of the last
+/// applied entry, as etcd does, so it does not move while there is no leader.
+#[tokio::test]
+async fn pre_vote_keeps_a_lone_member_from_raising_its_term() {
+    for pre_vote in [true, false] {
+        let opts = etcdrs_testkit::ClusterOpts::new(&bin()).arg(format!("--pre-vote={pre_vote}"));
+        let mut cluster = etcdrs_testkit::Cluster::start(3, opts).await.unwrap();
+        let leader = cluster.leader().await.unwrap();
+        let lone = (leader + 1) % 3;
+        // Only what it logs from here on: the cluster's first election is in the log before.
+        let mark = cluster.member(lone).current_log().len();
+        for i in (0..3).filter(|i| *i != lone) {
+            cluster.kill9(i).unwrap();
+        }
+        let m = cluster.member(lone);
+        let since = || m.current_log().get(mark..).unwrap_or_default().to_string();
+        let (expected, other) = if pre_vote {
+            ("became pre-candidate at term", "became candidate at term")
+        } else {
+            ("became candidate at term", "became pre-candidate at term")
+        };
+        etcdrs_testkit::poll_until(Duration::from_secs(20), || async {
+            let campaigns = since().matches(expected).count();
+            if campaigns >= 3 {
+                Ok(())
+            } else {
+                Err(format!("{campaigns} times {expected:?} so far"))
+            }
+        })
+        .await
+        .unwrap();
+        let log = since();
+        assert!(
+            !log.contains(other),
+            "pre-vote={pre_vote}: {other:?} in {log}"
+        );
+    }
+}

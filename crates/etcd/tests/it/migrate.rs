@@ -421,39 +421,49 @@ async fn members(m: &Member) -> Value {
 /// starts on the directory again afterwards.
 #[tokio::test]
 async fn etcd_data_dir_starts_as_the_same_member() {
-    data_dir_round_trip(&[]).await;
+    data_dir_round_trip(&[], false).await;
 }
 
 /// The same with etcd's snapshots taken every 50 entries, so that etcd's WAL starts after a
 /// `.snap` file and the conversion starts the log from it.
 #[tokio::test]
 async fn etcd_data_dir_with_snapshots_starts_as_the_same_member() {
-    data_dir_round_trip(&["--snapshot-count=50"]).await;
+    data_dir_round_trip(&["--snapshot-count=50"], true).await;
 }
 
-async fn data_dir_round_trip(args: &[&str]) {
+/// The same for a member whose WAL etcd kept outside the data dir (`--wal-dir`).
+#[tokio::test]
+async fn etcd_data_dir_with_a_separate_wal_dir_starts_as_the_same_member() {
+    let wal = tempfile::tempdir().unwrap();
+    let flag = format!("--wal-dir={}", wal.path().join("wal").display());
+    data_dir_round_trip(&[&flag], false).await;
+    let wal_files = std::fs::read_dir(wal.path().join("wal")).unwrap().count();
+    assert!(wal_files > 0, "etcd's WAL is where --wal-dir put it");
+}
+
+async fn data_dir_round_trip(args: &[&str], expect_snap_files: bool) {
     if !ours() {
         return;
     }
     let opts = MemberOpts::new(&etcd34()).args(args.iter().copied());
-    let mut m = Member::start(opts).await.unwrap();
+    let mut m = Member::start(opts).await.expect("data dir round trip");
     write_history(&m).await;
     let before = capture(&m).await;
     let ids_before = ids(&m).await;
     let members_before = members(&m).await;
-    m.stop().await.unwrap();
+    m.stop().await.expect("data dir round trip");
     let files = etcd_files(m.data_dir());
 
-    if !args.is_empty() {
+    if expect_snap_files {
         let snaps = std::fs::read_dir(m.data_dir().join("member/snap"))
-            .unwrap()
+            .expect("data dir round trip")
             .flatten()
             .filter(|e| e.file_name().to_string_lossy().ends_with(".snap"))
             .count();
         assert!(snaps > 0, "etcd wrote no .snap file");
     }
     m.set_bin(&our_bin());
-    m.restart().await.unwrap();
+    m.restart().await.expect("data dir round trip");
     assert!(
         m.current_log().contains("converted etcd data directory"),
         "{}",
@@ -465,7 +475,7 @@ async fn data_dir_round_trip(args: &[&str]) {
     check_alice(&m).await;
     root_ctl(&m).ok(&["put", "written-by", "etcd-rs"]).await;
     // The next start is an ordinary restart of the converted member.
-    m.restart().await.unwrap();
+    m.restart().await.expect("data dir round trip");
     assert!(
         !m.current_log().contains("converting"),
         "{}",
@@ -477,7 +487,7 @@ async fn data_dir_round_trip(args: &[&str]) {
             .await,
         "etcd-rs\n"
     );
-    m.stop().await.unwrap();
+    m.stop().await.expect("data dir round trip");
     assert_eq!(
         etcd_files(m.data_dir()),
         files,
@@ -486,7 +496,7 @@ async fn data_dir_round_trip(args: &[&str]) {
 
     // Back to etcd: it starts from its own files, as it left them.
     m.set_bin(&etcd34());
-    m.restart().await.unwrap();
+    m.restart().await.expect("data dir round trip");
     assert_eq!(capture(&m).await, before);
 }
 

@@ -119,3 +119,104 @@ async fn sigterm_then_restart_keeps_data_and_identity() {
     assert_eq!(m.starts(), 2);
     assert!(m.current_log().contains("ready to serve client requests"));
 }
+
+/// `--socket-reuse-port`: with it, another socket with SO_REUSEPORT can bind the member's
+/// client and peer ports (and the member keeps serving); without it, it cannot.
+#[tokio::test]
+async fn socket_reuse_port_lets_another_socket_share_the_ports() {
+    // etcd 3.5's flags; etcd 3.4 has neither.
+    if !crate::ours() {
+        return;
+    }
+    let try_bind = |port: u16| {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_reuseport(true).expect("SO_REUSEPORT");
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        socket.bind(addr).and_then(|()| socket.listen(16))
+    };
+    let (plain, _) = crate::start().await;
+    assert!(try_bind(plain.client_port()).is_err());
+    assert!(try_bind(plain.peer_port()).is_err());
+
+    // SO_REUSEADDR is on whatever --socket-reuse-address says, as with Go's listeners.
+    let (shared, mut client) =
+        crate::start_with(&["--socket-reuse-port=true", "--socket-reuse-address=true"]).await;
+    let client_twin = try_bind(shared.client_port()).expect("share the client port");
+    let peer_twin = try_bind(shared.peer_port()).expect("share the peer port");
+    drop((client_twin, peer_twin));
+    client.put("still", "serving", None).await.unwrap();
+}
+
+/// `--logger=zap --log-outputs=<file> --log-level`: the JSON log goes to the file, and a level
+/// above info leaves etcd's info milestones out.
+#[tokio::test]
+async fn log_outputs_and_log_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("member.log");
+    let outputs = format!("--log-outputs={}", file.display());
+    let (m, _c) = crate::start_with(&["--logger=zap", &outputs, "--log-level=info"]).await;
+    // The line may follow the first answered request by a moment.
+    poll_until(Duration::from_secs(10), || async {
+        let written = std::fs::read_to_string(&file).unwrap_or_default();
+        if written.contains("published local member to cluster") {
+            Ok(())
+        } else {
+            Err(format!("not yet in {}", file.display()))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        !m.log().contains("published local member to cluster"),
+        "{}",
+        m.log()
+    );
+
+    let (quiet, _c) = crate::start_with(&["--logger=zap", "--log-level=warn"]).await;
+    assert!(
+        !quiet.log().contains("\"level\":\"info\""),
+        "{}",
+        quiet.log()
+    );
+}
+
+/// `--config-file`: every setting comes from the YAML file (etcd then ignores the other
+/// flags), and the member serves as the file says.
+#[tokio::test]
+async fn config_file_configures_the_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = etcdrs_testkit::ports::reserve().unwrap();
+    let peer = etcdrs_testkit::ports::reserve().unwrap();
+    let client_url = format!("http://127.0.0.1:{}", client.port());
+    let peer_url = format!("http://127.0.0.1:{}", peer.port());
+    let yaml = format!(
+        "name: from-file\ndata-dir: {}\nlisten-client-urls: {client_url}\nadvertise-client-urls: {client_url}\nlisten-peer-urls: {peer_url}\ninitial-advertise-peer-urls: {peer_url}\ninitial-cluster: from-file={peer_url}\nlogger: zap\n",
+        dir.path().join("data").display()
+    );
+    let config = dir.path().join("etcd.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    drop((client, peer));
+    let mut child = bin()
+        .command()
+        .arg(format!("--config-file={}", config.display()))
+        .arg("--name=ignored-because-of-the-file")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ctl = etcdrs_testkit::Etcdctl::new(client_url.clone());
+    let listed = poll_until(Duration::from_secs(20), || async {
+        let out = ctl.run(&["member", "list"]).await?;
+        if out.success() {
+            Ok(out.stdout)
+        } else {
+            Err(anyhow::anyhow!("{}", out.stderr))
+        }
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let listed = listed.unwrap();
+    assert!(listed.contains(", from-file, "), "{listed}");
+    assert!(listed.contains(&client_url), "{listed}");
+}

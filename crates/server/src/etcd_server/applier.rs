@@ -70,6 +70,9 @@ impl EtcdServer {
                 "the member has been permanently removed from the cluster".into(),
             ));
         }
+        if term > 0 {
+            self.inner.applied_term.store(term, AtomicOrdering::Relaxed);
+        }
         self.inner.applied.send_replace(index);
         if status.leader != *last_leader && status.leader != 0 {
             self.inner
@@ -499,12 +502,17 @@ impl StateMachine for Applier {
     fn restore(
         &mut self,
         index: u64,
-        _term: u64,
+        term: u64,
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
     ) -> std::result::Result<(), String> {
         self.server
             .install_snapshot(index, conf_state)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.server
+            .inner
+            .applied_term
+            .store(term, AtomicOrdering::Relaxed);
+        Ok(())
     }
 }
 

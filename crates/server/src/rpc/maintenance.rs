@@ -85,7 +85,8 @@ impl Maintenance for Rpc {
             db_size: backend.size() as i64,
             leader: raft.leader,
             raft_index: raft.commit,
-            raft_term: raft.term,
+            // etcd's `Term()`: the last applied entry's, as in the header.
+            raft_term: self.server.applied_term(),
             raft_applied_index: raft.applied,
             errors,
             db_size_in_use: backend.size_in_use() as i64,
