@@ -12,7 +12,7 @@ fn doubling(start: f64, count: usize) -> Vec<f64> {
     etcdrs_metrics::exponential(start, 2.0, count)
 }
 
-/// `etcd_disk_backend_commit_duration_seconds`: each commit of a write transaction.
+/// `etcd_disk_backend_commit_duration_seconds`: each durable commit (etcd's batch commit).
 pub(crate) static COMMIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "etcd_disk_backend_commit_duration_seconds",

@@ -385,6 +385,16 @@ impl KvStore {
         Ok(())
     }
 
+    /// etcd's periodic batch commit: make the commits so far durable when some are not.
+    /// Returns whether it committed.
+    pub fn commit_pending(&self) -> Result<bool> {
+        if self.backend.pending_writes() == 0 {
+            return Ok(false);
+        }
+        self.force_durable()?;
+        Ok(true)
+    }
+
     /// Read a `meta` value as last committed.
     pub fn meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.backend.read()?.get(Bucket::META, key)?)

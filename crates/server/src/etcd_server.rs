@@ -320,6 +320,12 @@ impl EtcdServer {
             lessor.run_lease_expiry(stop).await;
             ("lease expiry", Ok(()))
         });
+        let committer = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            committer.run_backend_commit(stop).await;
+            ("backend commit", Ok(()))
+        });
         let watcher = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {

@@ -219,6 +219,20 @@ pub async fn served_certificate(
 
 /// Whether a TLS 1.2-only client completes a handshake with `addr` (trusting `ca_file`).
 pub async fn tls12_handshake(addr: &str, ca_file: &std::path::Path) -> anyhow::Result<()> {
+    tls_handshake_with(addr, ca_file, &rustls::version::TLS12).await
+}
+
+/// Whether a TLS 1.3-only client completes a handshake with `addr` (trusting `ca_file`).
+pub async fn tls13_handshake(addr: &str, ca_file: &std::path::Path) -> anyhow::Result<()> {
+    tls_handshake_with(addr, ca_file, &rustls::version::TLS13).await
+}
+
+/// A handshake with `addr` offering only `version`.
+async fn tls_handshake_with(
+    addr: &str,
+    ca_file: &std::path::Path,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> anyhow::Result<()> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let handshake = async {
@@ -228,7 +242,7 @@ pub async fn tls12_handshake(addr: &str, ca_file: &std::path::Path) -> anyhow::R
             roots.add(cert?)?;
         }
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS12])?
+            .with_protocol_versions(&[version])?
             .with_root_certificates(roots)
             .with_no_client_auth();
         config.alpn_protocols = vec![b"h2".to_vec()];
@@ -239,7 +253,7 @@ pub async fn tls12_handshake(addr: &str, ca_file: &std::path::Path) -> anyhow::R
         connector
             .connect(name, tcp)
             .await
-            .context("TLS 1.2 handshake")?;
+            .with_context(|| format!("{version:?} handshake"))?;
         anyhow::Ok(())
     };
     tokio::time::timeout(Duration::from_secs(5), handshake)

@@ -50,23 +50,10 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
 /// test that sets it.
 #[cfg(test)]
 pub(crate) const UNTESTED: &[&str] = &[
-    "backend-batch-interval",
-    "backend-batch-limit",
-    "max-concurrent-streams",
-    "grpc-keepalive-interval",
-    "grpc-keepalive-timeout",
     "discovery-dial-timeout",
     "discovery-request-timeout",
     "discovery-keepalive-time",
     "discovery-keepalive-timeout",
-    "discovery-insecure-transport",
-    "discovery-insecure-skip-tls-verify",
-    "client-cert-allowed-hostname",
-    "peer-client-cert-file",
-    "peer-client-key-file",
-    "self-signed-cert-validity",
-    "peer-crl-file",
-    "tls-max-version",
 ];
 
 /// The sources of the integration tests (`crates/etcd/tests/it`) and of the testkit that

@@ -1074,3 +1074,46 @@ async fn v2_discovery_refuses_a_missing_size_and_duplicate_names() {
         }
     }
 }
+
+/// `--discovery-insecure-transport=false` and `--discovery-insecure-skip-tls-verify`: a
+/// discovery service over TLS whose certificate the member cannot verify (no
+/// `--discovery-cacert`) is refused, unless verification is skipped.
+#[tokio::test]
+async fn v3_discovery_insecure_skip_tls_verify() {
+    if !ours() {
+        return; // etcd 3.4 members have no v3 discovery.
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = etcdrs_testkit::certs::TestCa::new(dir.path(), "ca").expect("ca");
+    let server = ca.issue_loopback("server", "server").expect("server cert");
+    let service = Member::start(
+        MemberOpts::new(&etcdrs())
+            .name("disc")
+            .fast_timers()
+            .client_tls(etcdrs_testkit::ClientTls {
+                ca_file: ca.ca_file(),
+                server,
+                client: None,
+                client_cert_auth: false,
+            }),
+    )
+    .await
+    .expect("TLS discovery service starts");
+    let ctl = etcdrs_testkit::Etcdctl::new(service.endpoint()).with_tls(&ca.ca_file(), None);
+    for (token, size) in [("unverified", "1"), ("skipped", "1")] {
+        let key = format!("/_etcd/registry/{token}/_config/size");
+        ctl.ok(&["put", &key, size]).await;
+    }
+    let flags = |token: &str| {
+        vec![
+            format!("--discovery-token={token}"),
+            format!("--discovery-endpoints={}", service.endpoint()),
+            "--discovery-insecure-transport=false".to_string(),
+        ]
+    };
+    expect_refused(member_opts(0, &flags("unverified")), &[]).await;
+    let mut skipping = flags("skipped");
+    skipping.push("--discovery-insecure-skip-tls-verify=true".to_string());
+    let (members, _) = bootstrap(1, &skipping).await;
+    check_cluster(&members).await;
+}

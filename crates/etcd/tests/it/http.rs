@@ -1,5 +1,7 @@
 //! Plain HTTP endpoints on the client port: /health, /version, /metrics.
 
+use std::time::Duration;
+
 use crate::start;
 
 #[tokio::test]
@@ -221,4 +223,98 @@ async fn listen_client_http_urls_take_the_http_endpoints() {
     assert!(body.contains(r#""value":"dg==""#), "{body}");
     let (status, _, _) = curl_i(&format!("{}/health", m.endpoint()), &[]);
     assert_eq!(status, "404", "the client URL serves gRPC only");
+}
+
+/// A raw HTTP/2 connection (prior knowledge, as gRPC clients speak to a plain port): the
+/// client preface and an empty SETTINGS frame sent.
+async fn h2_connect(addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("preface");
+    tcp.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
+        .await
+        .expect("settings");
+    tcp
+}
+
+/// The next frame: (type, flags, payload); `None` at the end of the connection.
+async fn h2_frame(tcp: &mut tokio::net::TcpStream) -> Option<(u8, u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0u8; 9];
+    tcp.read_exact(&mut head).await.ok()?;
+    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+    let mut payload = vec![0u8; len];
+    tcp.read_exact(&mut payload).await.ok()?;
+    Some((head[3], head[4], payload))
+}
+
+const H2_SETTINGS: u8 = 4;
+const H2_PING: u8 = 6;
+const H2_GOAWAY: u8 = 7;
+
+/// `--max-concurrent-streams`: the server's SETTINGS frame announces it to every connection.
+#[tokio::test]
+async fn max_concurrent_streams_is_announced_in_settings() {
+    let (m, _c) = crate::start_with(&["--max-concurrent-streams=7"]).await;
+    let mut tcp = h2_connect(&m.client_addr()).await;
+    let settings = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match h2_frame(&mut tcp).await {
+                Some((H2_SETTINGS, 0, payload)) => return payload,
+                Some(_) => continue,
+                None => panic!("connection ended before the server's SETTINGS"),
+            }
+        }
+    })
+    .await
+    .expect("server SETTINGS");
+    let max_streams = settings.chunks_exact(6).find_map(|entry| {
+        (u16::from_be_bytes([entry[0], entry[1]]) == 3)
+            .then(|| u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]))
+    });
+    assert_eq!(max_streams, Some(7));
+}
+
+/// `--grpc-keepalive-interval` and `--grpc-keepalive-timeout`: an idle connection is pinged
+/// after the interval, and closed when the ping goes unanswered for the timeout.
+#[tokio::test]
+async fn grpc_keepalive_pings_idle_clients_and_drops_silent_ones() {
+    use tokio::io::AsyncWriteExt;
+    let (m, _c) = crate::start_with(&[
+        "--grpc-keepalive-interval=1s",
+        "--grpc-keepalive-timeout=1s",
+    ])
+    .await;
+    let mut tcp = h2_connect(&m.client_addr()).await;
+    let pinged = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match h2_frame(&mut tcp).await {
+                Some((H2_SETTINGS, 0, _)) => {
+                    // Acknowledge the server's settings, as a client must.
+                    tcp.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0])
+                        .await
+                        .expect("ack");
+                }
+                Some((H2_PING, 0, _)) => return true,
+                Some(_) => continue,
+                None => return false,
+            }
+        }
+    })
+    .await
+    .expect("a ping within 10 s");
+    assert!(pinged, "the connection ended before any ping");
+    // Not answered: the server gives up on the connection.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match h2_frame(&mut tcp).await {
+                Some((H2_GOAWAY, _, _)) | None => return,
+                Some(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the unanswered connection was kept open");
 }

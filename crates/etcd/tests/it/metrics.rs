@@ -599,3 +599,41 @@ async fn slow_applies_are_counted_against_the_warning_duration() {
         .value("etcd_server_slow_apply_total", None);
     assert_eq!(slow, 0.0);
 }
+
+/// `--backend-batch-limit` and `--backend-batch-interval`: the backend reaches the disk every
+/// interval or once the limit of writes waits, whichever comes first; the commit series counts
+/// those commits (etcd's batch commits).
+#[tokio::test]
+async fn backend_batch_limit_and_interval_set_how_often_the_backend_commits() {
+    const COMMITS: &str = "etcd_disk_backend_commit_duration_seconds_count";
+    // A commit for every write.
+    let (m, mut c) = crate::start_with(&["--backend-batch-limit=1"]).await;
+    let before = Scrape::of(&m).await.value(COMMITS, None);
+    for i in 0..20 {
+        c.put(format!("k{i}"), "v", None).await.unwrap();
+    }
+    poll_until(Duration::from_secs(10), || async {
+        let commits = Scrape::of(&m).await.value(COMMITS, None) - before;
+        if commits >= 20.0 {
+            Ok(())
+        } else {
+            Err(format!("{commits} commits for 20 writes"))
+        }
+    })
+    .await
+    .unwrap();
+
+    // An hour apart and a limit far off: twenty writes go by without a commit of their own.
+    let (m, mut c) = crate::start_with(&[
+        "--backend-batch-interval=1h",
+        "--backend-batch-limit=100000",
+    ])
+    .await;
+    c.put("first", "v", None).await.unwrap();
+    let before = Scrape::of(&m).await.value(COMMITS, None);
+    for i in 0..20 {
+        c.put(format!("k{i}"), "v", None).await.unwrap();
+    }
+    let commits = Scrape::of(&m).await.value(COMMITS, None) - before;
+    assert!(commits <= 1.0, "{commits} commits for 20 writes");
+}

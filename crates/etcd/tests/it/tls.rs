@@ -571,3 +571,186 @@ async fn tls_peer_cert_allowed_hostname_refuses_other_members() {
     let ok = served_certificate(&addr, &pki.ca.ca_file(), Some(&member_cert)).await;
     assert!(ok.is_ok(), "{ok:?}");
 }
+
+#[tokio::test]
+async fn tls_max_version_refuses_newer_clients() {
+    if !ours() {
+        return; // etcd 3.5 flags.
+    }
+    let pki = pki();
+    let default = Member::start(opts().client_tls(client_tls(&pki, false)))
+        .await
+        .expect("member starts");
+    etcdrs_testkit::tls13_handshake(&default.client_addr(), &pki.ca.ca_file())
+        .await
+        .expect("TLS 1.3 accepted by default");
+    let capped = Member::start(
+        opts()
+            .client_tls(client_tls(&pki, false))
+            .setting("tls-max-version", "TLS1.2"),
+    )
+    .await
+    .expect("member starts");
+    let refused = etcdrs_testkit::tls13_handshake(&capped.client_addr(), &pki.ca.ca_file()).await;
+    assert!(
+        refused.is_err(),
+        "TLS 1.3 accepted despite --tls-max-version TLS1.2"
+    );
+    etcdrs_testkit::tls12_handshake(&capped.client_addr(), &pki.ca.ca_file())
+        .await
+        .expect("TLS 1.2 still accepted");
+    assert_eq!(capped.etcdctl().ok(&["put", "k", "v"]).await, "OK\n");
+}
+
+/// `--client-cert-allowed-hostname`: with client certificate auth, only a client certificate
+/// valid for that host name is served.
+#[tokio::test]
+async fn tls_client_cert_allowed_hostname_refuses_other_clients() {
+    if !ours() {
+        return; // etcd 3.5 flag.
+    }
+    let pki = pki();
+    let allowed = pki
+        .ca
+        .issue(
+            "allowed",
+            "allowed",
+            &["client.example"],
+            etcdrs_testkit::certs::Usage::Client,
+        )
+        .expect("cert");
+    // The test kit's own probes present the allowed certificate.
+    let tls = ClientTls {
+        client: Some(allowed.clone()),
+        ..client_tls(&pki, true)
+    };
+    let member = Member::start(
+        opts()
+            .client_tls(tls)
+            .setting("client-cert-allowed-hostname", "client.example"),
+    )
+    .await
+    .expect("member starts");
+    let ok = Etcdctl::new(member.endpoint()).with_tls(&pki.ca.ca_file(), Some(&allowed));
+    assert_eq!(ok.ok(&["put", "k", "v"]).await, "OK\n");
+    let refused = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), Some(&pki.client))
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    refused.fail(&["put", "k", "other"]).await;
+    assert_eq!(ok.ok(&["get", "k", "--print-value-only"]).await, "v\n");
+}
+
+/// `--peer-crl-file`: a peer whose certificate the list revokes is refused; the member's own
+/// kind of certificate is not.
+#[tokio::test]
+async fn tls_peer_crl_refuses_revoked_peers() {
+    let pki = pki();
+    let member_cert = pki.ca.issue_loopback("member", "member").expect("cert");
+    let revoked = pki.ca.issue_loopback("revoked", "revoked").expect("cert");
+    let crl = pki.ca.crl("peer-crl", &[&revoked]).expect("CRL");
+    let member = Member::start(
+        opts()
+            .peer_tls(PeerTls {
+                ca_file: pki.ca.ca_file(),
+                cert: member_cert.clone(),
+                client_cert_auth: true,
+            })
+            .setting("peer-crl-file", crl.display().to_string()),
+    )
+    .await
+    .expect("member starts");
+    let addr = format!("{}:{}", member.host(), member.peer_port());
+    let ok = etcdrs_testkit::https_get(&addr, "/version", &pki.ca.ca_file(), Some(&member_cert))
+        .await
+        .expect("served");
+    assert_eq!(ok.status, 200);
+    let refused =
+        etcdrs_testkit::https_get(&addr, "/version", &pki.ca.ca_file(), Some(&revoked)).await;
+    assert!(
+        !refused.is_ok_and(|r| r.status == 200),
+        "a revoked peer certificate was served"
+    );
+}
+
+/// `--self-signed-cert-validity`: the certificates `--auto-tls` makes are valid for that many
+/// years (one by default).
+#[tokio::test]
+async fn tls_self_signed_cert_validity_sets_the_years() {
+    if !ours() {
+        return; // etcd 3.5 flag.
+    }
+    // The year the member's auto-TLS client certificate expires, once the file is complete.
+    let not_after_year = |member: &Member| {
+        let pem = member.data_dir().join("fixtures/client/cert.pem");
+        let out = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-enddate", "-in"])
+            .arg(&pem)
+            .output()
+            .ok()?;
+        // notAfter=Dec  1 23:59:59 2029 GMT
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace().rev().nth(1)?.parse::<i32>().ok()
+    };
+    let start_auto_tls = |extra: &'static [(&'static str, &'static str)]| async move {
+        let port = etcdrs_testkit::ports::reserve_on(std::net::Ipv4Addr::LOCALHOST).expect("port");
+        let url = format!("https://127.0.0.1:{}", port.port());
+        let mut o = opts()
+            .setting("listen-client-urls", url.clone())
+            .setting("advertise-client-urls", url.clone())
+            .setting("auto-tls", "true");
+        for (flag, value) in extra {
+            o = o.setting(*flag, *value);
+        }
+        let member = Member::spawn(o).expect("spawn");
+        let year = poll_until(WAIT, || async {
+            not_after_year(&member).ok_or("no complete certificate yet")
+        })
+        .await
+        .expect("auto-tls certificate");
+        (member, year)
+    };
+    let (_default, one) = start_auto_tls(&[]).await;
+    let (_three, three) = start_auto_tls(&[("self-signed-cert-validity", "3")]).await;
+    assert_eq!(three - one, 2);
+}
+
+/// `--peer-client-cert-file` and `--peer-client-key-file`: members present that certificate
+/// when they dial each other. Only its common name is allowed in (`--peer-cert-allowed-cn`),
+/// so the cluster forms only if every member dials with it rather than with its server
+/// certificate.
+#[tokio::test]
+async fn tls_peer_client_certificate_is_what_members_dial_with() {
+    if !ours() {
+        return; // etcd 3.5 flags.
+    }
+    let pki = pki();
+    let server = pki
+        .ca
+        .issue_loopback("peer", "peer-server")
+        .expect("peer cert");
+    let dialer = pki
+        .ca
+        .issue(
+            "peer-client",
+            "peer-client",
+            &[],
+            etcdrs_testkit::certs::Usage::Client,
+        )
+        .expect("peer client cert");
+    let opts = ClusterOpts::new(&bin())
+        .peer_tls(PeerTls {
+            ca_file: pki.ca.ca_file(),
+            cert: server,
+            client_cert_auth: true,
+        })
+        .arg(format!("--peer-client-cert-file={}", dialer.cert.display()))
+        .arg(format!("--peer-client-key-file={}", dialer.key.display()))
+        .arg("--peer-cert-allowed-cn=peer-client");
+    let cluster = Cluster::start(3, opts).await.expect("cluster starts");
+    cluster.leader().await.expect("a leader");
+    let m0 = cluster.member(0).etcdctl();
+    assert_eq!(m0.ok(&["put", "k", "v"]).await, "OK\n");
+    let m2 = cluster.member(2).etcdctl();
+    assert_eq!(m2.ok(&["get", "k", "--print-value-only"]).await, "v\n");
+}

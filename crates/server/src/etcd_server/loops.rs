@@ -33,6 +33,27 @@ impl EtcdServer {
         }
     }
 
+    /// etcd's backend loop: every `--backend-batch-interval`, the writes applied since the
+    /// last durable commit reach the disk, also when no new write comes to carry them.
+    pub(super) async fn run_backend_commit(&self, shutdown: CancellationToken) {
+        let interval = self.inner.store.backend().batch_interval();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let store = self.inner.store.clone();
+            let done = tokio::task::spawn_blocking(move || store.commit_pending()).await;
+            match done {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "periodic backend commit failed"),
+                Err(e) => tracing::warn!(error = %e, "periodic backend commit task failed"),
+            }
+        }
+    }
+
     pub(super) async fn run_lease_expiry(&self, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(Duration::from_millis(500));
         loop {
