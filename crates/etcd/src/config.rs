@@ -14,7 +14,7 @@
 //! usage text), 1 for validation errors (etcd logs those as a zap JSON line; the message
 //! is that line without `ts`/`caller`), 2 for the few cases where etcd panics.
 
-mod effect;
+pub(crate) mod effect;
 mod file;
 mod flags;
 pub(crate) mod goparse;

@@ -492,6 +492,21 @@ fn config_from(flags: &Flags) -> Result<etcdrs_gateway::Config, String> {
 mod tests {
     use super::*;
 
+    /// issue 19 for `etcd gateway start`: each flag is set by an integration test.
+    #[test]
+    fn every_gateway_flag_is_tested() {
+        let sources = crate::config::effect::integration_test_sources();
+        let unaccounted: Vec<&str> = FLAGS
+            .iter()
+            .map(|def| def.name)
+            .filter(|name| !crate::config::effect::sets_flag(&sources, name))
+            .collect();
+        assert!(
+            unaccounted.is_empty(),
+            "untested gateway flags: {unaccounted:?}"
+        );
+    }
+
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
     }

@@ -80,6 +80,9 @@ pub fn router(proxy: &Proxy) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             proxy.leader.clone() as Arc<dyn LeaderSource>,
             etcdrs_serve::leader::require_leader,
+        ))
+        .layer(axum::middleware::map_response(
+            etcdrs_serve::grpc_size::grpc_size_error,
         ));
     grpc.merge(http_router(proxy))
         .fallback(etcdrs_serve::not_found)

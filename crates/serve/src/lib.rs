@@ -24,6 +24,7 @@
 pub mod error;
 mod fallback;
 pub mod grpc_metrics;
+pub mod grpc_size;
 pub mod h2authority;
 pub mod leader;
 pub mod listener;

@@ -94,6 +94,7 @@ pub async fn serve<H: Handler>(
                         continue;
                     }
                 };
+                tracing::debug!(remote_addr = %addr, "accepted connection");
                 // Best effort: a socket that refuses the option still works, only slower.
                 let _ = tcp.set_nodelay(true);
                 let handler = handler.clone();

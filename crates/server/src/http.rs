@@ -99,37 +99,9 @@ pub fn client_router(server: EtcdServer, serves: Serves) -> Router {
             Arc::new(server) as Arc<dyn LeaderSource>,
             etcdrs_serve::leader::require_leader,
         ))
-        .layer(axum::middleware::map_response(grpc_size_error))
-}
-
-/// tonic refuses an over-limit request message with OutOfRange and its own text; grpc-go (and
-/// so etcd) answers ResourceExhausted "grpc: received message larger than max (N vs. M)".
-async fn grpc_size_error(mut response: axum::response::Response) -> axum::response::Response {
-    let headers = response.headers();
-    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"11") {
-        return response;
-    }
-    let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) else {
-        return response;
-    };
-    let message = etcdrs_proto::rpctypes::decode_grpc_message(message.as_bytes());
-    let Some(rest) = message.strip_prefix("Error, decoded message length too large: found ") else {
-        return response;
-    };
-    let numbers: Vec<&str> = rest
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty())
-        .collect();
-    let [found, limit] = numbers[..] else {
-        return response;
-    };
-    let text = format!("grpc: received message larger than max ({found} vs. {limit})");
-    if let Ok(value) = axum::http::HeaderValue::from_str(&text) {
-        let headers = response.headers_mut();
-        headers.insert("grpc-status", axum::http::HeaderValue::from_static("8"));
-        headers.insert("grpc-message", value);
-    }
-    response
+        .layer(axum::middleware::map_response(
+            etcdrs_serve::grpc_size::grpc_size_error,
+        ))
 }
 
 /// Serve clients on `listener` until `shutdown`: HTTP/1.1 and HTTP/2 (gRPC) on one port,

@@ -1711,3 +1711,41 @@ async fn metrics_relay_a_members_and_proxy_metrics_are_the_proxys_own() {
     assert!(metric_value(&own, "process_resident_memory_bytes", None) > 0.0);
     assert!(metric_value(&own, "process_open_fds", None) > 0.0);
 }
+
+/// The proxy's own limits and log level: `--max-recv-bytes` refuses a larger request with
+/// gRPC's error, `--max-concurrent-streams` is announced to clients, `--debug` logs at debug
+/// level.
+#[tokio::test]
+async fn max_recv_bytes_max_concurrent_streams_and_debug() {
+    let member = start_member(&crate::bin()).await;
+    let proxy = Proxy::start(
+        &[member.endpoint()],
+        &[
+            "--max-recv-bytes=1024",
+            "--max-concurrent-streams=5",
+            "--debug",
+        ],
+    )
+    .await
+    .expect("proxy");
+    let mut client = proxy.client().await;
+    client.put("small", "v", None).await.expect("a small put");
+    let err = client
+        .put("big", "x".repeat(4096), None)
+        .await
+        .expect_err("a request over --max-recv-bytes");
+    let (code, message) = etcdrs_testkit::grpc_error(&err).expect("a gRPC status");
+    assert_eq!(code, etcdrs_testkit::Code::ResourceExhausted, "{message}");
+    assert!(message.contains("larger than max"), "{message}");
+    let mut direct = member.client().await.expect("direct client");
+    assert!(direct.get("big", None).await.unwrap().kvs().is_empty());
+    assert_eq!(
+        crate::http::announced_max_streams(&proxy.addr).await,
+        Some(5)
+    );
+    assert!(
+        proxy.log_text().contains("\"level\":\"debug\""),
+        "{}",
+        proxy.log_text()
+    );
+}

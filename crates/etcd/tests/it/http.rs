@@ -227,7 +227,7 @@ async fn listen_client_http_urls_take_the_http_endpoints() {
 
 /// A raw HTTP/2 connection (prior knowledge, as gRPC clients speak to a plain port): the
 /// client preface and an empty SETTINGS frame sent.
-async fn h2_connect(addr: &str) -> tokio::net::TcpStream {
+pub(crate) async fn h2_connect(addr: &str) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
@@ -240,7 +240,7 @@ async fn h2_connect(addr: &str) -> tokio::net::TcpStream {
 }
 
 /// The next frame: (type, flags, payload); `None` at the end of the connection.
-async fn h2_frame(tcp: &mut tokio::net::TcpStream) -> Option<(u8, u8, Vec<u8>)> {
+pub(crate) async fn h2_frame(tcp: &mut tokio::net::TcpStream) -> Option<(u8, u8, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let mut head = [0u8; 9];
     tcp.read_exact(&mut head).await.ok()?;
@@ -250,7 +250,7 @@ async fn h2_frame(tcp: &mut tokio::net::TcpStream) -> Option<(u8, u8, Vec<u8>)> 
     Some((head[3], head[4], payload))
 }
 
-const H2_SETTINGS: u8 = 4;
+pub(crate) const H2_SETTINGS: u8 = 4;
 const H2_PING: u8 = 6;
 const H2_GOAWAY: u8 = 7;
 
@@ -258,7 +258,12 @@ const H2_GOAWAY: u8 = 7;
 #[tokio::test]
 async fn max_concurrent_streams_is_announced_in_settings() {
     let (m, _c) = crate::start_with(&["--max-concurrent-streams=7"]).await;
-    let mut tcp = h2_connect(&m.client_addr()).await;
+    assert_eq!(announced_max_streams(&m.client_addr()).await, Some(7));
+}
+
+/// SETTINGS_MAX_CONCURRENT_STREAMS as the server at `addr` announces it.
+pub(crate) async fn announced_max_streams(addr: &str) -> Option<u32> {
+    let mut tcp = h2_connect(addr).await;
     let settings = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             match h2_frame(&mut tcp).await {
@@ -270,11 +275,10 @@ async fn max_concurrent_streams_is_announced_in_settings() {
     })
     .await
     .expect("server SETTINGS");
-    let max_streams = settings.chunks_exact(6).find_map(|entry| {
+    settings.chunks_exact(6).find_map(|entry| {
         (u16::from_be_bytes([entry[0], entry[1]]) == 3)
             .then(|| u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]))
-    });
-    assert_eq!(max_streams, Some(7));
+    })
 }
 
 /// `--grpc-keepalive-interval` and `--grpc-keepalive-timeout`: an idle connection is pinged
