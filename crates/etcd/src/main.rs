@@ -236,7 +236,20 @@ fn non_empty_path(path: &str) -> Option<PathBuf> {
     (!path.is_empty()).then(|| PathBuf::from(path))
 }
 
+/// As every Go program does at start on Linux (and so etcd, the proxies and etcdctl): the soft
+/// limit on open files is raised to the hard one, so that a low default (often 1,024) does not
+/// lock clients out after a thousand connections.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
 fn main() -> ExitCode {
+    raise_open_files_limit();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let env: Vec<(String, String)> = std::env::vars().collect();
     let parsed = match config::parse(&args, &env) {

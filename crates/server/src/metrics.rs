@@ -384,13 +384,19 @@ static DISCONNECTED_PEERS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 /// `etcd_network_disconnected_peers_total` (etcd `rafthttp.peerStatus`).
 pub struct PeerActivity {
     active: bool,
+    /// The same, for the transport's readers (membership changes ask whether a peer is up).
+    shared: std::sync::Arc<std::sync::atomic::AtomicBool>,
     gauge: IntGauge,
     disconnected: IntCounter,
 }
 
 impl PeerActivity {
-    /// The link from member `local` to member `remote`, not yet active.
-    pub fn new(local: u64, remote: u64) -> PeerActivity {
+    /// The link from member `local` to member `remote`, not yet active; `shared` follows it.
+    pub fn new(
+        local: u64,
+        remote: u64,
+        shared: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> PeerActivity {
         let labels = [
             crate::membership::id_hex(local),
             crate::membership::id_hex(remote),
@@ -398,6 +404,7 @@ impl PeerActivity {
         let labels = [labels[0].as_str(), labels[1].as_str()];
         PeerActivity {
             active: false,
+            shared,
             gauge: ACTIVE_PEERS.with_label_values(&labels),
             disconnected: DISCONNECTED_PEERS.with_label_values(&labels),
         }
@@ -409,6 +416,8 @@ impl PeerActivity {
             return false;
         }
         self.active = true;
+        self.shared
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.gauge.inc();
         true
     }
@@ -419,6 +428,8 @@ impl PeerActivity {
             return false;
         }
         self.active = false;
+        self.shared
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         self.gauge.dec();
         self.disconnected.inc();
         true

@@ -59,6 +59,8 @@ struct Link {
     dial: Vec<String>,
     tx: mpsc::Sender<Message>,
     stop: CancellationToken,
+    /// Whether the peer answers (its last probe or send succeeded).
+    active: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The raft transport over the peer protocol.
@@ -145,12 +147,14 @@ impl PeerTransport {
             }
             let (tx, rx) = mpsc::channel(LINK_QUEUE);
             let stop = self.shutdown.child_token();
+            let active = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let worker = LinkWorker {
                 to: *id,
                 urls: dial.clone(),
                 local_id: self.local_id,
                 cluster_id: self.cluster_id,
                 snapshots: self.snapshots.clone(),
+                active: active.clone(),
             };
             // The link lives as long as its token: removal or shutdown cancels it.
             self.runtime.spawn(worker.run(rx, stop.clone()));
@@ -161,9 +165,18 @@ impl PeerTransport {
                     dial,
                     tx,
                     stop,
+                    active,
                 },
             );
         }
+    }
+
+    /// Whether member `id` answers this member (etcd's `ActiveSince` is not zero).
+    pub fn is_active(&self, id: u64) -> bool {
+        self.links
+            .read()
+            .get(&id)
+            .is_some_and(|link| link.active.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// A client for the first reachable URL of member `id`.
@@ -259,6 +272,7 @@ struct LinkWorker {
     local_id: u64,
     cluster_id: u64,
     snapshots: Arc<std::sync::OnceLock<SnapshotSource>>,
+    active: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LinkWorker {
@@ -268,7 +282,8 @@ impl LinkWorker {
             tracing::warn!(remote_peer_id = %id_hex(self.to), urls = ?self.urls, "invalid peer URL");
             return;
         };
-        let mut active = crate::metrics::PeerActivity::new(self.local_id, self.to);
+        let mut active =
+            crate::metrics::PeerActivity::new(self.local_id, self.to, self.active.clone());
         let mut probe = tokio::time::interval(PROBE_INTERVAL);
         probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The last failure logged: a link that keeps failing the same way logs it once.

@@ -1202,3 +1202,61 @@ async fn force_new_cluster_recovers_a_lost_quorum() {
     check_writes("n4", &mut n4_client, acked).await;
     assert_eq!(member_rows(&ctl).await.expect("member list").len(), 2);
 }
+
+/// etcd's `mayRemoveMember` (strict reconfiguration check, on by default): removing the only
+/// voter is refused and the member keeps serving; with a voter down, removing a live one (which
+/// would break the active quorum) is refused, while removing the one that is down is allowed.
+#[tokio::test]
+async fn member_remove_keeps_a_quorum_of_started_voters() {
+    let single = start(1).await;
+    let ctl = single.member(0).etcdctl();
+    let ids = member_ids(&ctl).await;
+    let only = hex(ids[single.member(0).name()]);
+    let err = reconfig(&ctl, &["member", "remove", &only])
+        .await
+        .expect_err("removing the only voter");
+    assert!(
+        err.contains("etcdserver: re-configuration failed due to not enough started members"),
+        "{err}"
+    );
+    assert_eq!(ctl.ok(&["put", "still", "serving"]).await, "OK\n");
+
+    let mut cluster = start(3).await;
+    let leader = cluster.leader().await.expect("a leader");
+    let (down, live) = ((leader + 1) % 3, (leader + 2) % 3);
+    let ctl = cluster.member(leader).etcdctl();
+    let ids = member_ids(&ctl).await;
+    let (down_id, live_id) = (
+        hex(ids[cluster.member(down).name()]),
+        hex(ids[cluster.member(live).name()]),
+    );
+    cluster.kill9(down).expect("kill");
+    // The leader notices: its link to the killed member goes down.
+    let leader_member = cluster.member(leader);
+    poll_until(WAIT, || async {
+        let body = leader_member
+            .http_get("/metrics")
+            .await
+            .map_err(|e| format!("{e:#}"))?
+            .body;
+        let active: f64 = body
+            .lines()
+            .filter(|l| l.starts_with("etcd_network_active_peers"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        if active <= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{active} active peers"))
+        }
+    })
+    .await
+    .expect("the leader sees one peer down");
+    let refused = ctl.fail(&["member", "remove", &live_id]).await;
+    assert!(refused.contains(UNHEALTHY), "{refused}");
+    let removed = reconfig(&ctl, &["member", "remove", &down_id])
+        .await
+        .expect("removing the member that is down");
+    assert!(removed.contains("removed from cluster"), "{removed}");
+    assert_eq!(ctl.ok(&["put", "after", "removal"]).await, "OK\n");
+}

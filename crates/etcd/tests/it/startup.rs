@@ -220,3 +220,53 @@ async fn config_file_configures_the_member() {
     assert!(listed.contains(", from-file, "), "{listed}");
     assert!(listed.contains(&client_url), "{listed}");
 }
+
+/// Started with a soft open-files limit of 1,024 under a higher hard one (a common default),
+/// the member raises it, as Go's runtime does for etcd: 1,100 idle client connections do not
+/// lock the next client out.
+#[tokio::test]
+async fn many_idle_connections_do_not_exhaust_a_low_soft_open_files_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let hard = std::process::Command::new("sh")
+        .args(["-c", "ulimit -H -n"])
+        .output()
+        .unwrap();
+    let hard: u64 = String::from_utf8_lossy(&hard.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    if hard < 4096 {
+        // Nothing to raise to here; the hard limit is the limit.
+        return;
+    }
+    let wrapper = dir.path().join("low-soft-limit");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -S -n 1024\nexec {} \"$@\"\n",
+            bin().path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let m = Member::start(etcdrs_testkit::MemberOpts::new(
+        &etcdrs_testkit::EtcdBin::at(&wrapper),
+    ))
+    .await
+    .unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..1100 {
+        idle.push(
+            tokio::net::TcpStream::connect(m.client_addr())
+                .await
+                .unwrap(),
+        );
+    }
+    let ctl = m.etcdctl().with_arg("--command-timeout=5s");
+    assert_eq!(ctl.ok(&["put", "after", "many-connections"]).await, "OK\n");
+    drop(idle);
+}

@@ -113,10 +113,51 @@ impl EtcdServer {
         if !self.inner.members.read().contains_key(&id) {
             return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
         }
+        if self.inner.config.strict_reconfig_check {
+            self.may_remove_voter(id)?;
+        }
         let mut change = ConfChange::default();
         change.set_change_type(ConfChangeType::RemoveNode);
         change.node_id = id;
         self.propose_conf_change(change).await
+    }
+
+    /// etcd's `mayRemoveMember`: a learner may always go; a voter only if one voter stays,
+    /// and, unless it is down already (so not part of the active quorum), only if the voters
+    /// this member reaches still form a quorum without it.
+    fn may_remove_voter(&self, id: u64) -> Result<()> {
+        let members = self.inner.members.read();
+        if members.get(&id).is_some_and(|m| m.is_learner) {
+            return Ok(());
+        }
+        let voters: Vec<u64> = members
+            .values()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        if voters.iter().filter(|v| **v != id).count() < 1 {
+            tracing::warn!(
+                member_id = %membership::id_hex(id),
+                "rejecting member remove request; not enough healthy members"
+            );
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_ENOUGH_STARTED));
+        }
+        let local = self.inner.member_id;
+        if id != local && !self.inner.transport.is_active(id) {
+            return Ok(());
+        }
+        let active = voters
+            .iter()
+            .filter(|v| **v == local || self.inner.transport.is_active(**v))
+            .count();
+        if active.saturating_sub(1) < 1 + (voters.len() - 1) / 2 {
+            tracing::warn!(
+                member_id = %membership::id_hex(id),
+                "rejecting member remove request; local member has not been connected to all peers, reconfigure breaks active quorum"
+            );
+            return Err(ServerError::Etcd(&rpctypes::UNHEALTHY));
+        }
+        Ok(())
     }
 
     /// Promote a learner to a voter (etcd's MemberPromote), once it has caught up.
