@@ -173,6 +173,20 @@ impl Backend {
         self.pending_writes.load(Ordering::Relaxed)
     }
 
+    /// etcd's periodic batch commit for a backend that went quiet: when writes wait and the
+    /// last durable commit is a batch interval old (so no commit came since to be made
+    /// durable itself), commit durably now. While writes keep coming, their own commits are
+    /// the durable ones, and the caller that reports durability (the applier) sees them.
+    /// Returns whether it committed.
+    pub fn commit_if_due(&self) -> Result<bool> {
+        let due =
+            self.pending_writes() > 0 && lock(&self.last_durable).elapsed() >= self.batch_interval;
+        if due {
+            self.write()?.commit(true)?;
+        }
+        Ok(due)
+    }
+
     /// The interval at which commits become durable (`--backend-batch-interval`).
     pub fn batch_interval(&self) -> Duration {
         self.batch_interval

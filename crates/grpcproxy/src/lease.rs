@@ -303,6 +303,31 @@ impl Lease for LeaseProxy {
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
         let req = *request.get_ref();
+        if !self.ns.is_empty() {
+            // A revoke deletes every key of the lease: through a namespace, only leases whose
+            // keys all lie inside it may go (etcd's proxy lets a revoke delete keys outside).
+            let ttl = LeaseTimeToLiveRequest {
+                id: req.id,
+                keys: true,
+            };
+            let attached = self
+                .upstream
+                .unary(|ch| {
+                    let mut client = self.client(ch);
+                    let ttl = forward(&request, ttl);
+                    async move { client.lease_time_to_live(ttl).await }
+                })
+                .await?;
+            let prefix = self.ns.prefix();
+            if attached
+                .get_ref()
+                .keys
+                .iter()
+                .any(|k| !k.starts_with(prefix))
+            {
+                return Err(etcdrs_proto::rpctypes::PERMISSION_DENIED.to_status());
+            }
+        }
         self.upstream
             .unary(|ch| {
                 let mut client = self.client(ch);

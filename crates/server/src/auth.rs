@@ -292,6 +292,18 @@ impl AuthStore {
 
     /// The caller must be an admin (have the root role) when auth is on.
     pub fn check_admin(&self, info: Option<&AuthInfo>) -> Result<()> {
+        self.check_user(info)?;
+        let Some(info) = info else { return Ok(()) };
+        let state = self.state.read();
+        if !state.enabled || state.is_admin(&info.username) {
+            Ok(())
+        } else {
+            Err(etcd(&rpctypes::PERMISSION_DENIED))
+        }
+    }
+
+    /// The caller must be a user (not the anonymous caller) when auth is on.
+    pub fn check_user(&self, info: Option<&AuthInfo>) -> Result<()> {
         let state = self.state.read();
         let Some(info) = info else { return Ok(()) };
         if !state.enabled {
@@ -306,11 +318,7 @@ impl AuthStore {
         if !state.users.contains_key(&info.username) {
             return Err(etcd(&rpctypes::USER_NOT_FOUND));
         }
-        if state.is_admin(&info.username) {
-            Ok(())
-        } else {
-            Err(etcd(&rpctypes::PERMISSION_DENIED))
-        }
+        Ok(())
     }
 
     /// The caller may read (or write) `[key, range_end)` (etcd's `isOpPermitted`).

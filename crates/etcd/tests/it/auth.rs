@@ -1075,3 +1075,96 @@ async fn auth_state_travels_in_raft_snapshots() {
     let err = reader.fail(&["put", "/app/x", "y"]).await;
     assert!(err.contains(&format!("Error: {DENIED}")), "{err}");
 }
+
+/// Where etcd is unsafe with auth on, etcd-rs refuses with etcd's errors and changes nothing:
+/// `LeaseTimeToLive` of a lease that holds keys the caller cannot read (CVE-2023-32082, which
+/// etcd 3.4.26/3.5.9 fixed and 3.4.23 still has), `Compact` without a user, and raising or
+/// clearing an alarm by a user without the root role.
+#[tokio::test]
+async fn auth_refuses_what_etcd_left_open() {
+    if !crate::ours() {
+        return; // etcd 3.4.23 accepts all three.
+    }
+    let member = start_with_auth(&[]).await;
+    let mut root = client_as(&member, "root", "rootpw").await;
+    let mut reader = client_as(&member, "reader", "readerpw").await;
+
+    // A lease with a key the reader may not read: its keys stay hidden from the reader.
+    let lease = root.lease_grant(600, None).await.unwrap().id();
+    for key in ["/app/leased", "/other-leased"] {
+        root.put(key, "x", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+    }
+    let ttl_keys = Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys());
+    assert_grpc_error(
+        reader.lease_time_to_live(lease, ttl_keys.clone()).await,
+        Code::PermissionDenied,
+        DENIED,
+    );
+    let seen = root
+        .lease_time_to_live(lease, ttl_keys.clone())
+        .await
+        .unwrap();
+    assert_eq!(seen.keys().len(), 2);
+    // A lease whose keys it may read is its to see.
+    let readable = root.lease_grant(600, None).await.unwrap().id();
+    root.put(
+        "/app/mine",
+        "x",
+        Some(PutOptions::new().with_lease(readable)),
+    )
+    .await
+    .unwrap();
+    let mine = reader.lease_time_to_live(readable, ttl_keys).await.unwrap();
+    assert_eq!(mine.keys(), [b"/app/mine".to_vec()]);
+
+    // Compact without a token: refused, history kept.
+    let rev = root
+        .get("/app/k", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let anonymous = member.etcdctl();
+    let refused = anonymous.fail(&["compact", &rev.to_string()]).await;
+    assert!(
+        refused.contains("etcdserver: user name is empty"),
+        "{refused}"
+    );
+    let old = root
+        .get("/app/k", Some(GetOptions::new().with_revision(2)))
+        .await
+        .expect("history before the refused compaction is still there");
+    assert_eq!(old.kvs().len(), 1);
+
+    // NOSPACE raised by a user without the root role: refused, writes go on.
+    let member_id = root.status().await.unwrap().header().unwrap().member_id();
+    let nospace = || {
+        let mut options = etcd_client::AlarmOptions::new();
+        options.with_member(member_id);
+        options
+    };
+    assert_grpc_error(
+        reader
+            .alarm(
+                etcd_client::AlarmAction::Activate,
+                etcd_client::AlarmType::Nospace,
+                Some(nospace()),
+            )
+            .await,
+        Code::PermissionDenied,
+        DENIED,
+    );
+    root.put("/app/after", "ok", None).await.unwrap();
+    let alarms = root
+        .alarm(
+            etcd_client::AlarmAction::Get,
+            etcd_client::AlarmType::None,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(alarms.alarms().is_empty());
+}

@@ -1749,3 +1749,53 @@ async fn max_recv_bytes_max_concurrent_streams_and_debug() {
         proxy.log_text()
     );
 }
+
+/// Through `--namespace`, a lease that also holds a key outside the namespace cannot be
+/// revoked (the revoke would delete that key); a lease whose keys are all inside can.
+#[tokio::test]
+async fn namespace_lease_revoke_cannot_delete_keys_outside() {
+    let member = start_member(&crate::bin()).await;
+    let proxy = Proxy::start(&[member.endpoint()], &["--namespace=/ns/"])
+        .await
+        .expect("proxy");
+    let mut direct = member.client().await.expect("direct client");
+    let mut client = proxy.client().await;
+    let shared = direct.lease_grant(600, None).await.unwrap().id();
+    direct
+        .put(
+            "/outside",
+            "x",
+            Some(etcd_client::PutOptions::new().with_lease(shared)),
+        )
+        .await
+        .unwrap();
+    client
+        .put(
+            "inside",
+            "y",
+            Some(etcd_client::PutOptions::new().with_lease(shared)),
+        )
+        .await
+        .unwrap();
+    let err = client.lease_revoke(shared).await.expect_err("refused");
+    let (code, message) = etcdrs_testkit::grpc_error(&err).expect("a gRPC status");
+    assert_eq!(code, etcdrs_testkit::Code::PermissionDenied, "{message}");
+    assert_eq!(message, "etcdserver: permission denied");
+    assert_eq!(direct.get("/outside", None).await.unwrap().kvs().len(), 1);
+    assert_eq!(direct.get("/ns/inside", None).await.unwrap().kvs().len(), 1);
+
+    let own = client.lease_grant(600, None).await.unwrap().id();
+    client
+        .put(
+            "mine",
+            "z",
+            Some(etcd_client::PutOptions::new().with_lease(own)),
+        )
+        .await
+        .unwrap();
+    client
+        .lease_revoke(own)
+        .await
+        .expect("a lease of the namespace's own keys");
+    assert!(direct.get("/ns/mine", None).await.unwrap().kvs().is_empty());
+}

@@ -34,7 +34,9 @@ impl EtcdServer {
     }
 
     /// etcd's backend loop: every `--backend-batch-interval`, the writes applied since the
-    /// last durable commit reach the disk, also when no new write comes to carry them.
+    /// last durable commit reach the disk, also when no new write comes to carry them (while
+    /// writes come, their own commits become durable on that schedule, and raft hears it
+    /// from the applier, which is what lets it release WAL segments and compact its log).
     pub(super) async fn run_backend_commit(&self, shutdown: CancellationToken) {
         let interval = self.inner.store.backend().batch_interval();
         let mut ticker = tokio::time::interval(interval);

@@ -217,6 +217,23 @@ impl Lease for Rpc {
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         self.server.check_not_learner()?;
+        // etcd 3.5.9's fix of CVE-2023-32082: the caller must be able to read every key the
+        // lease holds.
+        let info = self.auth_info(&request)?;
+        if info.is_some() {
+            let keys = self
+                .server
+                .store()
+                .lessor()
+                .get(request.get_ref().id)
+                .map(|l| l.keys)
+                .unwrap_or_default();
+            for key in &keys {
+                self.server
+                    .auth()
+                    .check_range(info.as_ref(), key, &[], false)?;
+            }
+        }
         let req = request.into_inner();
         let deadline = Instant::now() + request_timeout(&self.server);
         loop {

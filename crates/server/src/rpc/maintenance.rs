@@ -55,6 +55,12 @@ impl Maintenance for Rpc {
         request: Request<AlarmRequest>,
     ) -> Result<Response<AlarmResponse>, Status> {
         self.server.check_not_learner()?;
+        // Raising an alarm (NOSPACE stops every write) or clearing one is the root role's,
+        // with auth on; etcd takes both from anyone.
+        if request.get_ref().action != AlarmAction::Get as i32 {
+            let info = self.auth_info(&request)?;
+            self.server.auth().check_admin(info.as_ref())?;
+        }
         let req = request.into_inner();
         if req.action == AlarmAction::Get as i32 {
             return Ok(Response::new(AlarmResponse {
