@@ -85,6 +85,30 @@ struct SnapshotSource {
     removed: CancellationToken,
 }
 
+/// How long a snapshot upload may go without a chunk.
+const SNAPSHOT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A snapshot being received, removed unless it arrived whole.
+struct PartialFile(Option<std::path::PathBuf>);
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn snapshot_too_large(limit: u64) -> Status {
+    tracing::warn!(
+        limit,
+        "rejected a snapshot larger than twice the backend quota"
+    );
+    Status::resource_exhausted(format!(
+        "etcdserver: snapshot larger than {limit} bytes (twice the backend quota)"
+    ))
+}
+
 /// Bytes per snapshot chunk on the wire.
 const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// How long sending one snapshot may take.
@@ -541,8 +565,30 @@ impl PeerService {
         let path = self.server.snapshot_receive_path(index);
         let io_error = |e: std::io::Error| Status::internal(format!("receiving snapshot: {e}"));
         let mut file = tokio::fs::File::create(&path).await.map_err(io_error)?;
+        // From here on a failed upload leaves no file behind.
+        let mut partial = PartialFile(Some(path.clone()));
+        // Bounds: a leader's database stays within its quota (the NOSPACE alarm stops writes
+        // at it), so an image over twice the quota is not one; and an upload that stalls or
+        // drags on is dropped rather than holding the file.
+        let limit = self.server.config().quota_bytes().saturating_mul(2);
+        let deadline = tokio::time::Instant::now() + SNAPSHOT_TIMEOUT;
+        let mut received = first.data.len() as u64;
+        if received > limit {
+            return Err(snapshot_too_large(limit));
+        }
         file.write_all(&first.data).await.map_err(io_error)?;
-        while let Some(chunk) = stream.message().await? {
+        loop {
+            let next = tokio::time::timeout_at(
+                deadline.min(tokio::time::Instant::now() + SNAPSHOT_IDLE_TIMEOUT),
+                stream.message(),
+            )
+            .await
+            .map_err(|_| Status::deadline_exceeded("etcdserver: snapshot upload timed out"))??;
+            let Some(chunk) = next else { break };
+            received += chunk.data.len() as u64;
+            if received > limit {
+                return Err(snapshot_too_large(limit));
+            }
             file.write_all(&chunk.data).await.map_err(io_error)?;
         }
         let syncing = std::time::Instant::now();
@@ -551,6 +597,7 @@ impl PeerService {
         drop(file);
         crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
         tracing::info!(index, "received database snapshot");
+        partial.0 = None;
         self.server.snapshot_received(index, path);
         self.server
             .raft_step(message)
@@ -641,8 +688,12 @@ impl Peer for PeerService {
             .get(FROM_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|from| self.member_label(from));
+        // Only a member may replace this member's data (the leader sends snapshots).
         let Some(from) = from else {
-            return self.receive_snapshot(request).await;
+            tracing::warn!("rejected a snapshot from a member not in the cluster");
+            return Err(Status::permission_denied(
+                "etcdserver: snapshot from a member not in the cluster",
+            ));
         };
         let label = [from.as_str()];
         let inflight = crate::metrics::SNAPSHOT_RECEIVE_INFLIGHTS.with_label_values(&label);

@@ -30,6 +30,7 @@ mod lock;
 mod maintenance;
 mod metrics;
 mod migrate;
+mod peer;
 mod reconfig;
 mod startup;
 mod subcommands;

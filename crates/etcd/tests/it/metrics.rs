@@ -637,3 +637,40 @@ async fn backend_batch_limit_and_interval_set_how_often_the_backend_commits() {
     let commits = Scrape::of(&m).await.value(COMMITS, None) - before;
     assert!(commits <= 1.0, "{commits} commits for 20 writes");
 }
+
+/// Clients that give up on writes a leader without a quorum cannot commit: their proposals
+/// are counted out of `etcd_server_proposals_pending` as soon as they go, not when the
+/// request would have timed out (nor never).
+#[tokio::test]
+async fn abandoned_proposals_leave_the_pending_gauge() {
+    let mut cluster =
+        etcdrs_testkit::Cluster::start(3, etcdrs_testkit::ClusterOpts::new(&crate::bin()))
+            .await
+            .unwrap();
+    let leader = cluster.leader().await.unwrap();
+    for i in (0..3).filter(|i| *i != leader) {
+        cluster.kill9(i).unwrap();
+    }
+    let m = cluster.member(leader);
+    let options = etcd_client::ConnectOptions::new().with_timeout(Duration::from_millis(300));
+    let mut impatient = etcd_client::Client::connect([m.endpoint()], Some(options))
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let gave_up = impatient.put(format!("k{i}"), "v", None).await;
+        assert!(gave_up.is_err(), "a write committed without a quorum");
+    }
+    // Well inside the request timeout (5 s and two election timeouts) of the proposals.
+    poll_until(Duration::from_secs(3), || async {
+        let pending = Scrape::of(m)
+            .await
+            .value("etcd_server_proposals_pending", None);
+        if pending == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{pending} proposals pending"))
+        }
+    })
+    .await
+    .unwrap();
+}

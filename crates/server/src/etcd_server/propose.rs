@@ -196,9 +196,14 @@ impl EtcdServer {
         }
         let (done, result) = oneshot::channel();
         self.inner.waiters.lock().insert(id, done);
+        // Released however the wait ends, also when the client goes away mid-proposal and
+        // this future is dropped.
+        let _pending = Pending {
+            inner: &self.inner,
+            id,
+        };
         crate::metrics::PROPOSALS_PENDING.inc();
         let outcome = self.wait_proposal(id, data, result).await;
-        crate::metrics::PROPOSALS_PENDING.dec();
         let failed = matches!(
             &outcome,
             Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT || **e == rpctypes::NO_LEADER
@@ -238,6 +243,20 @@ impl EtcdServer {
                 Err(ServerError::Etcd(&rpctypes::TIMEOUT))
             }
         }
+    }
+}
+
+/// A proposal being waited on: dropping it forgets the waiter (a no-op once the applier
+/// answered) and counts the proposal out of `etcd_server_proposals_pending`.
+struct Pending<'a> {
+    inner: &'a Inner,
+    id: u64,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.inner.waiters.lock().remove(&self.id);
+        crate::metrics::PROPOSALS_PENDING.dec();
     }
 }
 
