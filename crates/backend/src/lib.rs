@@ -23,7 +23,8 @@
 
 #![deny(missing_docs)]
 
-pub mod crc32c;
+/// CRC-32C, re-exported for the backend's users (mvcc's hashes).
+pub use etcdrs_crc32c as crc32c;
 mod error;
 pub mod metrics;
 mod snapshot;

@@ -53,6 +53,8 @@ pub use error::{CorruptReason, Error, Result};
 pub use reader::Db;
 pub use writer::Writer;
 
+use etcdrs_crc32c::Crc32c;
+
 /// The hash `etcdctl snapshot status` reports for a file (etcd 3.4
 /// `clientv3/snapshot.v3Manager.Status`): CRC-32 (Castagnoli) over, for each top-level
 /// bucket in name order, the bucket name and then each key followed by its value.
@@ -66,77 +68,7 @@ pub fn etcd_status_hash(db: &Db) -> Result<u32> {
             Ok(())
         })?;
     }
-    Ok(crc.finish())
-}
-
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as Go's `crc32.MakeTable(Castagnoli)`.
-/// Slicing by 8 tables: etcd hashes every byte of the file.
-struct Crc32c {
-    state: u32,
-}
-
-const CRC32C_TABLES: [[u32; 256]; 8] = crc32c_tables();
-
-const fn crc32c_tables() -> [[u32; 256]; 8] {
-    const POLY: u32 = 0x82F6_3B78;
-    let mut tables = [[0u32; 256]; 8];
-    let mut byte = 0;
-    while byte < 256 {
-        let mut crc = byte as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ POLY
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        tables[0][byte] = crc;
-        byte += 1;
-    }
-    let mut table = 1;
-    while table < 8 {
-        let mut byte = 0;
-        while byte < 256 {
-            let previous = tables[table - 1][byte];
-            tables[table][byte] = (previous >> 8) ^ tables[0][(previous & 0xFF) as usize];
-            byte += 1;
-        }
-        table += 1;
-    }
-    tables
-}
-
-impl Crc32c {
-    fn new() -> Crc32c {
-        Crc32c { state: !0 }
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        let tables = &CRC32C_TABLES;
-        let mut crc = self.state;
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let low = crc ^ u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            crc = tables[7][(low & 0xFF) as usize]
-                ^ tables[6][((low >> 8) & 0xFF) as usize]
-                ^ tables[5][((low >> 16) & 0xFF) as usize]
-                ^ tables[4][(low >> 24) as usize]
-                ^ tables[3][usize::from(chunk[4])]
-                ^ tables[2][usize::from(chunk[5])]
-                ^ tables[1][usize::from(chunk[6])]
-                ^ tables[0][usize::from(chunk[7])];
-        }
-        for &byte in chunks.remainder() {
-            crc = (crc >> 8) ^ tables[0][((crc ^ u32::from(byte)) & 0xFF) as usize];
-        }
-        self.state = crc;
-    }
-
-    fn finish(&self) -> u32 {
-        !self.state
-    }
+    Ok(crc.sum())
 }
 
 #[cfg(test)]

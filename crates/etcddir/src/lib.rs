@@ -26,7 +26,7 @@
 //! - [`request`]: `InternalRaftRequest`, the v2 `Request`, `ConfChange` and the member JSON.
 //! - [`v2store`]: the v2 store's JSON in a snapshot.
 //! - `pb`: the small prost messages of the files (`walpb`, `snappb`, `Metadata`).
-//! - `crc`: CRC-32C as etcd rolls it.
+//! - CRC-32C as etcd rolls it comes from `etcdrs-crc32c` (`update`).
 //! - `error`: [`Error`].
 //!
 //! # raftpb and raft-rs's eraftpb
@@ -43,7 +43,6 @@
 //! decoded with [`request::ConfChange`], not with raft-rs's type.
 #![deny(missing_docs)]
 
-mod crc;
 mod error;
 mod pb;
 pub mod request;

@@ -16,7 +16,6 @@ use prost::Message as _;
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Snapshot};
 
-use crate::crc;
 use crate::error::{Error, Result};
 use crate::pb::{SnapFile, WalSnapshot};
 
@@ -66,7 +65,7 @@ pub fn read_snap_file(path: &Path) -> Result<Snapshot> {
             path: path.to_path_buf(),
         });
     }
-    let computed = crc::update(0, &file.data);
+    let computed = etcdrs_crc32c::update(0, &file.data);
     if computed != file.crc {
         return Err(Error::SnapCrcMismatch {
             path: path.to_path_buf(),

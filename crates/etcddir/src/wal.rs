@@ -32,7 +32,6 @@ use std::path::{Path, PathBuf};
 use prost::Message as _;
 use raft::eraftpb::{Entry, HardState};
 
-use crate::crc;
 use crate::error::{Error, Result};
 use crate::pb::{Record, WalSnapshot, record_type};
 
@@ -214,7 +213,7 @@ impl<'a> Decoder<'a> {
                 }
             };
             if record.r#type != record_type::CRC {
-                let computed = crc::update(self.crc, &record.data);
+                let computed = etcdrs_crc32c::update(self.crc, &record.data);
                 if record.crc != computed {
                     if torn() {
                         return Ok(Step::Torn {
@@ -528,7 +527,7 @@ mod tests {
             let crc = if r#type == record_type::CRC {
                 self.crc
             } else {
-                self.crc = crate::crc::update(self.crc, &data);
+                self.crc = etcdrs_crc32c::update(self.crc, &data);
                 self.crc
             };
             let encoded = prost::Message::encode_to_vec(&Record { r#type, crc, data });

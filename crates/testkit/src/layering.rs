@@ -80,10 +80,24 @@ const RULES: &[Rule] = &[
         why: "metrics (registration and buckets) depends on prometheus only",
     },
     Rule {
-        krate: "etcdrs-bolt",
+        krate: "etcdrs-crc32c",
         reach: Reach::Transitive,
         forbid: Forbid::AnyWorkspaceCrate,
-        why: "bolt is a leaf: the bbolt file codec knows nothing of etcd's buckets or encodings",
+        why: "crc32c is the workspace's one CRC-32C, a leaf",
+    },
+    Rule {
+        krate: "etcdrs-bolt",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-proto",
+            "etcdrs-backend",
+            "etcdrs-mvcc",
+            "etcdrs-wal",
+            "etcdrs-raftnode",
+            "etcdrs-server",
+            "etcdrs-etcddir",
+        ]),
+        why: "bolt knows nothing of etcd's buckets or encodings: it depends on crc32c only",
     },
     Rule {
         krate: "etcdrs-bolt",

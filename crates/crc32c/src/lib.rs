@@ -1,5 +1,8 @@
 //! CRC-32C (Castagnoli, reflected polynomial `0x82F63B78`), the checksum etcd uses for its
-//! backend and key-space hashes (Go `crc32.MakeTable(crc32.Castagnoli)`).
+//! backend and key-space hashes, its WAL records and snapshot files, and that `etcdctl
+//! snapshot status` prints (Go `crc32.MakeTable(crc32.Castagnoli)`). The workspace's one
+//! implementation, shared by the backend, the bbolt codec and the reader of etcd's data
+//! directories.
 //!
 //! A portable slice-by-8 implementation: eight 256-entry tables built at compile time, eight
 //! input bytes per step. The crate forbids `unsafe`, so no SSE4.2 intrinsics; this runs at
@@ -86,6 +89,20 @@ impl Crc32c {
     pub fn sum(&self) -> u32 {
         !self.state
     }
+
+    /// A checksum that goes on from `sum`, the checksum of what came before (Go's
+    /// `crc32.Update` with a previous value: etcd's WAL rolls its CRC this way across records
+    /// and segments).
+    pub fn resume(sum: u32) -> Self {
+        Crc32c { state: !sum }
+    }
+}
+
+/// `sum` (0 to start) continued over `bytes`, as Go's `crc32.Update`.
+pub fn update(sum: u32, bytes: &[u8]) -> u32 {
+    let mut crc = Crc32c::resume(sum);
+    crc.update(bytes);
+    crc.sum()
 }
 
 #[cfg(test)]
@@ -106,6 +123,12 @@ mod tests {
         // etcd 3.4's HashKV of an empty key space is the CRC of the bucket name alone.
         assert_eq!(crc(b"key"), 1_084_519_789);
         assert_eq!(crc(&[0u8; 32]), 0x8A91_36AA);
+    }
+
+    #[test]
+    fn update_rolls_like_one_checksum() {
+        assert_eq!(update(update(0, b"1234"), b"56789"), crc(b"123456789"));
+        assert_eq!(update(0, b""), 0);
     }
 
     #[test]
