@@ -125,6 +125,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         initial_corrupt_check: cfg.experimental_initial_corrupt_check,
         corrupt_check_time: cfg.experimental_corrupt_check_time,
         lease_checkpoint: cfg.experimental_enable_lease_checkpoint,
+        lease_checkpoint_persist: cfg.experimental_enable_lease_checkpoint_persist,
         lease_checkpoint_interval: lease_checkpoint_interval(),
     })
 }

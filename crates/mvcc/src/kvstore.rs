@@ -10,7 +10,7 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 use prost::Message;
 
 use crate::key_index::KeyIndex;
-use crate::lease::{LeaseId, Lessor, NO_LEASE};
+use crate::lease::{LeaseId, LeaseRecord, Lessor, NO_LEASE};
 use crate::revision::Revision;
 use crate::{Error, Result};
 
@@ -186,12 +186,16 @@ fn load(backend: &Backend, lessor: &Lessor) -> Result<(State, i64)> {
     let now = Instant::now();
     let mut lease_failure = None;
     read.for_each_in(Bucket::LEASE, &[], None, |key, value| {
-        match (<[u8; 8]>::try_from(key), <[u8; 8]>::try_from(value)) {
-            (Ok(id), Ok(ttl)) => {
-                lessor.insert(i64::from_be_bytes(id), i64::from_be_bytes(ttl), now);
+        match LeaseRecord::decode_stored(key, value) {
+            Some(record) => {
+                lessor.insert(record.id, record.ttl, now);
+                // As etcd's lessor recovers it: a persisted checkpoint stands until renewed.
+                if record.remaining_ttl > 0 {
+                    lessor.checkpoint(record.id, record.remaining_ttl);
+                }
                 true
             }
-            _ => {
+            None => {
                 lease_failure = Some(Error::Corrupt("bad lease record".into()));
                 false
             }
@@ -486,8 +490,13 @@ impl<'a> WriteBatch<'a> {
         if self.store.lessor.contains(id) {
             return Err(Error::LeaseExists(id));
         }
+        let record = LeaseRecord {
+            id,
+            ttl,
+            remaining_ttl: 0,
+        };
         self.tx
-            .put(Bucket::LEASE, &id.to_be_bytes(), &ttl.to_be_bytes())?;
+            .put(Bucket::LEASE, &id.to_be_bytes(), &record.encode_to_vec())?;
         self.store.lessor.insert(id, ttl, Instant::now());
         crate::metrics::LEASES_GRANTED.inc();
         crate::metrics::LEASE_TTLS.observe(ttl as f64);
@@ -508,6 +517,23 @@ impl<'a> WriteBatch<'a> {
         self.tx.delete(Bucket::LEASE, &id.to_be_bytes())?;
         self.store.lessor.remove(id);
         crate::metrics::LEASES_REVOKED.inc();
+        Ok(())
+    }
+
+    /// Keep a lease's checkpointed remainder in its record (etcd's
+    /// `--experimental-enable-lease-checkpoint-persist`; 0 clears it), so that a restarted
+    /// member goes on from it rather than from the full TTL. A lease that is gone is skipped.
+    pub fn persist_lease_checkpoint(&mut self, id: LeaseId, remaining_ttl: i64) -> Result<()> {
+        let Some(ttl) = self.store.lessor.ttl(id) else {
+            return Ok(());
+        };
+        let record = LeaseRecord {
+            id,
+            ttl,
+            remaining_ttl: remaining_ttl.max(0),
+        };
+        self.tx
+            .put(Bucket::LEASE, &id.to_be_bytes(), &record.encode_to_vec())?;
         Ok(())
     }
 

@@ -54,6 +54,43 @@ const LEASE_REVOKE_RATE: usize = 1000;
 /// `int64(time.Duration(math.MaxInt64).Seconds())`.
 const FOREVER_SECS: i64 = i64::MAX / 1_000_000_000;
 
+/// A lease as the `lease` bucket keeps it, under its id (8 bytes, big-endian): etcd's
+/// `leasepb.Lease`, so the bucket is etcd's byte for byte. `remaining_ttl` is the leader's
+/// last checkpoint when `--experimental-enable-lease-checkpoint-persist` keeps it (0: none).
+/// Records of etcd-rs before this format are the TTL alone, 8 bytes big-endian
+/// ([`LeaseRecord::decode_stored`] reads both).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseRecord {
+    /// The lease's id.
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+    /// Its granted TTL, seconds.
+    #[prost(int64, tag = "2")]
+    pub ttl: i64,
+    /// The TTL left at the last persisted checkpoint, seconds.
+    #[prost(int64, tag = "3")]
+    pub remaining_ttl: i64,
+}
+
+impl LeaseRecord {
+    /// The record stored under `key`: etcd's encoding, or the older bare TTL (8 bytes whose
+    /// first is 0: a TTL is below 2^56, while an encoded record starts with its id's tag).
+    pub fn decode_stored(key: &[u8], value: &[u8]) -> Option<LeaseRecord> {
+        let id = i64::from_be_bytes(<[u8; 8]>::try_from(key).ok()?);
+        if let Ok(ttl) = <[u8; 8]>::try_from(value)
+            && value[0] == 0
+        {
+            return Some(LeaseRecord {
+                id,
+                ttl: i64::from_be_bytes(ttl),
+                remaining_ttl: 0,
+            });
+        }
+        let record = <LeaseRecord as prost::Message>::decode(value).ok()?;
+        (record.id == id).then_some(record)
+    }
+}
+
 /// One lease, as a snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -214,6 +251,11 @@ impl Lessor {
     /// A copy of the lease.
     pub fn get(&self, id: LeaseId) -> Option<Lease> {
         self.inner.lock().leases.get(&id).cloned()
+    }
+
+    /// The lease's granted TTL (without copying its keys).
+    pub fn ttl(&self, id: LeaseId) -> Option<i64> {
+        self.inner.lock().leases.get(&id).map(|l| l.ttl)
     }
 
     /// Ids of every lease, ascending.
@@ -462,6 +504,36 @@ fn spread_expiries(leases: &mut HashMap<LeaseId, Lease>, now: Instant, extend: D
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lease_records_read_both_encodings() {
+        use prost::Message as _;
+        let key = 0x1234_i64.to_be_bytes();
+        let record = LeaseRecord {
+            id: 0x1234,
+            ttl: 60,
+            remaining_ttl: 17,
+        };
+        assert_eq!(
+            LeaseRecord::decode_stored(&key, &record.encode_to_vec()),
+            Some(record)
+        );
+        // An etcd-rs record from before: the TTL alone.
+        let legacy = LeaseRecord::decode_stored(&key, &60i64.to_be_bytes()).unwrap();
+        assert_eq!(
+            (legacy.id, legacy.ttl, legacy.remaining_ttl),
+            (0x1234, 60, 0)
+        );
+        // A record under another lease's key is refused.
+        let other = 0x99_i64.to_be_bytes();
+        let encoded = LeaseRecord {
+            id: 0x1234,
+            ttl: 60,
+            remaining_ttl: 0,
+        }
+        .encode_to_vec();
+        assert_eq!(LeaseRecord::decode_stored(&other, &encoded), None);
+    }
 
     fn primary(min_ttl: i64) -> Lessor {
         let lessor = Lessor::new(min_ttl);

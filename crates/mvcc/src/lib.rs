@@ -30,6 +30,6 @@ pub use kvstore::{
     Change, KeyRange, KvStore, META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM, RangeParams,
     RangeResult, Txn, WriteBatch,
 };
-pub use lease::{Lease, LeaseId, Lessor, NO_LEASE};
+pub use lease::{Lease, LeaseId, LeaseRecord, Lessor, NO_LEASE};
 pub use revision::Revision;
 pub use watch::{Filters, HubMsg, SharedEvent, StreamId, WatchHub, WatchId, WatchRange};

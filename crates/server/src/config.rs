@@ -113,6 +113,9 @@ pub struct ServerConfig {
     pub corrupt_check_time: Duration,
     /// `--experimental-enable-lease-checkpoint`: the leader checkpoints remaining TTLs.
     pub lease_checkpoint: bool,
+    /// `--experimental-enable-lease-checkpoint-persist`: checkpoints are kept in the backend,
+    /// so a restarted member goes on from them.
+    pub lease_checkpoint_persist: bool,
     /// How often (etcd: 5 minutes, not a flag).
     pub lease_checkpoint_interval: Duration,
 }
@@ -168,6 +171,7 @@ impl ServerConfig {
             initial_corrupt_check: false,
             corrupt_check_time: Duration::ZERO,
             lease_checkpoint: false,
+            lease_checkpoint_persist: false,
             lease_checkpoint_interval: Duration::from_secs(300),
         }
     }

@@ -13,7 +13,7 @@
 //! | `meta` compaction | `finishedCompactRev`/`scheduledCompactRev` as a 17-byte revision | 8-byte big-endian |
 //! | `meta` conf state | `confState`, JSON (3.5)                        | `confState`, raft protobuf         |
 //! | `meta` ids        | (none: the WAL holds them)                     | `memberID`, `clusterID`            |
-//! | `lease`           | `leasepb.Lease {ID, TTL, RemainingTTL}`        | the TTL, 8-byte big-endian         |
+//! | `lease`           | `leasepb.Lease {ID, TTL, RemainingTTL}`        | the same (older: the bare TTL)     |
 //! | `auth`            | `authEnabled`, `authRevision`                  | `enabled`, `revision`              |
 //! | users, roles      | buckets `authUsers`, `authRoles`, by name      | `auth`, keys `user/…`, `role/…`    |
 //! | `members`         | hex id → etcd's member JSON                    | big-endian id → member JSON        |
@@ -34,6 +34,7 @@ use std::io::{Seek, Write};
 use etcdrs_backend::{Backend, Bucket, ReadTx};
 pub use etcdrs_bolt::Db;
 use etcdrs_bolt::Writer;
+use etcdrs_mvcc::LeaseRecord;
 use etcdrs_proto::etcdserverpb::AlarmMember;
 use etcdrs_raftnode::eraftpb::ConfState;
 use prost::Message;
@@ -71,17 +72,6 @@ const META_OURS_ONLY: [&[u8]; 2] = [b"memberID", b"clusterID"];
 const ETCD_REV_LEN: usize = 17;
 /// Bytes the import writes before it commits (without fsync) and starts the next transaction.
 const IMPORT_COMMIT_BYTES: u64 = 16 << 20;
-
-/// etcd's `leasepb.Lease`.
-#[derive(Clone, PartialEq, prost::Message)]
-struct LeaseRecord {
-    #[prost(int64, tag = "1")]
-    id: i64,
-    #[prost(int64, tag = "2")]
-    ttl: i64,
-    #[prost(int64, tag = "3")]
-    remaining_ttl: i64,
-}
 
 /// A member as etcd marshals it (`membership.Member`: the id, then `RaftAttributes`, then
 /// `Attributes`, empty fields left out).
@@ -284,13 +274,8 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
 
     let mut leases = Vec::new();
     for (key, value) in collect(read, Bucket::LEASE)? {
-        let id = be_u64(&key, "lease id")? as i64;
-        let ttl = be_u64(&value, "lease TTL")? as i64;
-        let record = LeaseRecord {
-            id,
-            ttl,
-            remaining_ttl: 0,
-        };
+        let record = LeaseRecord::decode_stored(&key, &value)
+            .ok_or_else(|| format_error(format!("bad lease record {key:?}")))?;
         leases.push((key, record.encode_to_vec()));
     }
     put_sorted(&mut out, names::LEASE, leases)?;
@@ -448,7 +433,9 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                         )));
                     }
                     imported.leases += 1;
-                    out.put(Bucket::LEASE, key, &record.ttl.to_be_bytes())
+                    // etcd's record is ours: the remaining TTL of a persisted checkpoint
+                    // comes along.
+                    out.put(Bucket::LEASE, key, value)
                 }
                 names::AUTH => {
                     if key == ETCD_AUTH_ENABLED {

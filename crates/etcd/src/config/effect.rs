@@ -19,7 +19,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("experimental-peer-skip-client-san-verification", "peer client certificates are verified as --peer-client-cert-auth says"),
     ("experimental-compact-hash-check-enabled", "compacted revisions' hashes are not compared"),
     ("experimental-compact-hash-check-time", "compacted revisions' hashes are not compared"),
-    ("experimental-enable-lease-checkpoint-persist", "checkpointed remainders are kept in memory, not in the backend: a restarted member forgets them"),
     ("experimental-compaction-batch-limit", "a compaction deletes in one backend transaction"),
     ("experimental-compaction-sleep-interval", "a compaction deletes in one backend transaction"),
     ("experimental-bootstrap-defrag-threshold-megabytes", "the backend is not defragmented at start"),

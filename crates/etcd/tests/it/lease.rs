@@ -804,3 +804,52 @@ async fn checkpointed_leases_keep_their_remaining_ttl_across_a_leader_change() {
         "without checkpoints the lease restarts in full: {without}s\n{logs}"
     );
 }
+
+/// A single member restarted 4 s into a 60 s lease: the TTL it then reports.
+async fn ttl_after_restart(args: &[&str]) -> i64 {
+    let mut opts = crate::opts().env("ETCDRS_LEASE_CHECKPOINT_INTERVAL", "200ms");
+    for arg in args {
+        opts = opts.arg(*arg);
+    }
+    let mut m = etcdrs_testkit::Member::start(opts)
+        .await
+        .expect("member starts");
+    let mut client = m.client().await.expect("client");
+    let lease = client.lease_grant(60, None).await.expect("grant").id();
+    let granted = Instant::now();
+    poll_until(Duration::from_secs(20), || async {
+        anyhow::ensure!(
+            granted.elapsed() >= Duration::from_secs(4),
+            "4 s not yet passed"
+        );
+        Ok(())
+    })
+    .await
+    .expect("time passes");
+    m.restart().await.expect("restart");
+    poll_until(Duration::from_secs(20), || async {
+        ttl_through(&m, lease).await
+    })
+    .await
+    .expect("the restarted member answers")
+}
+
+/// `--experimental-enable-lease-checkpoint-persist`: the checkpointed remainder is kept in
+/// the backend, so a restarted member goes on from it; without it, the lease restarts in full.
+#[tokio::test]
+async fn persisted_checkpoints_survive_a_restart() {
+    if !crate::ours() {
+        return; // etcd 3.5 flag.
+    }
+    let with = ttl_after_restart(&[
+        "--experimental-enable-lease-checkpoint",
+        "--experimental-enable-lease-checkpoint-persist",
+    ])
+    .await;
+    assert!(with <= 57, "the persisted checkpoint was lost: {with}s");
+    let without = ttl_after_restart(&["--experimental-enable-lease-checkpoint"]).await;
+    assert!(
+        without >= 59,
+        "without persistence the lease restarts in full: {without}s"
+    );
+}

@@ -399,11 +399,16 @@ impl EtcdServer {
             }
             Op::Alarm(req) => self.apply_alarm(batch, req).map(ApplyOutput::Alarm),
             Op::LeaseCheckpoint(req) => {
-                // Every member records the leader's remainders; only a promotion reads them.
+                // Every member records the leader's remainders; only a promotion reads them
+                // (and, kept in the backend, a restart).
+                let persist = self.inner.config.lease_checkpoint_persist;
                 for checkpoint in req.checkpoints {
                     store
                         .lessor()
                         .checkpoint(checkpoint.id, checkpoint.remaining_ttl);
+                    if persist {
+                        batch.persist_lease_checkpoint(checkpoint.id, checkpoint.remaining_ttl)?;
+                    }
                 }
                 Ok(ApplyOutput::Checkpointed)
             }
