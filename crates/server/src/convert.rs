@@ -182,6 +182,16 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
         consistent_index = imported.consistent_index,
         "converted etcd's backend"
     );
+    if imported.consistent_index < member.wal_snapshot.0 {
+        // etcd itself refuses to start here (its backend cannot be recovered from the
+        // snapshot without the snapshot's database).
+        return Err(fatal(format!(
+            "{}: its consistent index {} is behind etcd's last snapshot at {}, and that snapshot's database is missing",
+            source.display(),
+            imported.consistent_index,
+            member.wal_snapshot.0
+        )));
+    }
     if imported.members.is_empty() {
         return Err(fatal(format!(
             "{} has no members: cannot tell this member's cluster",
