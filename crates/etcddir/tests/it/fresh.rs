@@ -5,26 +5,27 @@ use etcdrs_etcddir::request::{
 };
 use raft::eraftpb::EntryType;
 
-use crate::harness::{Dirs, Etcd, reported_ids};
+use crate::harness::{ctl_json, reported_ids, start_etcd};
 
-#[test]
-fn fresh_member_reads_back() {
-    let dirs = Dirs::new();
-    let etcd = Etcd::start(&dirs.data, &dirs.logs, &[]);
+#[tokio::test]
+async fn fresh_member_reads_back() {
+    let mut etcd = start_etcd(&[]).await;
+    let ctl = etcd.etcdctl();
     for n in 1..=3 {
-        etcd.etcdctl(&["put", &format!("k{n}"), &format!("v{n}")]);
+        ctl.ok(&["put", &format!("k{n}"), &format!("v{n}")]).await;
     }
-    let lease = etcd.etcdctl_json(&["lease", "grant", "600"]);
+    let lease = ctl_json(&etcd, &["lease", "grant", "600"]).await;
     let lease_id = lease["ID"].as_i64().expect("lease id");
-    etcd.etcdctl(&["put", "leased", "v", "--lease", &format!("{lease_id:x}")]);
-    etcd.etcdctl(&["user", "add", "root:pw"]);
-    etcd.etcdctl(&["put", "last", "v"]);
-    let reported = reported_ids(&etcd);
-    let peer_url = etcd.peer_url.clone();
-    let client_url = etcd.client_url.clone();
-    etcd.stop();
+    ctl.ok(&["put", "leased", "v", "--lease", &format!("{lease_id:x}")])
+        .await;
+    ctl.ok(&["user", "add", "root:pw"]).await;
+    ctl.ok(&["put", "last", "v"]).await;
+    let reported = reported_ids(&etcd).await;
+    let peer_url = etcd.peer_url();
+    let client_url = etcd.endpoint();
+    etcd.stop().await.expect("stop etcd");
 
-    let member = etcdrs_etcddir::read(&dirs.data).expect("read the data directory");
+    let member = etcdrs_etcddir::read(etcd.data_dir()).expect("read the data directory");
     assert_eq!(member.node_id, reported.member_id);
     assert_eq!(member.cluster_id, reported.cluster_id);
     assert!(member.snapshot.is_none());
