@@ -14,10 +14,12 @@ const ETCD: &str = "/usr/bin/etcd";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Starts a single member `m1` of etcd 3.4 with extra `settings` (`(flag, value)`, e.g.
-/// `("snapshot-count", "50")`) and waits until it is ready.
+/// `("snapshot-count", "50")`) and waits until HTTP `/health` answers true (in etcd 3.4 that
+/// probe is a v2 `QGET` through raft, so the WAL holds at least one).
 pub async fn start_etcd(settings: &[(&str, &str)]) -> Member {
     let mut opts = MemberOpts::new(&EtcdBin::at(ETCD))
         .name("m1")
+        .require_health()
         .ready_timeout(READY_TIMEOUT);
     for &(flag, value) in settings {
         opts = opts.setting(flag, value);
