@@ -6,161 +6,37 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::BufWriter;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output};
 
 use etcdrs_bolt::{Db, Error, Writer, etcd_status_hash};
+use etcdrs_testkit::{EtcdBin, Etcdctl, Member, MemberOpts};
 
 const ETCD: &str = "/usr/bin/etcd";
-const ETCDCTL: &str = "/usr/bin/etcdctl";
 const N_SMALL_KEYS: usize = 2_000;
 const N_LARGE_KEYS: usize = 5;
 /// Puts per `etcdctl txn`: etcd's `--max-txn-ops` default is 128.
 const TXN_BATCH: usize = 100;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local address")
-        .port()
+/// A single-member etcd 3.4 on its own data dir and ports, ready to serve.
+async fn start_etcd() -> Member {
+    Member::start(MemberOpts::new(&EtcdBin::at(ETCD)))
+        .await
+        .expect("start etcd 3.4")
 }
 
-/// An etcd 3.4 process, stopped with SIGTERM on drop.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-}
-
-impl Etcd {
-    fn start(data_dir: &Path, log: &Path) -> Etcd {
-        let client = format!("http://127.0.0.1:{}", free_port());
-        let peer = format!("http://127.0.0.1:{}", free_port());
-        let log_file = File::create(log).expect("create the etcd log");
-        let child = Command::new(ETCD)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn the process");
-        let etcd = Etcd {
-            child,
-            endpoint: client,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let health = etcd.ctl(&["endpoint", "health", "--command-timeout=1s"]);
-            if health.status.success() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd not healthy in time: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        etcd
-    }
-
-    fn ctl(&self, args: &[&str]) -> Output {
-        ctl_with(&["--endpoints", &self.endpoint], args, None)
-    }
-
-    fn ctl_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let out = ctl_with(&["--endpoints", &self.endpoint], args, stdin);
-        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
-        String::from_utf8(out.stdout).expect("etcdctl prints UTF-8")
-    }
-
-    /// SIGTERM, then waits for the exit (etcd closes its backend on the way out).
-    fn stop(mut self) {
-        self.terminate();
-    }
-
-    fn terminate(&mut self) {
-        if self
-            .child
-            .try_wait()
-            .expect("poll the etcd process")
-            .is_some()
-        {
-            return;
-        }
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self
-            .child
-            .try_wait()
-            .expect("poll the etcd process")
-            .is_none()
-        {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("etcd did not stop on SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.terminate();
-        } else {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn ctl_with(global: &[&str], args: &[&str], stdin: Option<&str>) -> Output {
-    let mut command = Command::new(ETCDCTL);
-    command
+/// `etcdctl <args>` with no endpoint (the offline `snapshot status` and `snapshot restore`).
+fn offline_ctl(args: &[&str]) -> Output {
+    Command::new(Etcdctl::new("").bin())
         .env("ETCDCTL_API", "3")
-        .args(global)
         .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = command.spawn().expect("spawn the process");
-    if let Some(input) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .expect("etcdctl stdin is piped")
-            .write_all(input.as_bytes())
-            .expect("write etcdctl stdin");
-    }
-    child.wait_with_output().expect("wait for etcdctl")
+        .output()
+        .expect("run etcdctl")
 }
 
 /// `etcdctl snapshot status -w json`: (hash, revision, totalKey, totalSize).
 fn snapshot_status(file: &Path) -> (u32, i64, u64, u64) {
-    let out = ctl_with(
-        &[],
-        &["snapshot", "status", path_str(file), "-w", "json"],
-        None,
-    );
+    let out = offline_ctl(&["snapshot", "status", path_str(file), "-w", "json"]);
     assert!(out.status.success(), "snapshot status {file:?}: {out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcdctl prints JSON");
     (
@@ -292,11 +168,11 @@ fn copy_with_writer(source: &Db, target: &Path) -> u64 {
     len
 }
 
-#[test]
-fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
+#[tokio::test]
+async fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
     let dir = tempfile::tempdir().unwrap();
-    let data_dir = dir.path().join("data");
-    let etcd = Etcd::start(&data_dir, &dir.path().join("etcd.log"));
+    let mut etcd = start_etcd().await;
+    let ctl = etcd.etcdctl();
 
     let mut expected_keys = BTreeSet::new();
     for batch in (0..N_SMALL_KEYS).collect::<Vec<_>>().chunks(TXN_BATCH) {
@@ -307,28 +183,33 @@ fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
         }
         // An empty line ends the success ops, another the (empty) failure ops.
         txn.push_str("\n\n");
-        etcd.ctl_ok(&["txn"], Some(&txn));
+        ctl.ok_stdin(&["txn"], &txn).await;
     }
     let large_value = "x".repeat(10 * 1024);
     for idx in 0..N_LARGE_KEYS {
-        etcd.ctl_ok(&["put", &large_key(idx), "--", &large_value], None);
+        ctl.ok(&["put", &large_key(idx), "--", &large_value]).await;
         expected_keys.insert(large_key(idx).into_bytes());
     }
-    let granted = etcd.ctl_ok(&["lease", "grant", "600"], None);
+    let granted = ctl.ok(&["lease", "grant", "600"]).await;
     // "lease 694d7a6b1e3f2a0c granted with TTL(600s)"
     let lease_id = granted.split_whitespace().nth(1).unwrap().to_string();
-    etcd.ctl_ok(&["put", "--lease", &lease_id, "leased", "v"], None);
+    ctl.ok(&["put", "--lease", &lease_id, "leased", "v"]).await;
     expected_keys.insert(b"leased".to_vec());
 
     let snapshot = dir.path().join("snapshot.db");
-    etcd.ctl_ok(&["snapshot", "save", path_str(&snapshot)], None);
-    etcd.stop();
+    ctl.ok(&["snapshot", "save", path_str(&snapshot)]).await;
+    // SIGTERM: etcd closes its backend on the way out.
+    etcd.stop().await.unwrap();
 
     // etcd's snapshot file ends with a SHA-256 trailer after the last page.
     let from_snapshot = check_etcd_file(&snapshot, &expected_keys, &lease_id);
     assert_eq!(from_snapshot.file_size() % 512, 32);
     assert_eq!(from_snapshot.file_size(), from_snapshot.size() + 32);
-    check_etcd_file(&data_dir.join("member/snap/db"), &expected_keys, &lease_id);
+    check_etcd_file(
+        &etcd.data_dir().join("member/snap/db"),
+        &expected_keys,
+        &lease_id,
+    );
 
     let (hash, revision, total_key, total_size) = snapshot_status(&snapshot);
     assert_eq!(etcd_status_hash(&from_snapshot).unwrap(), hash);
@@ -348,39 +229,37 @@ fn reads_etcd_files_and_etcd_accepts_the_writers_copy() {
     let reread = Db::open(&copy).unwrap();
     assert_eq!(etcd_status_hash(&reread).unwrap(), hash);
 
-    // The strongest check: etcd 3.4 restores the copy and serves its keys.
-    let restored: PathBuf = dir.path().join("restored");
-    let peer = format!("http://127.0.0.1:{}", free_port());
-    let out = ctl_with(
-        &[],
-        &[
-            "snapshot",
-            "restore",
-            path_str(&copy),
-            "--data-dir",
-            path_str(&restored),
-            "--skip-hash-check",
-            "--name",
-            "default",
-            "--initial-cluster",
-            &format!("default={peer}"),
-            "--initial-advertise-peer-urls",
-            &peer,
-        ],
-        None,
-    );
+    // The strongest check: etcd 3.4 restores the copy into the member's data dir (same
+    // name and peer URL) and serves its keys.
+    std::fs::remove_dir_all(etcd.data_dir()).unwrap();
+    let initial_cluster = format!("{}={}", etcd.name(), etcd.peer_url());
+    let out = offline_ctl(&[
+        "snapshot",
+        "restore",
+        path_str(&copy),
+        "--data-dir",
+        path_str(etcd.data_dir()),
+        "--skip-hash-check",
+        "--name",
+        etcd.name(),
+        "--initial-cluster",
+        &initial_cluster,
+        "--initial-advertise-peer-urls",
+        &etcd.peer_url(),
+    ]);
     assert!(out.status.success(), "snapshot restore: {out:?}");
-    let etcd = Etcd::start(&restored, &dir.path().join("restored.log"));
-    let listed = etcd.ctl_ok(&["get", "--prefix", "", "--keys-only"], None);
+    etcd.restart().await.unwrap();
+    let ctl = etcd.etcdctl();
+    let listed = ctl.ok(&["get", "--prefix", "", "--keys-only"]).await;
     let served: BTreeSet<Vec<u8>> = listed
         .lines()
         .filter(|line| !line.is_empty())
         .map(|line| line.as_bytes().to_vec())
         .collect();
     assert_eq!(served, expected_keys);
-    let large = etcd.ctl_ok(&["get", &large_key(0), "--print-value-only"], None);
+    let large = ctl.ok(&["get", &large_key(0), "--print-value-only"]).await;
     assert_eq!(large.trim_end(), large_value);
-    etcd.stop();
+    etcd.stop().await.unwrap();
 }
 
 /// A revision key as etcd's `key` bucket has them (`etcdctl snapshot status` parses them).

@@ -12,17 +12,20 @@ use std::path::{Path, PathBuf};
 
 use etcdrs_etcddir::Error;
 
-use crate::harness::{Dirs, Etcd, copy_dir};
+use etcdrs_testkit::Member;
 
-/// A stopped member with a few keys; returns the dirs.
-fn written_member() -> Dirs {
-    let dirs = Dirs::new();
-    let etcd = Etcd::start(&dirs.data, &dirs.logs, &[]);
+use crate::harness::{copy_dir, start_etcd};
+
+/// A stopped member with a few keys (its data directory lives as long as it).
+async fn written_member() -> Member {
+    let mut etcd = start_etcd(&[]).await;
+    let ctl = etcd.etcdctl();
     for n in 0..10 {
-        etcd.etcdctl(&["put", &format!("k{n}"), "some value of a few bytes"]);
+        ctl.ok(&["put", &format!("k{n}"), "some value of a few bytes"])
+            .await;
     }
-    etcd.stop();
-    dirs
+    etcd.stop().await.expect("stop etcd");
+    etcd
 }
 
 fn only_segment(data_dir: &Path) -> PathBuf {
@@ -70,16 +73,17 @@ fn byte_at(path: &Path, offset: u64) -> u8 {
     byte[0]
 }
 
-#[test]
-fn damaged_copies() {
-    let dirs = written_member();
-    let original = etcdrs_etcddir::read(&dirs.data).expect("the original reads");
+#[tokio::test]
+async fn damaged_copies() {
+    let etcd = written_member().await;
+    let data = etcd.data_dir();
+    let original = etcdrs_etcddir::read(data).expect("the original reads");
     let scratch = tempfile::tempdir().expect("temp dir");
 
     // One flipped byte in a record in the middle: etcd's walpb CRC mismatch, naming the
     // file and the record's offset.
     let flipped = scratch.path().join("flipped");
-    copy_dir(&dirs.data, &flipped);
+    copy_dir(data, &flipped);
     let segment = only_segment(&flipped);
     let all = frames(&segment);
     let (offset, record, _) = all[all.len() / 2];
@@ -100,7 +104,7 @@ fn damaged_copies() {
 
     // The last record cut short (the file ends inside it): tolerated, the log ends before it.
     let truncated = scratch.path().join("truncated");
-    copy_dir(&dirs.data, &truncated);
+    copy_dir(data, &truncated);
     let segment = only_segment(&truncated);
     let all = frames(&segment);
     let (last_offset, last_record, _) = *all.last().expect("frames");
@@ -123,7 +127,7 @@ fn damaged_copies() {
     // The last record torn (a sector of it never written: zeros), with the preallocated
     // zeros after it: also tolerated.
     let zeroed = scratch.path().join("zeroed");
-    copy_dir(&dirs.data, &zeroed);
+    copy_dir(data, &zeroed);
     let segment = only_segment(&zeroed);
     patch(&segment, last_offset + 8, &vec![0u8; last_record as usize]);
     let member = etcdrs_etcddir::read(&zeroed).expect("a torn write is tolerated");
@@ -131,7 +135,7 @@ fn damaged_copies() {
 
     // The same zeroed bytes in a record that is not the last: not a torn write, an error.
     let middle = scratch.path().join("middle");
-    copy_dir(&dirs.data, &middle);
+    copy_dir(data, &middle);
     let segment = only_segment(&middle);
     let (offset, record, _) = all[all.len() / 2];
     patch(&segment, offset + 8 + record - 4, &[0, 0, 0, 0]);
@@ -147,7 +151,7 @@ fn damaged_copies() {
     // A .snap file that does not check is passed over (etcd renames it to .broken) and
     // left as it is.
     let bad_snap = scratch.path().join("bad-snap");
-    copy_dir(&dirs.data, &bad_snap);
+    copy_dir(data, &bad_snap);
     let snap_path = bad_snap.join("member/snap/0000000000000002-0000000000000009.snap");
     std::fs::write(&snap_path, b"\x08\x01\x12\x03abc").expect("write a bad snap file");
     let member = etcdrs_etcddir::read(&bad_snap).expect("reads without the bad snap file");
@@ -174,18 +178,18 @@ fn damaged_copies() {
 
     // No WAL segments: not an etcd data directory.
     let no_wal = scratch.path().join("no-wal");
-    copy_dir(&dirs.data, &no_wal);
+    copy_dir(data, &no_wal);
     std::fs::remove_dir_all(no_wal.join("member/wal")).expect("remove member/wal");
     assert!(!etcdrs_etcddir::is_etcd_data_dir(&no_wal));
     assert!(matches!(
         etcdrs_etcddir::read(&no_wal),
         Err(Error::NotEtcdDataDir { .. })
     ));
-    assert!(etcdrs_etcddir::is_etcd_data_dir(&dirs.data));
+    assert!(etcdrs_etcddir::is_etcd_data_dir(data));
 
     // No db: reported.
     let no_db = scratch.path().join("no-db");
-    copy_dir(&dirs.data, &no_db);
+    copy_dir(data, &no_db);
     std::fs::remove_file(no_db.join("member/snap/db")).expect("remove db");
     assert!(matches!(
         etcdrs_etcddir::read(&no_db),
