@@ -49,7 +49,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
 /// test that sets it.
 #[cfg(test)]
 pub(crate) const UNTESTED: &[&str] = &[
-    "discovery-dial-timeout",
     "discovery-request-timeout",
     "discovery-keepalive-time",
     "discovery-keepalive-timeout",

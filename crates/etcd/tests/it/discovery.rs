@@ -1117,3 +1117,53 @@ async fn v3_discovery_insecure_skip_tls_verify() {
     let (members, _) = bootstrap(1, &skipping).await;
     check_cluster(&members).await;
 }
+
+/// `--discovery-dial-timeout`: against a discovery endpoint that accepts connections and never
+/// answers, a member gives up after the dial timeout and exits: with 200 ms it is gone before a
+/// member with 3 s can be.
+#[tokio::test]
+async fn v3_discovery_dial_timeout_bounds_an_unanswering_service() {
+    if !ours() {
+        return; // etcd 3.4 members have no v3 discovery.
+    }
+    // A service that takes connections and says nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let gives_up_after = |timeout: &'static str| {
+        let endpoint = endpoint.clone();
+        async move {
+            let flags = vec![
+                "--discovery-token=silent".to_string(),
+                format!("--discovery-endpoints={endpoint}"),
+                format!("--discovery-dial-timeout={timeout}"),
+            ];
+            let started = std::time::Instant::now();
+            let mut member = Member::spawn(member_opts(0, &flags)).expect("member spawns");
+            let status = member
+                .wait_exit(WAIT)
+                .await
+                .expect("member exits by itself");
+            assert_eq!(status.code(), Some(1), "{}", member.log());
+            started.elapsed()
+        }
+    };
+    let short = gives_up_after("200ms").await;
+    let long = gives_up_after("3s").await;
+    held.abort();
+    assert!(
+        long >= Duration::from_secs(3),
+        "gave up after {long:?} with a 3 s dial timeout"
+    );
+    assert!(
+        short < Duration::from_secs(3),
+        "gave up after {short:?} with a 200 ms dial timeout"
+    );
+}
