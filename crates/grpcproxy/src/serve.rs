@@ -540,7 +540,14 @@ pub async fn serve(
         Arc::new(tokio_rustls::TlsAcceptor::from(config))
             as Arc<dyn etcdrs_serve::listener::Acceptor>
     });
-    etcdrs_serve::listener::serve(listener, acceptor, handler, shutdown).await;
+    etcdrs_serve::listener::serve(
+        listener,
+        acceptor,
+        handler,
+        etcdrs_serve::listener::Admission::Capped,
+        shutdown,
+    )
+    .await;
 }
 
 /// What a proxy listener serves on each connection: [`Front`], with the connection's

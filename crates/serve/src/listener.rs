@@ -10,12 +10,19 @@
 //! asks every connection for a graceful close through the [`Watcher`] handed to the handler,
 //! and aborts what is still open after [`SHUTDOWN_GRACE`].
 //!
+//! Connections are capped process-wide at the open-files limit less [`FD_RESERVE`]: a flood
+//! of idle clients cannot take the descriptors the process needs for its own files (WAL
+//! segments, the backend, snapshots) or for its peers. A connection over the cap is accepted
+//! and closed at once (so the kernel's queue does not fill), with a warning at most once per
+//! [`ACCEPT_BACKOFF`] burst.
+//!
 //! What differs between listeners stays with the caller's handler: hyper's settings, the
 //! executor of a connection's streams, the router, and what a client certificate means.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -33,6 +40,54 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The pause after a failed accept (out of descriptors and the like), instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Descriptors kept back from client connections for the process's own files and its peers.
+pub const FD_RESERVE: u64 = 256;
+
+/// Client connections open in the process, over every listener.
+static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// The most connections the process serves at once: its open-files limit less
+/// [`FD_RESERVE`] (at least 64), read once.
+fn connection_limit() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(u64::MAX);
+        usize::try_from(soft.saturating_sub(FD_RESERVE).max(64)).unwrap_or(usize::MAX)
+    })
+}
+
+/// One counted connection; dropping it counts it out.
+struct Slot;
+
+impl Slot {
+    /// A slot, unless the process is at its connection limit.
+    fn take() -> Option<Slot> {
+        let limit = connection_limit();
+        OPEN_CONNECTIONS
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot)
+    }
+}
+
+impl Slot {
+    /// A slot past the cap (the peer port's connections are counted, not refused).
+    fn always() -> Slot {
+        OPEN_CONNECTIONS.fetch_add(1, Ordering::AcqRel);
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        OPEN_CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Where a TLS listener gets the acceptor for a new connection.
 pub trait Acceptor: Send + Sync + 'static {
@@ -71,16 +126,27 @@ pub trait Handler: Clone + Send + 'static {
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static;
 }
 
+/// Whether a listener's connections count against the process's connection cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Clients: capped (module docs).
+    Capped,
+    /// The peer port: members are few, and part of what the reserve is kept for.
+    Uncapped,
+}
+
 /// Accepts connections on `listener` and serves each with a clone of `handler`, over TLS
 /// when `tls` is given, until `shutdown` (see the module docs).
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     tls: Option<Arc<dyn Acceptor>>,
     handler: H,
+    admission: Admission,
     shutdown: CancellationToken,
 ) {
     let graceful = GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
+    let mut last_refusal: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -94,6 +160,23 @@ pub async fn serve<H: Handler>(
                         continue;
                     }
                 };
+                let slot = match admission {
+                    Admission::Capped => Slot::take(),
+                    Admission::Uncapped => Some(Slot::always()),
+                };
+                let Some(slot) = slot else {
+                    let now = std::time::Instant::now();
+                    if last_refusal.is_none_or(|at| now.duration_since(at) >= ACCEPT_BACKOFF) {
+                        tracing::warn!(
+                            remote_addr = %addr,
+                            limit = connection_limit(),
+                            "too many open connections; closing a new one"
+                        );
+                        last_refusal = Some(now);
+                    }
+                    drop(tcp);
+                    continue;
+                };
                 tracing::debug!(remote_addr = %addr, "accepted connection");
                 // Best effort: a socket that refuses the option still works, only slower.
                 let _ = tcp.set_nodelay(true);
@@ -103,6 +186,7 @@ pub async fn serve<H: Handler>(
                 // Task: one client connection (the TLS handshake, then HTTP until either side
                 // closes).
                 connections.spawn(async move {
+                    let _slot = slot;
                     let Some(tls) = tls else {
                         let peer = Peer { addr, certificate: None };
                         handler.serve(LenientAuthority::new(tcp), peer, watcher).await;
@@ -166,7 +250,13 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, None, EchoPeer, shutdown.clone()));
+        let server = tokio::spawn(serve(
+            listener,
+            None,
+            EchoPeer,
+            Admission::Capped,
+            shutdown.clone(),
+        ));
         for _ in 0..3 {
             let mut client = TcpStream::connect(addr).await.unwrap();
             let mut answer = String::new();

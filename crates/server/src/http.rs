@@ -18,7 +18,7 @@ use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_serve::h2authority::LenientAuthority;
 use etcdrs_serve::leader::LeaderSource;
-use etcdrs_serve::listener::{Handler, Peer};
+use etcdrs_serve::listener::{Admission, Handler, Peer};
 use etcdrs_serve::not_found;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::Watcher;
@@ -134,6 +134,7 @@ pub async fn serve(
         builder,
         listener,
         tls,
+        Admission::Capped,
         shutdown,
     )
     .await
@@ -192,7 +193,16 @@ pub async fn serve_peers(
     tls: Option<Arc<TlsServer>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_router(peer_router(server), listener, tls, shutdown).await
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    serve_router_with(
+        peer_router(server),
+        builder,
+        listener,
+        tls,
+        Admission::Uncapped,
+        shutdown,
+    )
+    .await
 }
 
 /// Who is at the other end of a connection, as TLS established it: every request on the
@@ -337,7 +347,7 @@ async fn serve_router(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    serve_router_with(router, builder, listener, tls, shutdown).await
+    serve_router_with(router, builder, listener, tls, Admission::Capped, shutdown).await
 }
 
 /// [`serve_router`] with hyper settings of the caller's.
@@ -346,6 +356,7 @@ async fn serve_router_with(
     mut builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     listener: TcpListener,
     tls: Option<Arc<TlsServer>>,
+    admission: Admission,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     // gRPC answers carry no `date` (grpc-go, behind etcd, sends none); HTTP/1.1 keeps it.
@@ -356,7 +367,7 @@ async fn serve_router_with(
         tls: tls.clone(),
     };
     let acceptor = tls.map(|tls| tls as Arc<dyn etcdrs_serve::listener::Acceptor>);
-    etcdrs_serve::listener::serve(listener, acceptor, handler, shutdown).await;
+    etcdrs_serve::listener::serve(listener, acceptor, handler, admission, shutdown).await;
     Ok(())
 }
 

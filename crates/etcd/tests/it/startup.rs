@@ -270,3 +270,57 @@ async fn many_idle_connections_do_not_exhaust_a_low_soft_open_files_limit() {
     assert_eq!(ctl.ok(&["put", "after", "many-connections"]).await, "OK\n");
     drop(idle);
 }
+
+/// With a hard open-files limit of 1,024 (nothing to raise to), a flood of idle connections
+/// takes at most the limit less a reserve: the member's own files keep their descriptors, so
+/// a client that was connected before the flood still writes and can still take a snapshot
+/// (a temporary file). etcd 3.4 has no such reserve: ours only.
+#[tokio::test]
+async fn a_connection_flood_leaves_the_member_its_own_descriptors() {
+    if !crate::ours() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("low-limit");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit -n 1024\nexec {} \"$@\"\n",
+            bin().path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let m = Member::start(etcdrs_testkit::MemberOpts::new(
+        &etcdrs_testkit::EtcdBin::at(&wrapper),
+    ))
+    .await
+    .unwrap();
+    let mut before = m.client().await.unwrap();
+    // Its connection is open before the flood.
+    before.put("before", "flood", None).await.unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..1100 {
+        if let Ok(conn) = tokio::net::TcpStream::connect(m.client_addr()).await {
+            flood.push(conn);
+        }
+    }
+    before.put("during", "flood", None).await.unwrap();
+    let mut stream = before.snapshot().await.unwrap();
+    let mut bytes = 0;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        bytes += chunk.blob().len();
+    }
+    assert!(bytes > 0);
+    assert!(
+        m.log()
+            .contains("too many open connections; closing a new one"),
+        "{}",
+        m.log_tail(20)
+    );
+    drop(flood);
+}
