@@ -556,14 +556,16 @@ async fn a_half_finished_conversion_is_refused() {
     let mut m = Member::start(MemberOpts::new(&etcd34())).await.unwrap();
     m.stop().await.unwrap();
     std::fs::create_dir(m.data_dir().join("etcd-rs.converting")).unwrap();
-    let files = etcd_files(m.data_dir());
     m.set_bin(&our_bin());
+    refused_unchanged(&mut m, "holds a conversion from etcd that did not finish").await;
+}
+
+/// `m` fails to start, logging `message`, and its data dir is as it was.
+async fn refused_unchanged(m: &mut Member, message: &str) {
+    let files = etcd_files(m.data_dir());
     assert!(m.restart().await.is_err());
     let log = m.current_log();
-    assert!(
-        log.contains("holds a conversion from etcd that did not finish"),
-        "{log}"
-    );
+    assert!(log.contains(message), "{log}");
     assert_eq!(etcd_files(m.data_dir()), files);
 }
 
@@ -578,14 +580,11 @@ async fn an_unknown_database_is_refused() {
     m.stop().await.unwrap();
     let db = m.data_dir().join("member/snap/db");
     std::fs::write(&db, b"this is not a database of anybody's".repeat(200)).unwrap();
-    let files = etcd_files(m.data_dir());
-    assert!(m.restart().await.is_err());
-    let log = m.current_log();
-    assert!(
-        log.contains("is neither etcd's (bbolt) nor etcd-rs's (redb) database"),
-        "{log}"
-    );
-    assert_eq!(etcd_files(m.data_dir()), files);
+    refused_unchanged(
+        &mut m,
+        "is neither etcd's (bbolt) nor etcd-rs's (redb) database",
+    )
+    .await;
 }
 
 /// etcd killed (SIGKILL) right after its last acknowledged write: its backend may not have

@@ -239,25 +239,7 @@ async fn many_idle_connections_do_not_exhaust_a_low_soft_open_files_limit() {
         // Nothing to raise to here; the hard limit is the limit.
         return;
     }
-    let wrapper = dir.path().join("low-soft-limit");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nulimit -S -n 1024\nexec {} \"$@\"\n",
-            bin().path().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let m = Member::start(etcdrs_testkit::MemberOpts::new(
-        &etcdrs_testkit::EtcdBin::at(&wrapper),
-    ))
-    .await
-    .unwrap();
+    let m = start_under_ulimit(dir.path(), "-S -n 1024").await;
     let mut idle = Vec::new();
     for _ in 0..1100 {
         idle.push(
@@ -281,25 +263,7 @@ async fn a_connection_flood_leaves_the_member_its_own_descriptors() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("low-limit");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nulimit -n 1024\nexec {} \"$@\"\n",
-            bin().path().display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let m = Member::start(etcdrs_testkit::MemberOpts::new(
-        &etcdrs_testkit::EtcdBin::at(&wrapper),
-    ))
-    .await
-    .unwrap();
+    let m = start_under_ulimit(dir.path(), "-n 1024").await;
     let mut before = m.client().await.unwrap();
     // Its connection is open before the flood.
     before.put("before", "flood", None).await.unwrap();
@@ -323,4 +287,28 @@ async fn a_connection_flood_leaves_the_member_its_own_descriptors() {
         m.log_tail(20)
     );
     drop(flood);
+}
+
+/// A member of the server under test started through a wrapper script in `dir` that runs
+/// `ulimit <limit>` and then execs the server.
+async fn start_under_ulimit(dir: &std::path::Path, limit: &str) -> Member {
+    let wrapper = dir.join("ulimit-wrapper");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nulimit {limit}\nexec {} \"$@\"\n",
+            bin().path().display()
+        ),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("make it executable");
+    Member::start(etcdrs_testkit::MemberOpts::new(
+        &etcdrs_testkit::EtcdBin::at(&wrapper),
+    ))
+    .await
+    .expect("member starts")
 }
