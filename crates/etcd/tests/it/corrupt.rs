@@ -86,9 +86,13 @@ async fn periodic_check_raises_the_corrupt_alarm() {
     let follower = (c.leader().await.expect("leader") + 1) % 3;
     c.member_mut(follower).stop().await.expect("stop");
     alter_a_value(c.member(follower).data_dir());
-    c.restart(follower)
-        .await
-        .expect("restarts without the initial check");
+    // It restarts without the initial check. The leader's periodic check may raise the alarm
+    // before the member counts as healthy (its `/health` then names the alarm): either way
+    // it is back and serving.
+    if let Err(e) = c.restart(follower).await {
+        let e = format!("{e:#}");
+        assert!(e.contains("ALARM CORRUPT"), "restart: {e}");
+    }
     let ctl = c.etcdctl();
     let follower_id = {
         let mut client = c.member(follower).client().await.expect("client");
