@@ -87,5 +87,5 @@ pub use http::{
 };
 pub use member::{ClientTls, FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts, PeerTls};
 pub use poll::{poll_until, wait_child};
-pub use relay::Relay;
+pub use relay::{Captured, Relay};
 pub use relayed::RelayedCluster;

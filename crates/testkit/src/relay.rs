@@ -17,6 +17,14 @@
 //!   rafthttp stream readers): blocking X's own relay cuts the connections others dial to X,
 //!   `block_from(X)` on every other relay cuts the ones X dials.
 //! - [`Relay::heal`] lifts both; new connections are forwarded again.
+//! - [`Relay::stall`] keeps every connection open but carries no byte in either direction
+//!   until [`Relay::resume`] (bytes read meanwhile are held, up to a bound, and then
+//!   delivered in order): a network that has gone silent without a reset, which only
+//!   timeouts and keep-alives notice. A dialer that closes a stalled connection is counted
+//!   ([`Relay::dialer_closes`]).
+//!
+//! [`Relay::capture`] records what dialers send (with the time each chunk arrived), so a test
+//! can read a protocol's frames off the wire, e.g. an HTTP/2 client's PINGs.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -24,11 +32,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::ports::{self, PortLease};
 
@@ -44,11 +53,34 @@ pub struct Relay {
     _port: PortLease,
 }
 
-#[derive(Default)]
+/// Bytes a stalled direction holds before it stops reading (TCP's own windows then hold
+/// the rest).
+const STALL_HOLD: usize = 1 << 20;
+/// Bytes [`Relay::capture`] keeps per connection.
+const CAPTURE_CAP: usize = 1 << 20;
+
+/// What one dialer sent on one connection, chunk by chunk as read, with the arrival time of
+/// each chunk.
+pub type Captured = Vec<(Instant, Vec<u8>)>;
+
 struct Shared {
     state: Mutex<State>,
     forwarded: AtomicU64,
     refused: AtomicU64,
+    dialer_closes: AtomicU64,
+    stalled: watch::Sender<bool>,
+}
+
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared {
+            state: Mutex::default(),
+            forwarded: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            dialer_closes: AtomicU64::new(0),
+            stalled: watch::Sender::new(false),
+        }
+    }
 }
 
 impl Shared {
@@ -66,6 +98,10 @@ struct State {
     next_id: u64,
     /// Open connections: dialer address and the switch that closes it (dropping the sender).
     conns: HashMap<u64, (SocketAddr, oneshot::Sender<()>)>,
+    /// Whether new connections record what their dialer sends.
+    capture: bool,
+    /// What dialers sent, one entry per captured connection in accept order.
+    captured: Vec<Arc<Mutex<Captured>>>,
 }
 
 impl Relay {
@@ -159,6 +195,37 @@ impl Relay {
     pub fn open_connections(&self) -> usize {
         self.shared.state().conns.len()
     }
+
+    /// Stops carrying bytes on every connection, open and new, until [`Relay::resume`]; the
+    /// connections stay open.
+    pub fn stall(&self) {
+        self.shared.stalled.send_replace(true);
+    }
+
+    /// Lifts [`Relay::stall`]: held bytes are delivered, in order, and forwarding goes on.
+    pub fn resume(&self) {
+        self.shared.stalled.send_replace(false);
+    }
+
+    /// Connections whose dialer closed its side (or reset it) so far.
+    pub fn dialer_closes(&self) -> u64 {
+        self.shared.dialer_closes.load(Ordering::Relaxed)
+    }
+
+    /// Records what dialers send on connections accepted from now on (the first MiB of each);
+    /// read it with [`Relay::captured`].
+    pub fn capture(&self) {
+        self.shared.state().capture = true;
+    }
+
+    /// What dialers sent on each captured connection, in accept order.
+    pub fn captured(&self) -> Vec<Captured> {
+        let conns = self.shared.state().captured.clone();
+        conns
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect()
+    }
 }
 
 impl fmt::Debug for Relay {
@@ -227,7 +294,7 @@ async fn relay_one(
 ) {
     // Decide and register atomically with respect to block()/block_from(): the source lookup is
     // I/O done outside the lock, so redo it if the blocked processes changed meanwhile.
-    let (id, mut closed) = loop {
+    let (id, mut closed, tap) = loop {
         let pids = shared.state().blocked_pids.clone();
         let denied = !pids.is_empty() && sources_of(&pids, addr).contains(&src);
         let mut st = shared.state();
@@ -242,7 +309,12 @@ async fn relay_one(
         st.next_id += 1;
         let (close, closed) = oneshot::channel();
         st.conns.insert(id, (src, close));
-        break (id, closed);
+        let tap = st.capture.then(|| {
+            let tap = Arc::new(Mutex::new(Captured::new()));
+            st.captured.push(tap.clone());
+            tap
+        });
+        break (id, closed, tap);
     };
     let _registered = Deregister {
         shared: shared.clone(),
@@ -258,9 +330,96 @@ async fn relay_one(
     };
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
+    let (from_dialer, to_dialer) = inbound.split();
+    let (from_target, to_target) = outbound.split();
+    let up = pump(from_dialer, to_target, shared.stalled.subscribe(), tap);
+    let down = pump(from_target, to_dialer, shared.stalled.subscribe(), None);
+    tokio::pin!(up, down);
     tokio::select! {
         _ = &mut closed => {}
-        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+        ended = &mut up => {
+            if ended == Ended::ByReader {
+                shared.dialer_closes.fetch_add(1, Ordering::Relaxed);
+            }
+            // A dialer gone from a stalled connection ends it: nothing will flow again.
+            if !*shared.stalled.borrow() {
+                tokio::select! {
+                    _ = &mut closed => {}
+                    _ = &mut down => {}
+                }
+            }
+        }
+        _ = &mut down => {
+            tokio::select! {
+                _ = &mut closed => {}
+                ended = &mut up => {
+                    if ended == Ended::ByReader {
+                        shared.dialer_closes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How one direction of a connection ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// Its reader side reached end of stream or failed.
+    ByReader,
+    /// Writing to the other side failed, or the stall switch went away.
+    ByWriter,
+}
+
+/// Carries one direction: reads whenever it holds less than [`STALL_HOLD`] bytes, writes
+/// whenever the relay is not stalled. A closed reader while stalled ends the direction at
+/// once (its held bytes would never be wanted); otherwise what is held is delivered first.
+async fn pump<R, W>(
+    mut from: R,
+    mut to: W,
+    mut stalled: watch::Receiver<bool>,
+    tap: Option<Arc<Mutex<Captured>>>,
+) -> Ended
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut held: Vec<u8> = Vec::new();
+    let mut eof = false;
+    loop {
+        let stall = *stalled.borrow_and_update();
+        if eof && (held.is_empty() || stall) {
+            let _ = to.shutdown().await;
+            return Ended::ByReader;
+        }
+        tokio::select! {
+            read = from.read(&mut buf), if !eof && held.len() < STALL_HOLD => match read {
+                Ok(0) | Err(_) => eof = true,
+                Ok(n) => {
+                    if let Some(tap) = &tap {
+                        let mut tap = tap.lock().unwrap_or_else(|e| e.into_inner());
+                        let kept: usize = tap.iter().map(|(_, c)| c.len()).sum();
+                        let room = CAPTURE_CAP.saturating_sub(kept).min(n);
+                        if room > 0 {
+                            tap.push((Instant::now(), buf[..room].to_vec()));
+                        }
+                    }
+                    held.extend_from_slice(&buf[..n]);
+                }
+            },
+            wrote = to.write(&held), if !stall && !held.is_empty() => match wrote {
+                Ok(0) | Err(_) => return Ended::ByWriter,
+                Ok(n) => {
+                    held.drain(..n);
+                }
+            },
+            changed = stalled.changed() => {
+                if changed.is_err() {
+                    return Ended::ByWriter;
+                }
+            }
+        }
     }
 }
 
@@ -328,7 +487,6 @@ fn parse_proc_addr(s: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -412,6 +570,45 @@ mod tests {
         relay.heal();
         let mut healed = connect(&relay).await;
         assert_eq!(round_trip(&mut healed, b"six").await.unwrap(), b"six");
+    }
+
+    #[tokio::test]
+    async fn stall_holds_bytes_until_resume_and_capture_records_them() {
+        let relay = Relay::start(Ipv4Addr::LOCALHOST, echo_server().await).unwrap();
+        relay.capture();
+        let mut a = connect(&relay).await;
+        assert_eq!(round_trip(&mut a, b"one").await.unwrap(), b"one");
+
+        relay.stall();
+        a.write_all(b"held").await.unwrap();
+        let mut buf = [0u8; 4];
+        let silent = tokio::time::timeout(Duration::from_millis(300), a.read(&mut buf)).await;
+        assert!(silent.is_err(), "a stalled relay delivered {silent:?}");
+        relay.resume();
+        tokio::time::timeout(DEADLINE, a.read_exact(&mut buf))
+            .await
+            .expect("held bytes arrive after resume")
+            .unwrap();
+        assert_eq!(&buf, b"held");
+
+        let sent: Vec<u8> = relay.captured()[0]
+            .iter()
+            .flat_map(|(_, chunk)| chunk.clone())
+            .collect();
+        assert_eq!(sent, b"oneheld");
+
+        // A dialer that gives up on a stalled connection is seen closing it.
+        relay.stall();
+        drop(a);
+        crate::poll_until(DEADLINE, || async {
+            match relay.open_connections() {
+                0 => Ok(()),
+                n => Err(format!("{n} connections open")),
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(relay.dialer_closes(), 1);
     }
 
     #[test]

@@ -48,11 +48,7 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
 /// that is neither tested, nor here, nor in [`NO_EFFECT`]; a flag leaves this list with the
 /// test that sets it.
 #[cfg(test)]
-pub(crate) const UNTESTED: &[&str] = &[
-    "discovery-request-timeout",
-    "discovery-keepalive-time",
-    "discovery-keepalive-timeout",
-];
+pub(crate) const UNTESTED: &[&str] = &[];
 
 /// The sources of the integration tests (`crates/etcd/tests/it`) and of the testkit that
 /// starts their members: a flag is tested when they set it (`--<flag>` or `"<flag>"`).

@@ -22,7 +22,9 @@
 
 use std::time::{Duration, Instant};
 
-use etcdrs_testkit::{Cluster, ClusterOpts, EtcdBin, Member, MemberOpts, poll_until};
+use etcdrs_testkit::{
+    Captured, Cluster, ClusterOpts, EtcdBin, Member, MemberOpts, Relay, poll_until,
+};
 
 use crate::bin;
 use crate::ours;
@@ -800,6 +802,179 @@ async fn v2_discovery_through_an_http_proxy() {
     if ours() {
         assert!(members[0].log_contains("running proxy with discovery"));
     }
+}
+
+/// The HTTP/2 PING frames (acknowledgements aside) a client sent on one connection, each
+/// with the time the relay received it.
+fn client_pings(sent: &Captured) -> Vec<Instant> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut bytes = Vec::new();
+    let mut arrivals = Vec::new();
+    for (at, chunk) in sent {
+        arrivals.push((bytes.len(), *at));
+        bytes.extend_from_slice(chunk);
+    }
+    let arrived = |offset: usize| {
+        arrivals
+            .iter()
+            .rev()
+            .find(|(start, _)| *start <= offset)
+            .map(|(_, at)| *at)
+    };
+    let mut pings = Vec::new();
+    let mut pos = if bytes.starts_with(PREFACE) {
+        PREFACE.len()
+    } else {
+        return pings;
+    };
+    while pos + 9 <= bytes.len() {
+        let len = usize::from(bytes[pos]) << 16
+            | usize::from(bytes[pos + 1]) << 8
+            | usize::from(bytes[pos + 2]);
+        let (kind, flags) = (bytes[pos + 3], bytes[pos + 4]);
+        if kind == 0x6 && flags & 0x1 == 0 {
+            pings.extend(arrived(pos));
+        }
+        pos += 9 + len;
+    }
+    pings
+}
+
+/// A v3 discovery member talking to `service` through `relay`, with `extra` flags.
+fn relayed_v3(i: usize, relay: &Relay, token: &str, extra: &[&str]) -> MemberOpts {
+    let mut flags = vec![
+        format!("--discovery-token={token}"),
+        format!("--discovery-endpoints={}", relay.url()),
+    ];
+    flags.extend(extra.iter().map(|f| (*f).to_owned()));
+    member_opts(i, &flags)
+}
+
+/// A discovery service with a size-3 registry for a fresh token, behind a relay.
+async fn relayed_service(name: &str) -> (Member, Relay, String) {
+    let service = service(false).await;
+    let token = format!("{name}-{}", std::process::id());
+    let mut client = service.client().await.expect("client");
+    client
+        .put(format!("/_etcd/registry/{token}/_config/size"), "3", None)
+        .await
+        .expect("size");
+    let target = service.client_addr().parse().expect("service address");
+    let relay = Relay::start(std::net::Ipv4Addr::LOCALHOST, target).expect("relay");
+    (service, relay, token)
+}
+
+async fn wait_log(member: &Member, needle: &str) {
+    poll_until(WAIT, || async {
+        anyhow::ensure!(member.log_contains(needle), "no {needle:?} yet");
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", member.log_tail(30)));
+}
+
+#[tokio::test]
+async fn v3_discovery_keepalive_time_paces_the_pings_of_an_idle_connection() {
+    // While a member waits for its peers, its connection to the service is idle but for
+    // the watch: `--discovery-keepalive-time` is the PING cadence on it (etcd's default is
+    // 2 s; 1 s here).
+    if !ours() {
+        return; // etcd 3.4 members have no v3 discovery.
+    }
+    let (_service, relay, token) = relayed_service("pings").await;
+    relay.capture();
+    let mut member = Member::spawn(relayed_v3(
+        0,
+        &relay,
+        &token,
+        &["--discovery-keepalive-time=1s"],
+    ))
+    .expect("spawn");
+    wait_log(&member, "waiting for peers from discovery service").await;
+    let pings = poll_until(WAIT, || async {
+        let most = relay
+            .captured()
+            .iter()
+            .map(client_pings)
+            .max_by_key(Vec::len)
+            .unwrap_or_default();
+        anyhow::ensure!(most.len() >= 5, "{} pings so far", most.len());
+        Ok(most)
+    })
+    .await
+    .expect("the member pings its idle connection");
+    let gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter()
+            .all(|g| *g >= Duration::from_millis(700) && *g < Duration::from_millis(1800)),
+        "gaps between pings with a 1 s keep-alive time: {gaps:?}"
+    );
+    assert!(member.is_running());
+}
+
+#[tokio::test]
+async fn v3_discovery_times_out_a_silent_service_and_recovers() {
+    // The service goes silent without a reset (a stalled relay). The keep-alive
+    // (`--discovery-keepalive-time` 1 s + `--discovery-keepalive-timeout` 1 s, etcd's
+    // defaults 2 s + 6 s) finds the watch's connection dead; the re-read of the registry
+    // that follows gives up after `--discovery-request-timeout` (1 s, etcd's default 5 s)
+    // with etcd's "context deadline exceeded"; once the service answers again the
+    // cluster forms.
+    if !ours() {
+        return; // etcd 3.4 members have no v3 discovery.
+    }
+    let (_service, relay, token) = relayed_service("silent").await;
+    let flags = [
+        "--discovery-keepalive-time=1s",
+        "--discovery-keepalive-timeout=1s",
+        "--discovery-request-timeout=1s",
+    ];
+    let mut first = Member::spawn(relayed_v3(0, &relay, &token, &flags)).expect("spawn");
+    wait_log(&first, "waiting for peers from discovery service").await;
+
+    relay.stall();
+    let stalled = Instant::now();
+    wait_log(&first, "watching the discovery service failed").await;
+    let noticed = stalled.elapsed();
+    assert!(
+        noticed < Duration::from_secs(5),
+        "a dead connection noticed after {noticed:?}"
+    );
+    assert!(
+        relay.dialer_closes() >= 1,
+        "the member closed the dead connection"
+    );
+    wait_log(&first, "retry connecting to discovery service").await;
+    let retried = Instant::now();
+    wait_log(&first, "failed to get cluster size from discovery service").await;
+    let gave_up = retried.elapsed();
+    let line = first
+        .log()
+        .lines()
+        .find(|l| l.contains("failed to get cluster size from discovery service"))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(line.contains("context deadline exceeded"), "{line}");
+    // The first back-off is 2 s; the request then waits 1 s.
+    assert!(
+        gave_up < Duration::from_millis(5500),
+        "the re-read gave up {gave_up:?} after the retry began"
+    );
+
+    relay.resume();
+    let mut members = vec![
+        Member::spawn(relayed_v3(1, &relay, &token, &flags)).expect("spawn"),
+        Member::spawn(relayed_v3(2, &relay, &token, &flags)).expect("spawn"),
+    ];
+    first
+        .wait_ready()
+        .await
+        .expect("the first member bootstraps");
+    for m in &mut members {
+        m.wait_ready().await.expect("member bootstraps");
+    }
+    members.insert(0, first);
+    check_cluster(&members).await;
 }
 
 /// Members for DNS SRV bootstrap: ports reserved first so that the records can name them.
