@@ -501,6 +501,114 @@ async fn leader_sigkill_under_writes_loses_no_acknowledged_put() {
     check(old, &pairs(r.kvs()).into_iter().collect());
 }
 
+/// An acknowledged put: key, value, and when the acknowledgement came.
+type Acked = (String, String, Instant);
+
+/// A writer on a follower while the leader is SIGKILLed: how long it goes without an
+/// acknowledged write (the client-visible stall). A proposal the dead leader took with it is
+/// answered once the new leader's first entry applies without it (etcd's "request timed
+/// out, possibly due to previous leader failure", which etcd gives only after its request
+/// timeout, 5 s + 2 election timeouts); the writer then retries.
+/// `--no-capture` prints the stall; with `ETCDRS_TEST_ETCD_BIN=/usr/bin/etcd` it is etcd's.
+#[tokio::test]
+async fn a_killed_leader_stalls_a_follower_s_writer_for_about_an_election() {
+    let mut c = start(3).await;
+    let leader = c.leader().await.expect("leader");
+    let follower = (leader + 1) % 3;
+    let mut client = c.member(follower).client().await.expect("client");
+    let stop = Arc::new(AtomicBool::new(false));
+    // (key, value, when acknowledged) of every acknowledged put; failures with their text.
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
+    let writer = {
+        let (stop, acked, failures) = (stop.clone(), acked.clone(), failures.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let (k, v) = (format!("stall/{i:06}"), format!("v{i}"));
+                match client.put(k.clone(), v.clone(), None).await {
+                    Ok(_) => {
+                        acked.lock().expect("lock").push((k, v, Instant::now()));
+                        i += 1;
+                    }
+                    Err(e) => {
+                        failures.lock().expect("lock").push(e.to_string());
+                        // Paces retries while there is no leader; nothing waits on it.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        })
+    };
+    let acks = |acked: &Arc<Mutex<Vec<Acked>>>| acked.lock().expect("lock").len();
+    poll_until(WAIT, || async {
+        match acks(&acked) {
+            n if n >= 50 => Ok(()),
+            n => Err(format!("{n} acks")),
+        }
+    })
+    .await
+    .expect("writes before the kill");
+    let before = acks(&acked);
+    c.kill9(leader).expect("SIGKILL the leader");
+    let killed_at = Instant::now();
+    poll_until(WAIT, || async {
+        match acks(&acked) - before {
+            n if n >= 50 => Ok(()),
+            n => Err(format!("{n} acks after the kill")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("writes go on after the kill: {e}\n{}", c.log_tails()));
+    stop.store(true, Ordering::SeqCst);
+    writer.await.expect("writer");
+    let acked = std::mem::take(&mut *acked.lock().expect("lock"));
+    let failures = std::mem::take(&mut *failures.lock().expect("lock"));
+    // The stall: the longest time without an acknowledgement once the kill is near (the
+    // writer's puts are sequential, so acknowledgements come in order).
+    let times: Vec<Instant> = acked.iter().map(|(_, _, at)| *at).collect();
+    let stall = times
+        .windows(2)
+        .filter(|w| w[1] > killed_at)
+        .map(|w| w[1] - w[0])
+        .max()
+        .expect("acks around the kill");
+    eprintln!(
+        "writer on a follower: {stall:?} without an acknowledged put across the leader's SIGKILL \
+         (election timeout {FAST_ELECTION_MS} ms); failures: {failures:?}"
+    );
+    // Every acknowledged put is there, read linearizably on the follower.
+    let mut check = c.member(follower).client().await.expect("client");
+    let stored: BTreeMap<String, String> = pairs(
+        check
+            .get("stall/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("read")
+            .kvs(),
+    )
+    .into_iter()
+    .collect();
+    for (k, v, _) in &acked {
+        assert_eq!(stored.get(k), Some(v), "acknowledged {k}");
+    }
+    if !crate::ours() {
+        return;
+    }
+    // Detection takes one to two election timeouts (raft's randomized timeout), the election
+    // a few round trips; etcd's own stall is its request timeout, 6 s here.
+    assert!(
+        stall < Duration::from_millis(5 * FAST_ELECTION_MS),
+        "a {stall:?} stall; failures: {failures:?}"
+    );
+    for failure in &failures {
+        assert!(
+            failure.contains("possibly due to previous leader failure")
+                || failure.contains("no leader"),
+            "{failure}"
+        );
+    }
+}
+
 /// SIGKILL every member, start them all again with the same flags: data, member IDs, cluster ID
 /// and membership come back, and the cluster takes writes again.
 #[tokio::test]

@@ -206,7 +206,9 @@ impl EtcdServer {
         let outcome = self.wait_proposal(id, data, result).await;
         let failed = matches!(
             &outcome,
-            Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT || **e == rpctypes::NO_LEADER
+            Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT
+                || **e == rpctypes::TIMEOUT_DUE_TO_LEADER_FAIL
+                || **e == rpctypes::NO_LEADER
         );
         if failed {
             crate::metrics::PROPOSALS_FAILED.inc();
@@ -231,18 +233,47 @@ impl EtcdServer {
                 }));
             }
         };
+        // The raft status is published after each apply: the applied term may be ahead of it.
+        let term = self.inner.raft.status().term.max(self.applied_term());
         if let Err(e) = self.inner.raft.propose(data, on_refused).await {
             self.inner.waiters.lock().remove(&id);
             return Err(e.into());
         }
-        match tokio::time::timeout(self.inner.request_timeout, result).await {
-            Ok(Ok(output)) => output,
-            Ok(Err(_)) => Err(ServerError::Stopped),
-            Err(_) => {
+        let outcome = tokio::select! {
+            answered = tokio::time::timeout(self.inner.request_timeout, result) => answered.ok(),
+            () = self.leader_lost_proposal(term) => None,
+        };
+        match outcome {
+            Some(Ok(output)) => output,
+            Some(Err(_)) => Err(ServerError::Stopped),
+            None => {
                 self.inner.waiters.lock().remove(&id);
-                Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+                // etcd's `parseProposeCtxErr`: a leader change during the wait is named.
+                if self.applied_term() > term {
+                    Err(ServerError::Etcd(&rpctypes::TIMEOUT_DUE_TO_LEADER_FAIL))
+                } else {
+                    Err(ServerError::Etcd(&rpctypes::TIMEOUT))
+                }
             }
         }
+    }
+
+    /// Resolves when a proposal made in `term` has most likely gone with its leader: an
+    /// entry of a later term has applied (a new leader's first entry comes after every
+    /// earlier entry that survives the change), and a grace of two heartbeats has passed
+    /// for a proposal that a deposed leader forwarded into the new term. etcd makes such a
+    /// client wait out its whole request timeout (5 s + 2 election timeouts) for the same
+    /// answer; the outcome is as unknown as after that timeout, only known sooner.
+    async fn leader_lost_proposal(&self, term: u64) {
+        let mut applied = self.inner.applied.subscribe();
+        if applied
+            .wait_for(|_| self.applied_term() > term)
+            .await
+            .is_err()
+        {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(2 * self.inner.config.heartbeat_interval).await;
     }
 }
 
