@@ -322,10 +322,7 @@ impl EtcdServer {
         });
         let committer = server.clone();
         let stop = shutdown.clone();
-        tasks.spawn(async move {
-            committer.run_backend_commit(stop).await;
-            ("backend commit", Ok(()))
-        });
+        tasks.spawn(async move { ("backend commit", committer.run_backend_commit(stop).await) });
         let watcher = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {

@@ -37,22 +37,29 @@ impl EtcdServer {
     /// last durable commit reach the disk, also when no new write comes to carry them (while
     /// writes come, their own commits become durable on that schedule, and raft hears it
     /// from the applier, which is what lets it release WAL segments and compact its log).
-    pub(super) async fn run_backend_commit(&self, shutdown: CancellationToken) {
+    /// A commit that fails (a full disk, an I/O error) stops the member, as etcd's failed
+    /// batch commit does: the backend is not retried behind an error it did not survive.
+    pub(super) async fn run_backend_commit(
+        &self,
+        shutdown: CancellationToken,
+    ) -> std::result::Result<(), String> {
         let interval = self.inner.store.backend().batch_interval();
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => return Ok(()),
                 _ = ticker.tick() => {}
             }
             let store = self.inner.store.clone();
             let done = tokio::task::spawn_blocking(move || store.commit_pending()).await;
-            match done {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "periodic backend commit failed"),
-                Err(e) => tracing::warn!(error = %e, "periodic backend commit task failed"),
-            }
+            let failed = match done {
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(error = %failed, "failed to commit the backend");
+            return Err(format!("failed to commit the backend: {failed}"));
         }
     }
 
