@@ -158,3 +158,164 @@ async fn a_full_backend_filesystem_stops_the_member_and_loses_no_acknowledged_wr
     })
     .await;
 }
+
+/// A shared library that makes every `fsync` and `fdatasync` of the process it is preloaded
+/// into fail with EIO once `$ETCDRS_FAULT_TRIGGER` names a file that exists: a disk whose
+/// flushes start failing, at the syscall boundary of the real binary. Built with the
+/// machine's C compiler.
+fn fsync_fault_library(dir: &Path) -> PathBuf {
+    let source = dir.join("fsync_fault.c");
+    let library = dir.join("fsync_fault.so");
+    std::fs::write(
+        &source,
+        r#"#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static int failing(void) {
+    const char *trigger = getenv("ETCDRS_FAULT_TRIGGER");
+    return trigger != NULL && access(trigger, F_OK) == 0;
+}
+
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (failing()) { errno = EIO; return -1; }
+    if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    return real(fd);
+}
+
+int fsync(int fd) {
+    static int (*real)(int);
+    if (failing()) { errno = EIO; return -1; }
+    if (real == NULL) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    return real(fd);
+}
+"#,
+    )
+    .expect("write the library's source");
+    let status = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc: {status}");
+    library
+}
+
+#[tokio::test]
+async fn a_failing_fsync_stops_the_member_without_retrying_and_loses_no_acknowledged_write() {
+    if !ours() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let library = fsync_fault_library(dir.path());
+    let trigger = dir.path().join("fail-fsync-now");
+    let mut member = Member::start(
+        opts()
+            .env("LD_PRELOAD", library.display().to_string())
+            .env("ETCDRS_FAULT_TRIGGER", trigger.display().to_string()),
+    )
+    .await
+    .expect("member starts");
+    let mut client = member.client().await.expect("client");
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let key = format!("sync/{i:02}");
+        client.put(key.clone(), "v", None).await.expect("put");
+        acked.push(key);
+    }
+    std::fs::write(&trigger, b"").expect("trigger");
+    let refused = client.put("sync/never", "v", None).await;
+    assert!(
+        refused.is_err(),
+        "a put whose fsync failed was acknowledged"
+    );
+    let status = member
+        .wait_exit(WAIT)
+        .await
+        .expect("the member stops by itself");
+    assert!(!status.success(), "exit status {status}");
+    let log = member.log();
+    assert!(
+        log.contains("Input/output error") && log.contains(".wal"),
+        "the log names the failed fsync and its file:\n{}",
+        member.log_tail(15)
+    );
+
+    // Flushes work again: every acknowledged put is there.
+    std::fs::remove_file(&trigger).expect("remove trigger");
+    member.restart().await.expect("the member starts again");
+    let mut client = member.client().await.expect("client");
+    let got = client
+        .get(
+            "sync/",
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .expect("read");
+    let keys: Vec<String> = pairs(got.kvs()).into_iter().map(|(k, _)| k).collect();
+    for key in &acked {
+        assert!(
+            keys.contains(key),
+            "acknowledged {key} is missing: {keys:?}"
+        );
+    }
+}
+
+/// The WAL segments of a member's data dir, in name order.
+fn wal_segments(data_dir: &Path) -> Vec<PathBuf> {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(data_dir.join("member/wal"))
+        .expect("wal dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segments.sort();
+    segments
+}
+
+#[tokio::test]
+async fn a_bit_flip_in_a_wal_record_refuses_to_start_naming_the_file_and_offset() {
+    if !ours() {
+        return;
+    }
+    let mut member = Member::start(opts()).await.expect("member starts");
+    let mut client = member.client().await.expect("client");
+    for i in 0..50 {
+        client
+            .put(format!("flip/{i:02}"), "x".repeat(100), None)
+            .await
+            .expect("put");
+    }
+    member.stop().await.expect("stop");
+    let segment = wal_segments(member.data_dir())
+        .pop()
+        .expect("a WAL segment");
+    let mut bytes = std::fs::read(&segment).expect("read segment");
+    // Inside the records, well before the tail: damage, not a torn write.
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&segment, &bytes).expect("write segment");
+
+    let mut member = member;
+    let failed = member.restart().await;
+    assert!(failed.is_err(), "a member with a damaged WAL started");
+    let status = member
+        .wait_exit(WAIT)
+        .await
+        .expect("the member exits by itself");
+    assert!(!status.success(), "exit status {status}");
+    let log = member.current_log();
+    let name = segment
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("segment name");
+    assert!(
+        log.contains(name) && log.contains("offset"),
+        "the refusal names {name} and the offset:\n{}",
+        member.log_tail(10)
+    );
+}
