@@ -18,6 +18,20 @@ pub enum Error {
     /// The state machine failed to apply committed entries: fatal.
     #[error("apply: {0}")]
     Apply(String),
+    /// The state machine holds entries the WAL no longer has: a disk that lost writes it
+    /// had synced (or `--unsafe-no-fsync`). Starting would serve state that the log cannot
+    /// reproduce and that peers may not share.
+    #[error(
+        "the backend has applied raft entry {applied} but the WAL in {dir} ends at entry {last}: applied entries are missing from the WAL (a disk that lost synced writes, or --unsafe-no-fsync); refusing to start"
+    )]
+    LostEntries {
+        /// The state machine's applied index.
+        applied: u64,
+        /// The WAL's last index.
+        last: u64,
+        /// The WAL directory.
+        dir: String,
+    },
     /// An entry in the log could not be decoded.
     #[error("corrupt raft entry: {0}")]
     Corrupt(String),

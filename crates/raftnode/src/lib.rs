@@ -449,6 +449,13 @@ pub fn start(
                 .last()
                 .map(|e| e.index)
                 .unwrap_or(state.snapshot.index);
+            if applied > last_index {
+                return Err(Error::LostEntries {
+                    applied,
+                    last: last_index,
+                    dir: config.wal_dir.display().to_string(),
+                });
+            }
             // Entries the state machine applied were committed even if the hard state that
             // said so did not reach the WAL before a crash.
             let commit = state.hard_state.commit.max(applied).min(last_index);

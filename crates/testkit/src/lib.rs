@@ -74,6 +74,7 @@ mod layering;
 mod member;
 mod poll;
 pub mod ports;
+pub mod powerloss;
 mod relay;
 mod relayed;
 

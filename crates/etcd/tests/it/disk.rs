@@ -3,8 +3,8 @@
 //! behind a failed write, fsync or commit), loses no acknowledged write, and starts again
 //! once there is room, with every acknowledged write and nothing half-written.
 //!
-//! The full filesystems are tmpfs mounts of a few MiB with a filler file that is removed
-//! to make room; mounting needs root, as CI has. Ours only: etcd 3.4 preallocates 64 MiB
+//! The full filesystems are tmpfs mounts of a few MiB, grown (remounted, contents kept) to
+//! make room; mounting needs root, as CI has. Ours only: etcd 3.4 preallocates 64 MiB
 //! WAL segments, so the same sizes test something else there.
 
 use std::path::{Path, PathBuf};
@@ -44,6 +44,16 @@ impl Tmpfs {
 
     fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Grows the filesystem to `size` MiB, keeping what it holds.
+    fn grow(&self, size_mib: u64) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size_mib}m")])
+            .arg(&self.path)
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "remount: {status}");
     }
 }
 
@@ -124,17 +134,12 @@ async fn a_full_wal_filesystem_stops_the_member_and_loses_no_acknowledged_write(
     if !ours() {
         return;
     }
-    let fs = Tmpfs::mount(6);
-    let filler = fs.path().join("filler");
-    std::fs::write(&filler, vec![0u8; 1 << 20]).expect("filler");
+    let fs = Tmpfs::mount(5);
     let wal = fs.path().join("wal");
     let member = Member::start(opts().arg(format!("--wal-dir={}", wal.display())))
         .await
         .expect("member starts");
-    fill_stop_and_recover(member, || {
-        std::fs::remove_file(&filler).expect("remove filler");
-    })
-    .await;
+    fill_stop_and_recover(member, || fs.grow(64)).await;
 }
 
 #[tokio::test]
@@ -143,9 +148,7 @@ async fn a_full_backend_filesystem_stops_the_member_and_loses_no_acknowledged_wr
         return;
     }
     // The WAL is elsewhere: the backend's file is what fills the tmpfs.
-    let fs = Tmpfs::mount(8);
-    let filler = fs.path().join("filler");
-    std::fs::write(&filler, vec![0u8; 1 << 20]).expect("filler");
+    let fs = Tmpfs::mount(7);
     let data = fs.path().join("data");
     let wal_dir = tempfile::tempdir().expect("wal dir");
     let member = Member::start(opts().setting("data-dir", data.display().to_string()).arg(
@@ -153,10 +156,7 @@ async fn a_full_backend_filesystem_stops_the_member_and_loses_no_acknowledged_wr
     ))
     .await
     .expect("member starts");
-    fill_stop_and_recover(member, || {
-        std::fs::remove_file(&filler).expect("remove filler");
-    })
-    .await;
+    fill_stop_and_recover(member, || fs.grow(64)).await;
 }
 
 /// A shared library that makes every `fsync` and `fdatasync` of the process it is preloaded

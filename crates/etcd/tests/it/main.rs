@@ -32,6 +32,7 @@ mod maintenance;
 mod metrics;
 mod migrate;
 mod peer;
+mod powerloss;
 mod reconfig;
 mod startup;
 mod subcommands;
