@@ -13,7 +13,7 @@
 //! later from history (etcd's victims), or canceled with the compacted revision if that
 //! history is gone. Every event reaches a watcher exactly once and in revision order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -158,9 +158,89 @@ impl Watcher {
 
 type Key = (StreamId, WatchId);
 
+/// The synced watchers, indexed the way events find them (etcd's watcher groups): a
+/// single-key watcher by its key, so an event looks at the watchers of its own key only;
+/// range and prefix watchers in a set that every event looks through.
+#[derive(Default)]
+struct Synced {
+    watchers: HashMap<Key, Watcher>,
+    by_key: HashMap<Vec<u8>, HashSet<Key>>,
+    ranged: HashSet<Key>,
+}
+
+impl Synced {
+    fn insert(&mut self, key: Key, watcher: Watcher) {
+        // A watch id reused within its stream replaces the old watcher and its index entry.
+        self.remove(&key);
+        if watcher.range.end.is_empty() {
+            self.by_key
+                .entry(watcher.range.key.clone())
+                .or_default()
+                .insert(key);
+        } else {
+            self.ranged.insert(key);
+        }
+        self.watchers.insert(key, watcher);
+    }
+
+    fn unindex(&mut self, key: Key, range: &WatchRange) {
+        if range.end.is_empty() {
+            if let Some(keys) = self.by_key.get_mut(&range.key) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.by_key.remove(&range.key);
+                }
+            }
+        } else {
+            self.ranged.remove(&key);
+        }
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<Watcher> {
+        let watcher = self.watchers.remove(key)?;
+        self.unindex(*key, &watcher.range);
+        Some(watcher)
+    }
+
+    fn remove_stream(&mut self, stream: StreamId) {
+        let keys: Vec<Key> = self
+            .watchers
+            .keys()
+            .filter(|k| k.0 == stream)
+            .copied()
+            .collect();
+        for key in keys {
+            self.remove(&key);
+        }
+    }
+
+    fn drain(&mut self) -> Vec<(Key, Watcher)> {
+        self.by_key.clear();
+        self.ranged.clear();
+        self.watchers.drain().collect()
+    }
+
+    fn len(&self) -> usize {
+        self.watchers.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.watchers.is_empty()
+    }
+
+    /// The watchers an event on `key` may concern: those of `key`, and every ranged one.
+    fn candidates<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = &'a Key> + 'a {
+        self.by_key
+            .get(key)
+            .into_iter()
+            .flatten()
+            .chain(self.ranged.iter())
+    }
+}
+
 #[derive(Default)]
 struct Groups {
-    synced: HashMap<Key, Watcher>,
+    synced: Synced,
     unsynced: HashMap<Key, Watcher>,
     /// The last revision the writer notified.
     notified_rev: i64,
@@ -238,7 +318,7 @@ impl WatchHub {
     pub fn close_stream(&self, stream: StreamId) {
         crate::metrics::WATCH_STREAMS.dec();
         let mut groups = self.groups.lock();
-        groups.synced.retain(|k, _| k.0 != stream);
+        groups.synced.remove_stream(stream);
         groups.unsynced.retain(|k, _| k.0 != stream);
     }
 
@@ -284,17 +364,28 @@ impl WatchHub {
                 start = i;
             }
         }
-        let mut fell_behind = Vec::new();
-        for (key, watcher) in groups.synced.iter_mut() {
-            for (event_rev, slice) in &by_rev {
-                let wanted: Vec<Arc<SharedEvent>> = slice
-                    .iter()
-                    .filter(|e| watcher.wants(&e.event))
-                    .cloned()
-                    .collect();
-                if wanted.is_empty() {
+        // Per revision: each event goes to the watchers its key can concern, gathered per
+        // watcher so that a watcher gets one message per revision.
+        let mut fell_behind: HashSet<Key> = HashSet::new();
+        let mut batch: HashMap<Key, Vec<Arc<SharedEvent>>> = HashMap::new();
+        for (event_rev, slice) in &by_rev {
+            for shared_event in slice.iter() {
+                let Some(kv) = &shared_event.event.kv else {
                     continue;
+                };
+                for key in groups.synced.candidates(&kv.key) {
+                    if fell_behind.contains(key) {
+                        continue;
+                    }
+                    if groups.synced.watchers[key].wants(&shared_event.event) {
+                        batch.entry(*key).or_default().push(shared_event.clone());
+                    }
                 }
+            }
+            for (key, wanted) in batch.drain() {
+                let Some(watcher) = groups.synced.watchers.get_mut(&key) else {
+                    continue;
+                };
                 let n_events = wanted.len();
                 let msg = HubMsg::Events {
                     watch_id: key.1,
@@ -307,13 +398,10 @@ impl WatchHub {
                         watcher.next_rev = event_rev + 1;
                         crate::metrics::EVENTS.inc_by(n_events as u64);
                     }
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        fell_behind.push(*key);
-                        break;
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
-                        fell_behind.push(*key);
-                        break;
+                    Err(
+                        mpsc::error::TrySendError::Full(_) | mpsc::error::TrySendError::Closed(_),
+                    ) => {
+                        fell_behind.insert(key);
                     }
                 }
             }
@@ -335,7 +423,7 @@ impl WatchHub {
     pub fn store_replaced(&self, rev: i64) {
         let mut groups = self.groups.lock();
         groups.notified_rev = rev;
-        let synced: Vec<_> = groups.synced.drain().collect();
+        let synced = groups.synced.drain();
         groups.unsynced.extend(synced);
     }
 
@@ -516,5 +604,81 @@ mod tests {
         assert!(!hub.stream_synced(1));
         hub.cancel(1, 0);
         assert_eq!(hub.counts(), (0, 0));
+    }
+
+    /// The keys of every event a stream received, by revision, from what is queued.
+    fn received(rx: &mut mpsc::Receiver<HubMsg>) -> Vec<(WatchId, i64, Vec<String>)> {
+        let mut got = Vec::new();
+        while let Ok(msg) = rx.try_recv() {
+            if let HubMsg::Events {
+                watch_id,
+                events,
+                revision,
+                ..
+            } = msg
+            {
+                let keys = events
+                    .iter()
+                    .map(|e| {
+                        let kv = e.event().kv.as_ref().expect("kv");
+                        String::from_utf8_lossy(&kv.key).into_owned()
+                    })
+                    .collect();
+                got.push((watch_id, revision, keys));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn events_reach_exactly_the_watchers_of_their_key_or_range() {
+        let hub = WatchHub::new(1);
+        let (tx, mut rx) = mpsc::channel(64);
+        let f = Filters::default();
+        // Two on one key, one on another, a prefix and a range.
+        assert!(hub.watch(1, 0, range("a", ""), f, 2, tx.clone()));
+        assert!(hub.watch(1, 1, range("a", ""), f, 2, tx.clone()));
+        assert!(hub.watch(1, 2, range("b", ""), f, 2, tx.clone()));
+        assert!(hub.watch(1, 3, range("a", "b"), f, 2, tx.clone()));
+        assert!(hub.watch(1, 4, range("b", "\0"), f, 2, tx.clone()));
+        hub.notify(&[put("a", 2), put("ab", 2), put("b", 3), put("c", 4)], 4);
+        let mut got = received(&mut rx);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (0, 2, vec!["a".to_owned()]),
+                (1, 2, vec!["a".to_owned()]),
+                (2, 3, vec!["b".to_owned()]),
+                (3, 2, vec!["a".to_owned(), "ab".to_owned()]),
+                (4, 3, vec!["b".to_owned()]),
+                (4, 4, vec!["c".to_owned()]),
+            ]
+        );
+
+        // A canceled watcher leaves its key's index; the other one on the key stays.
+        assert!(hub.cancel(1, 0));
+        // A reused id takes the new range: watcher 2 now follows "c", not "b".
+        assert!(hub.watch(1, 2, range("c", ""), f, 5, tx.clone()));
+        hub.notify(&[put("a", 5), put("b", 5), put("c", 5)], 5);
+        let mut got = received(&mut rx);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (1, 5, vec!["a".to_owned()]),
+                (2, 5, vec!["c".to_owned()]),
+                (3, 5, vec!["a".to_owned()]),
+                (4, 5, vec!["b".to_owned(), "c".to_owned()]),
+            ]
+        );
+
+        // Closing the stream empties every index.
+        hub.close_stream(1);
+        assert_eq!(hub.counts(), (0, 0));
+        hub.notify(&[put("a", 6)], 6);
+        assert!(received(&mut rx).is_empty());
+        let groups = hub.groups.lock();
+        assert!(groups.synced.by_key.is_empty() && groups.synced.ranged.is_empty());
     }
 }
