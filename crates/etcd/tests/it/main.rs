@@ -17,6 +17,7 @@ mod compaction;
 mod corrupt;
 mod crash;
 mod discovery;
+mod entries;
 mod errors;
 mod etcdctl;
 mod gateway;
