@@ -129,8 +129,8 @@ struct Inner {
     applied: watch::Sender<u64>,
     ids: IdGenerator,
     members: RwLock<BTreeMap<u64, Member>>,
-    /// The cluster version as applied (etcd 3.4 members set `3.4.0` through a v2 request,
-    /// etcd 3.5's through `cluster_version_set`); it picks the form of this member's publish.
+    /// The cluster version as applied (etcd 3.4 and 3.5 set it through a v2 request, 3.6
+    /// through `cluster_version_set`); it picks the form of this member's publish.
     cluster_version: RwLock<String>,
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
@@ -543,8 +543,8 @@ impl EtcdServer {
         Ok(())
     }
 
-    /// The form a publish takes at the applied cluster version (etcd's `publish` below 3.5,
-    /// `publishV3` from 3.5 on).
+    /// The form a publish takes at the applied cluster version (etcd's v2 `publish` below 3.6,
+    /// `publishV3` from 3.6 on).
     pub(crate) fn publish_form(&self) -> PublishForm {
         PublishForm::for_cluster_version(&self.inner.cluster_version.read())
     }

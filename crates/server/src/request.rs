@@ -4,8 +4,8 @@
 //!
 //! [`Op`] is the operation the applier runs; [`encode`] writes it as etcd's proposer would
 //! (an `InternalRaftRequest` whose `header` carries the request id, the user and the auth
-//! revision, as etcd's `processInternalRaftRequestOnce` sets it; or etcd 3.4's bare v2
-//! `Request` for a publish while the cluster version is below 3.5), and [`decode`] reads any
+//! revision, as etcd's `processInternalRaftRequestOnce` sets it; a publish as the bare v2
+//! `Request` that etcd 3.4 and 3.5 both write, below cluster version 3.6), and [`decode`] reads any
 //! entry data by etcd's apply rule (`raft_internal::decode_entry`): of etcd 3.4's v2 requests
 //! only the two that matter to the v3 server (a member's attributes, the cluster version) are
 //! applied, as etcd's v2 applier applies them to the membership; the others touch only etcd's
@@ -119,24 +119,28 @@ pub enum Decoded {
     },
 }
 
-/// Whether a publish goes out in etcd 3.4's form (a bare v2 request) or 3.5's.
+/// Whether a publish goes out as a bare v2 request or as `cluster_member_attr_set`.
+///
+/// etcd 3.5 defines `cluster_member_attr_set` (`publishV3`) but still publishes with the v2
+/// request, as 3.4 does ("Switch to publishV3 in 3.6"): etcd 3.4's applier panics ("not
+/// implemented") on an `InternalRaftRequest` that sets none of the fields it knows, so the v3
+/// form is safe only once every member is 3.5 or later, which etcd leaves to 3.6.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PublishForm {
-    /// etcd 3.4: `PUT /0/members/<id>/attributes` as a v2 `Request`.
+    /// etcd 3.4 and 3.5: `PUT /0/members/<id>/attributes` as a v2 `Request`.
     V2,
-    /// etcd 3.5: `cluster_member_attr_set`.
+    /// etcd 3.6: `cluster_member_attr_set`.
     V3,
 }
 
 impl PublishForm {
-    /// The form etcd uses at `cluster_version`: 3.5's from 3.5 on (etcd's `publishV3`),
-    /// else 3.4's.
+    /// The form etcd uses at `cluster_version`: the v3 request from 3.6 on, else the v2 one.
     pub fn for_cluster_version(cluster_version: &str) -> PublishForm {
         let mut parts = cluster_version
             .split('.')
             .map(|p| p.parse::<u64>().unwrap_or(0));
         let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-        if (major, minor) >= (3, 5) {
+        if (major, minor) >= (3, 6) {
             PublishForm::V3
         } else {
             PublishForm::V2
@@ -487,7 +491,7 @@ mod tests {
         assert_eq!(v2("SYNC", "", ""), Decoded::Ignored { id: 3 });
         assert_eq!(decode(&[]).ok(), Some(Decoded::Noop));
         assert_eq!(PublishForm::for_cluster_version("3.4.0"), PublishForm::V2);
-        assert_eq!(PublishForm::for_cluster_version("3.5.0"), PublishForm::V3);
+        assert_eq!(PublishForm::for_cluster_version("3.5.0"), PublishForm::V2);
         assert_eq!(PublishForm::for_cluster_version("3.6.0"), PublishForm::V3);
     }
 }

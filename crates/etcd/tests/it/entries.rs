@@ -10,10 +10,16 @@
 //! the canonical encoding of what it decodes to, so that equal decoded requests mean equal
 //! bytes.
 //!
-//! Where the two differ on purpose: etcd 3.4 publishes its member and the cluster version as v2
-//! requests, etcd-rs (whose cluster version is 3.5) as etcd 3.5 does (`cluster_member_attr_set`);
-//! the test checks that both publish the same attributes. etcd also proposes v2 reads and
-//! `SYNC` requests (its v2 store's TTL sweep), which etcd-rs, keeping no v2 store, does not.
+//! Both publish the member with the same v2 request (etcd 3.5 does too; `cluster_member_attr_set`
+//! waits for 3.6, since etcd 3.4 panics on it, which the second test below found). Where the two
+//! differ: etcd 3.4 also sets the cluster version (a v2 `PUT /0/version`; etcd-rs's version is
+//! its own) and proposes v2 reads and `SYNC` requests (its v2 store's TTL sweep), which etcd-rs,
+//! keeping no v2 store, does not.
+//!
+//! And the other way: etcd 3.4 started on etcd-rs's entries (copied into a WAL in etcd's
+//! format, the only thing in an otherwise empty data directory) replays them into its own
+//! store and comes up as the same member of the same cluster, with the same keys, revision,
+//! auth role and membership.
 //!
 //! Skipped when the suite runs against etcd itself (`ETCDRS_TEST_ETCD_BIN`).
 
@@ -61,6 +67,7 @@ async fn make_requests(m: &Member) {
     ctl.ok(&["member", "update", &id, "--peer-urls=http://127.0.0.1:2"])
         .await;
     ctl.ok(&["member", "remove", &id]).await;
+    ctl.ok(&["put", "k2", "v2"]).await;
 }
 
 /// A member's publish: its name and client URLs.
@@ -77,6 +84,8 @@ struct Log {
     bootstrap: Vec<u8>,
     /// The member's publish.
     published: Option<Published>,
+    /// Its v2 request, with the request id set aside.
+    publish: Vec<u8>,
     /// The cluster version a v2 request set (etcd 3.4 only).
     cluster_version: Option<String>,
     /// Every other entry: type and normalized data.
@@ -106,6 +115,9 @@ fn read_log(entries: &[Entry]) -> Log {
                         log.cluster_version = Some(v2.val);
                     } else {
                         assert!(v2.path.ends_with("/attributes"), "{v2:?}");
+                        let mut normalized = v2.clone();
+                        normalized.id = 0;
+                        log.publish = normalized.encode_to_vec();
                         let attributes: etcdrs_proto::raft_internal::MemberAttributes =
                             serde_json::from_str(&v2.val).expect("attributes");
                         log.published = Some(Published {
@@ -191,6 +203,10 @@ async fn raft_entries_are_the_bytes_etcd_34_writes() {
     assert_eq!(mine.bootstrap, theirs.bootstrap, "the bootstrap entry");
     assert!(theirs.published.is_some(), "etcd published its member");
     assert_eq!(mine.published, theirs.published, "the same attributes");
+    assert_eq!(
+        mine.publish, theirs.publish,
+        "the same publish request, byte for byte"
+    );
     assert_eq!(theirs.cluster_version.as_deref(), Some("3.4.0"));
     let show = |log: &Log| -> Vec<String> {
         log.requests
@@ -203,5 +219,147 @@ async fn raft_entries_are_the_bytes_etcd_34_writes() {
         mine.requests, theirs.requests,
         "the requests, byte for byte"
     );
-    assert_eq!(theirs.requests.len(), 8, "{:#?}", show(&theirs));
+    assert_eq!(theirs.requests.len(), 9, "{:#?}", show(&theirs));
+}
+
+/// etcd's `walpb.Record`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct WalRecord {
+    #[prost(int64, tag = "1")]
+    r#type: i64,
+    #[prost(uint32, tag = "2")]
+    crc: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    data: Vec<u8>,
+}
+
+/// etcd's WAL record types (`wal.go`).
+const METADATA: i64 = 1;
+const ENTRY: i64 = 2;
+const STATE: i64 = 3;
+const CRC: i64 = 4;
+const SNAPSHOT: i64 = 5;
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A message of varint fields, every one written (gogoproto's non-nullable fields).
+fn varints(fields: &[(u8, u64)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (field, value) in fields {
+        out.push(field << 3);
+        put_varint(&mut out, *value);
+    }
+    out
+}
+
+/// One segment of etcd's WAL holding `entries`, framed as etcd's encoder frames records: a
+/// little-endian length word (padding flagged in its top byte), the record, padding to 8 bytes,
+/// and a CRC-32C rolled over every record's data.
+fn etcd_wal_segment(member_id: u64, cluster_id: u64, entries: &[Entry]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut crc = 0u32;
+    let mut record = |r#type: i64, data: Vec<u8>| {
+        if r#type != CRC {
+            crc = etcdrs_crc32c::update(crc, &data);
+        }
+        let encoded = WalRecord { r#type, crc, data }.encode_to_vec();
+        let pad = (8 - encoded.len() % 8) % 8;
+        let mut word = encoded.len() as u64;
+        if pad != 0 {
+            word |= (0x80 | pad as u64) << 56;
+        }
+        bytes.extend_from_slice(&word.to_le_bytes());
+        bytes.extend_from_slice(&encoded);
+        bytes.extend(std::iter::repeat_n(0u8, pad));
+    };
+    record(CRC, Vec::new());
+    // etcdserverpb.Metadata{NodeID, ClusterID}.
+    record(METADATA, varints(&[(1, member_id), (2, cluster_id)]));
+    // walpb.Snapshot{Index: 0, Term: 0}: the log starts at the beginning.
+    record(SNAPSHOT, varints(&[(1, 0), (2, 0)]));
+    for entry in entries {
+        // raftpb.Entry{Type, Term, Index, Data}.
+        let mut data = varints(&[
+            (1, entry.entry_type as u64),
+            (2, entry.term),
+            (3, entry.index),
+        ]);
+        data.push(0x22);
+        put_varint(&mut data, entry.data.len() as u64);
+        data.extend_from_slice(&entry.data);
+        record(ENTRY, data);
+    }
+    let last = entries.last().expect("a log with entries");
+    // raftpb.HardState{Term, Vote, Commit}: everything committed, the member voted for itself.
+    record(
+        STATE,
+        varints(&[(1, last.term), (2, member_id), (3, last.index)]),
+    );
+    bytes
+}
+
+#[tokio::test]
+async fn etcd_34_applies_the_entries_etcd_rs_writes() {
+    if !ours() {
+        return;
+    }
+    let mut m = Member::start(MemberOpts::new(&our_bin()))
+        .await
+        .expect("etcd-rs starts");
+    make_requests(&m).await;
+    let status = |m: &Member| {
+        let ctl = m.etcdctl();
+        async move {
+            let json: serde_json::Value =
+                serde_json::from_str(&ctl.ok(&["endpoint", "status", "-w", "json"]).await)
+                    .expect("status json");
+            let header = json[0]["Status"]["header"].clone();
+            (
+                header["cluster_id"].as_u64().expect("cluster id"),
+                header["member_id"].as_u64().expect("member id"),
+                header["revision"].as_i64().expect("revision"),
+            )
+        }
+    };
+    let (cluster_id, member_id, revision) = status(&m).await;
+    m.stop().await.expect("etcd-rs stops");
+    let entries = our_log(m.data_dir());
+    assert_eq!(entries.first().map(|e| e.index), Some(1), "the whole log");
+
+    std::fs::remove_dir_all(m.data_dir()).expect("clear the data dir");
+    let wal_dir = m.data_dir().join("member").join("wal");
+    std::fs::create_dir_all(&wal_dir).expect("create etcd's WAL dir");
+    std::fs::write(
+        wal_dir.join("0000000000000000-0000000000000000.wal"),
+        etcd_wal_segment(member_id, cluster_id, &entries),
+    )
+    .expect("write etcd's WAL");
+    m.set_bin(&etcd34());
+    m.restart()
+        .await
+        .unwrap_or_else(|e| panic!("etcd 3.4 starts on etcd-rs's log: {e}"));
+
+    assert_eq!(status(&m).await, (cluster_id, member_id, revision));
+    let ctl = m.etcdctl();
+    assert_eq!(
+        ctl.ok(&["get", "k2", "--print-value-only"]).await.trim(),
+        "v2"
+    );
+    assert_eq!(ctl.ok(&["get", "k"]).await.trim(), "");
+    assert_eq!(ctl.ok(&["role", "list"]).await.trim(), "r1");
+    let members: serde_json::Value =
+        serde_json::from_str(&ctl.ok(&["member", "list", "-w", "json"]).await)
+            .expect("member list json");
+    let members = members["members"].as_array().expect("members").clone();
+    assert_eq!(members.len(), 1, "the learner came and went: {members:?}");
+    assert_eq!(members[0]["ID"].as_u64(), Some(member_id));
+    assert_eq!(members[0]["name"].as_str(), Some(m.name()));
+    let log = m.log();
+    assert!(!log.contains("panic"), "{}", m.log_tail(40));
 }
