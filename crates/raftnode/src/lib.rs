@@ -137,6 +137,13 @@ pub trait StateMachine: Send + 'static {
     /// Apply committed entries.
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String>;
 
+    /// Whether the committed membership change at `index` may take effect (etcd's
+    /// `ValidateConfigurationChange`), asked after every entry before it was applied and
+    /// before raft applies the change. A change refused here leaves raft's configuration as
+    /// it was (etcd applies it with `NodeID = None`); the state machine, applying the entry
+    /// next, refuses it alike and tells its proposer why.
+    fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool;
+
     /// Replace the state with the leader's snapshot taken at or after entry `index`; the
     /// membership at that point is `conf_state`.
     fn restore(

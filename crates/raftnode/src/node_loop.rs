@@ -245,20 +245,31 @@ impl NodeCore {
         Ok(())
     }
 
+    /// Hands committed entries to the state machine, applying their membership changes to
+    /// raft on the way: the entries before a change are applied first, so that the state
+    /// machine judges the change (`conf_change_allowed`) on the membership it follows.
     async fn send_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
-        let Some(last) = entries.last() else {
-            return Ok(());
-        };
-        let last_index = last.index;
+        let mut chunk = Vec::with_capacity(entries.len());
         let mut conf_state = None;
-        for entry in &entries {
+        for entry in entries {
             let changed = match entry.get_entry_type() {
                 EntryType::EntryConfChange => {
-                    // An update (new peer URLs) is etcd raft's no-op: only the state machine
-                    // applies it.
-                    match EtcdConfChange::decode(&entry.data)?.to_raft() {
-                        Some(change) => Some(self.node.apply_conf_change(&change)?),
-                        None => None,
+                    let change = EtcdConfChange::decode(&entry.data)?;
+                    if !chunk.is_empty() {
+                        self.apply_chunk(std::mem::take(&mut chunk), conf_state.take())?;
+                    }
+                    let Some(machine) = self.state_machine.as_mut() else {
+                        return Err(Error::Stopped);
+                    };
+                    if !machine.conf_change_allowed(entry.index, &change) {
+                        None
+                    } else {
+                        // An update (new peer URLs) is etcd raft's no-op: only the state
+                        // machine applies it.
+                        match change.to_raft() {
+                            Some(change) => Some(self.node.apply_conf_change(&change)?),
+                            None => None,
+                        }
                     }
                 }
                 EntryType::EntryConfChangeV2 => {
@@ -274,7 +285,20 @@ impl NodeCore {
                 *self.node.raft.raft_log.store.conf_state.lock() = changed.clone();
                 conf_state = Some(changed);
             }
+            chunk.push(entry);
         }
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        self.apply_chunk(chunk, conf_state)
+    }
+
+    /// Applies one run of committed entries and records how far the state machine got.
+    fn apply_chunk(&mut self, entries: Vec<Entry>, conf_state: Option<ConfState>) -> Result<()> {
+        let Some(last) = entries.last() else {
+            return Ok(());
+        };
+        let last_index = last.index;
         let Some(machine) = self.state_machine.as_mut() else {
             return Err(Error::Stopped);
         };

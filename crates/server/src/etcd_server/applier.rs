@@ -164,8 +164,14 @@ impl EtcdServer {
                 EntryType::EntryConfChange => {
                     let change = EtcdConfChange::decode(&entry.data)
                         .map_err(|e| ServerError::Fatal(format!("entry {}: {e}", entry.index)))?;
-                    self.apply_conf_change(&mut batch, &change)?;
-                    results.push((change.id, Ok(ApplyOutput::MembersChanged)));
+                    // Refused exactly as the raft node refused it (`conf_change_allowed`).
+                    match self.validate_conf_change(&change) {
+                        Ok(()) => {
+                            self.apply_conf_change(&mut batch, &change)?;
+                            results.push((change.id, Ok(ApplyOutput::MembersChanged)));
+                        }
+                        Err(e) => results.push((change.id, Err(e))),
+                    }
                 }
                 // Neither etcd nor etcd-rs writes these (etcd 3.4's server would not apply
                 // them): a joint configuration has no membership record here.
@@ -188,6 +194,68 @@ impl EtcdServer {
             self.inner.watch_sync.notify_one();
         }
         Ok((index, term, durable, results))
+    }
+
+    /// etcd's `ValidateConfigurationChange`, on the membership as applied: a committed change
+    /// that lost a race with another (two additions of one peer URL, a removal of a member
+    /// already gone) takes no effect on any member, etcd or etcd-rs, and its proposer gets
+    /// etcd's error.
+    pub(super) fn validate_conf_change(&self, change: &EtcdConfChange) -> Result<()> {
+        let id = change.node_id;
+        if self.inner.removed_members.read().contains(&id) {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+        }
+        let members = self.inner.members.read();
+        let context = change.context.as_deref().unwrap_or_default();
+        let bad_context =
+            |e: serde_json::Error| ServerError::Fatal(format!("decode member in conf change: {e}"));
+        let url_taken = |urls: &[String]| {
+            members
+                .values()
+                .filter(|m| m.id != id)
+                .any(|m| m.peer_urls.iter().any(|u| urls.contains(u)))
+        };
+        match change.kind {
+            ChangeKind::AddNode | ChangeKind::AddLearnerNode => {
+                let ConfigChangeContext { member, is_promote } =
+                    serde_json::from_slice(context).map_err(bad_context)?;
+                if is_promote {
+                    match members.get(&id) {
+                        None => return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND)),
+                        Some(m) if !m.is_learner => {
+                            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_LEARNER));
+                        }
+                        Some(_) => {}
+                    }
+                } else {
+                    if members.contains_key(&id) {
+                        return Err(ServerError::Etcd(&rpctypes::MEMBER_EXIST));
+                    }
+                    if url_taken(&member.peer_urls) {
+                        return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+                    }
+                    let learners = members.values().filter(|m| m.is_learner).count();
+                    if member.is_learner && learners + 1 > self.inner.config.max_learners {
+                        return Err(ServerError::Etcd(&rpctypes::TOO_MANY_LEARNERS));
+                    }
+                }
+            }
+            ChangeKind::RemoveNode => {
+                if !members.contains_key(&id) {
+                    return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+                }
+            }
+            ChangeKind::UpdateNode => {
+                if !members.contains_key(&id) {
+                    return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+                }
+                let update: Member = serde_json::from_slice(context).map_err(bad_context)?;
+                if url_taken(&update.peer_urls) {
+                    return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// etcd's `applyConfChange` for the membership: an addition records the member of its
@@ -510,6 +578,20 @@ pub(super) struct Applier {
 }
 
 impl StateMachine for Applier {
+    fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool {
+        // Entries the store applied already (replayed after a restart) were judged then.
+        if index <= self.server.inner.store.consistent_index() {
+            return true;
+        }
+        match self.server.validate_conf_change(change) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, member_id = %membership::id_hex(change.node_id), "refused a membership change");
+                false
+            }
+        }
+    }
+
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
         self.server
             .apply_committed(batch, &mut self.last_leader)
