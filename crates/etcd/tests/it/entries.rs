@@ -21,11 +21,16 @@
 //! store and comes up as the same member of the same cluster, with the same keys, revision,
 //! auth role and membership.
 //!
+//! And the rules by which entries apply: a committed membership change that etcd refuses
+//! (etcd's `ValidateConfigurationChange`) is refused by etcd-rs too, the same crafted log leaving
+//! the same members under both.
+//!
 //! Skipped when the suite runs against etcd itself (`ETCDRS_TEST_ETCD_BIN`).
 
 use std::path::Path;
 
 use etcdrs_etcddir::request::{self as etcd, Payload};
+use etcdrs_raftnode::confchange::{ChangeKind, EtcdConfChange};
 use etcdrs_raftnode::eraftpb::{Entry, EntryType};
 use etcdrs_testkit::{EtcdBin, Member, MemberOpts};
 use prost::Message;
@@ -362,4 +367,114 @@ async fn etcd_34_applies_the_entries_etcd_rs_writes() {
     assert_eq!(members[0]["name"].as_str(), Some(m.name()));
     let log = m.log();
     assert!(!log.contains("panic"), "{}", m.log_tail(40));
+}
+
+/// `(id, peer URLs, is learner)` of every member `member list` shows.
+async fn member_list(m: &Member) -> Vec<(u64, Vec<String>, bool)> {
+    let json: serde_json::Value =
+        serde_json::from_str(&m.etcdctl().ok(&["member", "list", "-w", "json"]).await)
+            .expect("member list json");
+    let mut members: Vec<(u64, Vec<String>, bool)> = json["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| {
+            let urls = m["peerURLs"]
+                .as_array()
+                .map(|urls| {
+                    urls.iter()
+                        .filter_map(|u| u.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                m["ID"].as_u64().expect("member id"),
+                urls,
+                m["isLearner"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    members.sort();
+    members
+}
+
+/// A committed membership change that etcd refuses when it applies it (here a second member
+/// with a peer URL another member has, as two concurrent `member add`s can commit) takes no
+/// effect under etcd-rs either: the same log, given to etcd 3.4 and to etcd-rs, leaves the
+/// same members. The log is etcd 3.4's own, with two changes appended that etcd had not
+/// applied when it stopped (so etcd-rs's conversion applies them, and etcd applies them when
+/// it starts on its untouched files).
+#[tokio::test]
+async fn a_conflicting_membership_change_is_refused_as_etcd_refuses_it() {
+    if !ours() {
+        return;
+    }
+    let mut m = Member::start(MemberOpts::new(&etcd34()))
+        .await
+        .expect("etcd 3.4 starts");
+    m.etcdctl().ok(&["put", "k", "v"]).await;
+    m.stop().await.expect("etcd 3.4 stops");
+    let member = etcdrs_etcddir::read(m.data_dir()).expect("etcd's WAL");
+    let mut entries = member.entries.clone();
+    assert_eq!(entries.first().map(|e| e.index), Some(1), "the whole log");
+    let last = entries.last().expect("entries").clone();
+    let url = "http://127.0.0.1:1".to_string();
+    for (offset, (id, kind, is_learner)) in [
+        (0x1111u64, ChangeKind::AddLearnerNode, true),
+        (0x2222u64, ChangeKind::AddNode, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let context = serde_json::to_vec(&etcdrs_proto::raft_internal::Member {
+            id,
+            peer_urls: vec![url.clone()],
+            is_learner,
+            ..Default::default()
+        })
+        .expect("member JSON");
+        let change = EtcdConfChange {
+            id: 77 + offset as u64,
+            kind,
+            node_id: id,
+            context: Some(context),
+        };
+        let mut entry = Entry::default();
+        entry.set_entry_type(EntryType::EntryConfChange);
+        entry.term = last.term;
+        entry.index = last.index + 1 + offset as u64;
+        entry.data = change.encode().into();
+        entries.push(entry);
+    }
+    let wal_dir = m.data_dir().join("member").join("wal");
+    std::fs::remove_dir_all(&wal_dir).expect("replace etcd's WAL");
+    std::fs::create_dir_all(&wal_dir).expect("replace etcd's WAL");
+    std::fs::write(
+        wal_dir.join("0000000000000000-0000000000000000.wal"),
+        etcd_wal_segment(member.node_id, member.cluster_id, &entries),
+    )
+    .expect("write etcd's WAL");
+
+    m.set_bin(&our_bin());
+    m.restart().await.expect("etcd-rs converts and starts");
+    let ours_members = member_list(&m).await;
+    m.stop().await.expect("etcd-rs stops");
+    // etcd-rs wrote only under `etcd-rs/`: etcd starts on its own files as crafted.
+    std::fs::remove_dir_all(m.data_dir().join("etcd-rs")).expect("drop etcd-rs's storage");
+    m.set_bin(&etcd34());
+    m.restart().await.expect("etcd 3.4 starts");
+    let etcd_members = member_list(&m).await;
+
+    assert_eq!(ours_members, etcd_members);
+    assert_eq!(ours_members.len(), 2, "{ours_members:?}");
+    assert!(
+        ours_members
+            .iter()
+            .any(|(id, _, learner)| *id == 0x1111 && *learner),
+        "the learner is added: {ours_members:?}"
+    );
+    assert!(
+        ours_members.iter().all(|(id, _, _)| *id != 0x2222),
+        "the second member with its peer URL is refused: {ours_members:?}"
+    );
 }
