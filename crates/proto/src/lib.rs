@@ -18,6 +18,7 @@
 //! | [`v3lockpb`] | `server/etcdserver/api/v3lock/v3lockpb` (Lock service) |
 //! | [`v3electionpb`] | `server/etcdserver/api/v3election/v3electionpb` (Election service) |
 //! | [`rpctypes`] | `api/v3rpc/rpctypes` (gRPC errors, and `grpc-message` decoding) |
+//! | [`raft_internal`] | `etcdserverpb/raft_internal.proto`, v2 `Request`, `membershippb`, `membership.Member` JSON (raft entry payloads) |
 //! | [`keys`] | `clientv3.GetPrefixRangeEnd` (the end of a prefix's range) |
 //! | [`fanout`] | (etcd-rs) `WatchResponse` with pre-encoded events, and a Watch service sending it |
 //!
@@ -31,6 +32,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 
 pub mod fanout;
 pub mod keys;
+pub mod raft_internal;
 pub mod rpctypes;
 
 /// Multi-version store records: `KeyValue` and `Event` (etcd `mvccpb`).

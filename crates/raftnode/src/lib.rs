@@ -20,11 +20,13 @@
 
 #![deny(missing_docs)]
 
+pub mod confchange;
 mod error;
 mod logger;
 pub mod metrics;
 mod node_loop;
 
+use confchange::{ChangeKind, EtcdConfChange};
 use node_loop::NodeCore;
 
 use std::collections::{HashMap, VecDeque};
@@ -36,8 +38,7 @@ use etcdrs_wal::{EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
 use parking_lot::RwLock;
 use protobuf::Message as _;
 use raft::eraftpb::{
-    ConfChange, ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType,
-    HardState, Message,
+    ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, HardState, Message,
 };
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole, Storage};
@@ -136,6 +137,13 @@ pub trait StateMachine: Send + 'static {
     /// Apply committed entries.
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String>;
 
+    /// Whether the committed membership change at `index` may take effect (etcd's
+    /// `ValidateConfigurationChange`), asked after every entry before it was applied and
+    /// before raft applies the change. A change refused here leaves raft's configuration as
+    /// it was (etcd applies it with `NodeID = None`); the state machine, applying the entry
+    /// next, refuses it alike and tells its proposer why.
+    fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool;
+
     /// Replace the state with the leader's snapshot taken at or after entry `index`; the
     /// membership at that point is `conf_state`.
     fn restore(
@@ -211,7 +219,7 @@ enum NodeMsg {
     },
     Step(Box<Message>),
     ProposeConfChange {
-        change: ConfChange,
+        change: EtcdConfChange,
         done: oneshot::Sender<Result<()>>,
     },
     TransferLeader {
@@ -269,8 +277,9 @@ impl RaftNodeHandle {
         rx.await.map_err(|_| Error::Stopped)?
     }
 
-    /// Propose a membership change. Ok means raft accepted it into its log.
-    pub async fn propose_conf_change(&self, change: ConfChange) -> Result<()> {
+    /// Propose a membership change, a single-step `EntryConfChange` written as etcd writes it
+    /// ([`confchange`]). Ok means raft accepted it into its log.
+    pub async fn propose_conf_change(&self, change: EtcdConfChange) -> Result<()> {
         let (done, rx) = oneshot::channel();
         self.tx
             .send(NodeMsg::ProposeConfChange { change, done })
@@ -344,11 +353,10 @@ fn standalone_removals(
     for entry in entries.iter().filter(|e| e.index > applied) {
         match entry.get_entry_type() {
             EntryType::EntryConfChange => {
-                let mut change = ConfChange::default();
-                change
-                    .merge_from_bytes(&entry.data)
-                    .map_err(|e| Error::Corrupt(e.to_string()))?;
-                track(change.get_change_type(), change.node_id);
+                // An update changes no membership.
+                if let Some(change) = EtcdConfChange::decode(&entry.data)?.to_raft() {
+                    track(change.get_change_type(), change.node_id);
+                }
             }
             EntryType::EntryConfChangeV2 => {
                 let mut change = ConfChangeV2::default();
@@ -365,18 +373,19 @@ fn standalone_removals(
     let mut index = hard_state.commit;
     let mut removals = Vec::new();
     for id in members.into_iter().filter(|id| *id != me) {
-        let mut change = ConfChange::default();
-        change.set_change_type(ConfChangeType::RemoveNode);
-        change.node_id = id;
+        // etcd's `createConfigChangeEnts`: no request id, no context.
+        let change = EtcdConfChange {
+            id: 0,
+            kind: ChangeKind::RemoveNode,
+            node_id: id,
+            context: None,
+        };
         index += 1;
         let mut entry = Entry::default();
         entry.set_entry_type(EntryType::EntryConfChange);
         entry.term = hard_state.term.max(1);
         entry.index = index;
-        entry.data = change
-            .write_to_bytes()
-            .map_err(|e| Error::Corrupt(e.to_string()))?
-            .into();
+        entry.data = change.encode().into();
         removals.push(entry);
     }
     Ok(removals)
@@ -399,18 +408,18 @@ pub fn start(
                 Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?;
             let mut entries = Vec::with_capacity(peers.len());
             for (i, (id, context)) in peers.iter().enumerate() {
-                let mut change = ConfChange::default();
-                change.set_change_type(ConfChangeType::AddNode);
-                change.node_id = *id;
-                change.context = context.clone().into();
+                // etcd's raft `StartNode`: one `AddNode` per peer, request id 0.
+                let change = EtcdConfChange {
+                    id: 0,
+                    kind: ChangeKind::AddNode,
+                    node_id: *id,
+                    context: Some(context.clone()),
+                };
                 let mut entry = Entry::default();
                 entry.set_entry_type(EntryType::EntryConfChange);
                 entry.term = 1;
                 entry.index = i as u64 + 1;
-                entry.data = change
-                    .write_to_bytes()
-                    .map_err(|e| Error::Corrupt(e.to_string()))?
-                    .into();
+                entry.data = change.encode().into();
                 entries.push(entry);
             }
             let hard_state = HardState {
@@ -685,6 +694,13 @@ pub fn write_imported_log(
     Ok(())
 }
 
+/// Every entry of the WAL in `wal_dir` after its last snapshot mark, as raft entries: a stopped
+/// member's log, for tools and tests that look at what a member wrote.
+pub fn read_log(wal_dir: &Path) -> Result<Vec<Entry>> {
+    let (_, state) = Wal::open(wal_dir)?;
+    state.entries.iter().map(decode_entry).collect()
+}
+
 /// Entries as the WAL stores them.
 fn entry_records(entries: &[Entry]) -> Result<Vec<EntryRecord>> {
     entries
@@ -760,15 +776,18 @@ fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn conf_entry(index: u64, kind: ConfChangeType, id: u64) -> Entry {
-        let mut change = ConfChange::default();
-        change.set_change_type(kind);
-        change.node_id = id;
+    fn conf_entry(index: u64, kind: ChangeKind, id: u64) -> Entry {
+        let change = EtcdConfChange {
+            id: 0,
+            kind,
+            node_id: id,
+            context: None,
+        };
         let mut entry = Entry::default();
         entry.set_entry_type(EntryType::EntryConfChange);
         entry.index = index;
         entry.term = 2;
-        entry.data = change.write_to_bytes().expect("encode").into();
+        entry.data = change.encode().into();
         entry
     }
 
@@ -776,9 +795,8 @@ mod tests {
         entries
             .iter()
             .map(|e| {
-                let mut change = ConfChange::default();
-                change.merge_from_bytes(&e.data).expect("decode");
-                assert_eq!(change.get_change_type(), ConfChangeType::RemoveNode);
+                let change = EtcdConfChange::decode(&e.data).expect("decode");
+                assert_eq!(change.kind, ChangeKind::RemoveNode);
                 change.node_id
             })
             .collect()
@@ -791,11 +809,13 @@ mod tests {
             learners: vec![4],
             ..Default::default()
         };
-        // Applied up to 10; committed after it: member 5 added, member 3 removed.
+        // Applied up to 10; committed after it: member 5 added, member 3 removed (an update
+        // changes no membership).
         let entries = [
-            conf_entry(9, ConfChangeType::RemoveNode, 1),
-            conf_entry(11, ConfChangeType::AddNode, 5),
-            conf_entry(12, ConfChangeType::RemoveNode, 3),
+            conf_entry(9, ChangeKind::RemoveNode, 1),
+            conf_entry(10, ChangeKind::UpdateNode, 4),
+            conf_entry(11, ChangeKind::AddNode, 5),
+            conf_entry(12, ChangeKind::RemoveNode, 3),
         ];
         let hard_state = HardState {
             term: 3,

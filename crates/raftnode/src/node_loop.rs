@@ -19,7 +19,7 @@ pub(crate) struct NodeCore {
     /// Membership changes that arrived while another was still in flight (raft would turn
     /// them into empty entries, leaving their proposers waiting): proposed in order once the
     /// previous change is applied and its joint configuration left.
-    pub(crate) deferred_conf: VecDeque<(ConfChange, oneshot::Sender<Result<()>>)>,
+    pub(crate) deferred_conf: VecDeque<(EtcdConfChange, oneshot::Sender<Result<()>>)>,
 }
 
 impl NodeCore {
@@ -105,7 +105,12 @@ impl NodeCore {
             NodeMsg::TransferLeader { to } => self.node.transfer_leader(to),
             NodeMsg::ReportSnapshot { to, ok } => self.report_snapshot(to, ok),
             NodeMsg::Step(message) => {
-                if let Err(e) = self.node.step(*message) {
+                // A follower's forwarded proposal may hold a conf change in etcd's encoding.
+                let mut message = *message;
+                let aliases = alias_learner_additions(&mut message);
+                let stepped = self.node.step(message);
+                self.restore_aliases(&aliases);
+                if let Err(e) = stepped {
                     tracing::debug!(error = %e, "raft step refused a message");
                 }
             }
@@ -120,24 +125,47 @@ impl NodeCore {
         raft.has_pending_conf() || !raft.prs().conf().to_conf_state().voters_outgoing.is_empty()
     }
 
-    /// Proposes `change` (through joint consensus: raft enters the joint configuration and
-    /// leaves it by itself once that is applied).
-    fn propose_conf_change(&mut self, change: ConfChange, done: oneshot::Sender<Result<()>>) {
-        let mut single = raft::eraftpb::ConfChangeSingle::default();
-        single.set_change_type(change.get_change_type());
-        single.node_id = change.node_id;
-        let mut joint = ConfChangeV2::default();
-        joint.set_changes(vec![single].into());
-        joint.set_transition(ConfChangeTransition::Implicit);
-        let mut context = change.id.to_be_bytes().to_vec();
-        context.extend_from_slice(&change.context);
-        joint.context = context.into();
-        let result = match self.node.propose_conf_change(Vec::new(), joint) {
+    /// Proposes `change` as etcd does: a single-step `EntryConfChange` (etcd 3.4's server
+    /// applies no `ConfChangeV2`), its data in etcd's encoding. This is what raft-rs's
+    /// `propose_conf_change` does, except that raft-rs would write its own change types.
+    fn propose_conf_change(&mut self, change: EtcdConfChange, done: oneshot::Sender<Result<()>>) {
+        let mut entry = Entry::default();
+        entry.set_entry_type(EntryType::EntryConfChange);
+        entry.data = change.encode().into();
+        let mut message = Message::default();
+        message.set_msg_type(raft::eraftpb::MessageType::MsgPropose);
+        message.set_entries(vec![entry].into());
+        let aliases = alias_learner_additions(&mut message);
+        let stepped = self.node.raft.step(message);
+        self.restore_aliases(&aliases);
+        let result = match stepped {
             Ok(()) => Ok(()),
             Err(raft::Error::ProposalDropped) => Err(Error::ProposalDropped),
             Err(e) => Err(Error::Raft(e)),
         };
         let _ = done.send(result);
+    }
+
+    /// Puts etcd's bytes back where raft took in a learner addition's alias (see
+    /// [`alias_learner_additions`]): in the log's unstable entries and in the messages raft
+    /// has queued (appends to followers, or the proposal forwarded to the leader).
+    fn restore_aliases(&mut self, aliases: &[(Vec<u8>, Vec<u8>)]) {
+        if aliases.is_empty() {
+            return;
+        }
+        let restore = |entry: &mut Entry| {
+            if entry.get_entry_type() != EntryType::EntryConfChange {
+                return;
+            }
+            if let Some((_, original)) = aliases.iter().find(|(alias, _)| *alias == *entry.data) {
+                entry.data = original.clone().into();
+            }
+        };
+        let raft = &mut self.node.raft;
+        raft.raft_log.unstable.entries.iter_mut().for_each(restore);
+        for message in raft.msgs.iter_mut() {
+            message.mut_entries().iter_mut().for_each(restore);
+        }
     }
 
     /// Proposes the deferred membership changes whose turn has come.
@@ -217,20 +245,32 @@ impl NodeCore {
         Ok(())
     }
 
+    /// Hands committed entries to the state machine, applying their membership changes to
+    /// raft on the way: the entries before a change are applied first, so that the state
+    /// machine judges the change (`conf_change_allowed`) on the membership it follows.
     async fn send_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
-        let Some(last) = entries.last() else {
-            return Ok(());
-        };
-        let last_index = last.index;
+        let mut chunk = Vec::with_capacity(entries.len());
         let mut conf_state = None;
-        for entry in &entries {
+        for entry in entries {
             let changed = match entry.get_entry_type() {
                 EntryType::EntryConfChange => {
-                    let mut change = ConfChange::default();
-                    change
-                        .merge_from_bytes(&entry.data)
-                        .map_err(|e| Error::Corrupt(e.to_string()))?;
-                    Some(self.node.apply_conf_change(&change)?)
+                    let change = EtcdConfChange::decode(&entry.data)?;
+                    if !chunk.is_empty() {
+                        self.apply_chunk(std::mem::take(&mut chunk), conf_state.take())?;
+                    }
+                    let Some(machine) = self.state_machine.as_mut() else {
+                        return Err(Error::Stopped);
+                    };
+                    if !machine.conf_change_allowed(entry.index, &change) {
+                        None
+                    } else {
+                        // An update (new peer URLs) is etcd raft's no-op: only the state
+                        // machine applies it.
+                        match change.to_raft() {
+                            Some(change) => Some(self.node.apply_conf_change(&change)?),
+                            None => None,
+                        }
+                    }
                 }
                 EntryType::EntryConfChangeV2 => {
                     let mut change = ConfChangeV2::default();
@@ -245,7 +285,20 @@ impl NodeCore {
                 *self.node.raft.raft_log.store.conf_state.lock() = changed.clone();
                 conf_state = Some(changed);
             }
+            chunk.push(entry);
         }
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        self.apply_chunk(chunk, conf_state)
+    }
+
+    /// Applies one run of committed entries and records how far the state machine got.
+    fn apply_chunk(&mut self, entries: Vec<Entry>, conf_state: Option<ConfState>) -> Result<()> {
+        let Some(last) = entries.last() else {
+            return Ok(());
+        };
+        let last_index = last.index;
         let Some(machine) = self.state_machine.as_mut() else {
             return Err(Error::Stopped);
         };
@@ -338,4 +391,36 @@ impl NodeCore {
             Arc::from([])
         };
     }
+}
+
+/// raft-rs's leader decodes a proposed conf change with its own `ConfChange` type to check it,
+/// and refuses etcd's `ConfChangeAddLearnerNode = 3`, a type raft-rs does not know (its learner
+/// is 2). The check reads nothing but whether the change enters or leaves a joint configuration,
+/// so a learner addition goes through it as the same change with type 2 (its alias, unique by
+/// the request id it carries), and [`NodeCore::restore_aliases`] puts etcd's bytes back before
+/// anything is persisted, sent or applied. Returns each alias with the original data.
+fn alias_learner_additions(message: &mut Message) -> Vec<(Vec<u8>, Vec<u8>)> {
+    if message.get_msg_type() != raft::eraftpb::MessageType::MsgPropose {
+        return Vec::new();
+    }
+    let mut aliases = Vec::new();
+    for entry in message.mut_entries().iter_mut() {
+        if entry.get_entry_type() != EntryType::EntryConfChange {
+            continue;
+        }
+        let Ok(change) = EtcdConfChange::decode(&entry.data) else {
+            continue;
+        };
+        if change.kind != ChangeKind::AddLearnerNode {
+            continue;
+        }
+        let alias = EtcdConfChange {
+            kind: ChangeKind::UpdateNode,
+            ..change
+        }
+        .encode();
+        let original = std::mem::replace(&mut entry.data, alias.clone().into());
+        aliases.push((alias, original.to_vec()));
+    }
+    aliases
 }

@@ -8,9 +8,11 @@
 //!    state, the newest snapshot the WAL knows, and every entry after it;
 //! 2. read etcd's backend into a new one of ours (`etcd_db::import`), plus our `meta` keys:
 //!    member and cluster id, and the membership as a raft conf state;
-//! 3. translate the entries into ours ([`translate`]) and write them, after a snapshot mark at
-//!    etcd's snapshot, into a new WAL of ours (`etcdrs_raftnode::write_imported_log`); the
-//!    member's restart then applies those past the backend's consistent index, as etcd would;
+//! 3. write etcd's entries, after a snapshot mark at etcd's snapshot, into a new WAL of ours
+//!    (`etcdrs_raftnode::write_imported_log`) as they are: etcd-rs proposes and applies etcd's
+//!    own payloads (`etcdrs_proto::raft_internal`, `raftnode::confchange`), so nothing is
+//!    translated ([`check_entry`] only refuses what etcd never writes); the member's restart
+//!    then applies those past the backend's consistent index, as etcd would;
 //! 4. make it durable, and only then rename `etcd-rs.converting` to `etcd-rs`.
 //!
 //! A crash before the rename leaves `etcd-rs.converting`, which the next start refuses with an
@@ -20,25 +22,16 @@
 use std::path::{Path, PathBuf};
 
 use etcdrs_backend::{Backend, Bucket};
-use etcdrs_etcddir::request::{self as etcd, ConfChangeType, Payload};
-use etcdrs_proto::etcdserverpb::AuthUserAddRequest;
-use etcdrs_raftnode::eraftpb::{ConfChange, ConfState, Entry, EntryType};
-use prost::Message;
+use etcdrs_raftnode::eraftpb::{ConfState, Entry, EntryType};
 
 use crate::error::{Result, ServerError};
-use crate::etcd_server::protobuf_free::{encode_conf_change, encode_conf_state};
-use crate::membership::{self, Member};
-use crate::request::{
-    AuthHeader, InternalAuthenticateRequest, InternalRaftRequest, MemberAttributes, MemberPeerUrls,
-    Op,
-};
+use crate::etcd_server::protobuf_free::encode_conf_state;
+use crate::membership;
 
 /// Where a converted member keeps its storage, inside the data dir.
 pub const CONVERTED_DIR: &str = "etcd-rs";
 /// Where a conversion in progress writes.
 const CONVERTING_DIR: &str = "etcd-rs.converting";
-/// etcd's default `--bcrypt-cost`, for passwords etcd 3.4 put in its log in clear text.
-const ETCD_BCRYPT_COST: u32 = 10;
 
 fn fatal(what: impl std::fmt::Display) -> ServerError {
     ServerError::Fatal(what.to_string())
@@ -206,11 +199,10 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
             conf_state.voters.push(m.id);
         }
     }
-    let entries = member
-        .entries
-        .iter()
-        .map(translate)
-        .collect::<Result<Vec<_>>>()?;
+    let entries = &member.entries;
+    for entry in entries {
+        check_entry(entry)?;
+    }
     let term = entries
         .iter()
         .find(|e| e.index == imported.consistent_index)
@@ -233,6 +225,9 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
         etcdrs_mvcc::META_CONF_STATE,
         &encode_conf_state(&conf_state),
     )?;
+    if let Some(version) = &imported.cluster_version {
+        put(crate::etcd_server::META_CLUSTER_VERSION, version.as_bytes())?;
+    }
     tx.commit(true).map_err(|e| fatal(format!("{e}")))?;
     drop(backend);
 
@@ -245,7 +240,7 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
         &metadata,
         member.wal_snapshot,
         &hard_state,
-        &entries,
+        entries,
     )?;
     tracing::info!(
         entries = entries.len(),
@@ -258,239 +253,26 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
     sync_dir(root)
 }
 
-/// One of etcd's raft entries as ours: the same index and term, and data that applies to the
-/// same effect (etcd 3.4's v2 requests for member attributes become our `Publish`; what
-/// etcd-rs does not keep, such as the cluster version and the v2 store, becomes an empty
-/// entry, which applies nothing).
-pub fn translate(entry: &Entry) -> Result<Entry> {
-    let mut out = Entry {
-        index: entry.index,
-        term: entry.term,
-        ..Default::default()
-    };
+/// Refuses an entry etcd-rs would not apply as etcd does: every entry etcd writes is one
+/// etcd-rs reads (the same payloads), except a `ConfChangeV2`, which etcd never writes.
+fn check_entry(entry: &Entry) -> Result<()> {
     match entry.get_entry_type() {
-        EntryType::EntryNormal => {
-            out.set_entry_type(EntryType::EntryNormal);
-            let payload = etcd::decode_entry(&entry.data).map_err(|e| {
+        EntryType::EntryNormal => crate::request::decode(&entry.data)
+            .map(|_| ())
+            .map_err(|e| {
                 fatal(format!(
                     "entry {}: cannot decode etcd's request: {e}",
                     entry.index
                 ))
-            })?;
-            if let Some(request) = translate_request(payload)? {
-                out.data = request.encode_to_vec().into();
-            }
-        }
-        EntryType::EntryConfChange => {
-            let change = etcd::decode_conf_change(&entry.data).map_err(|e| {
-                fatal(format!(
-                    "entry {}: cannot decode etcd's conf change: {e}",
-                    entry.index
-                ))
-            })?;
-            let kind = ConfChangeType::try_from(change.r#type).map_err(|_| {
-                fatal(format!(
-                    "entry {}: unknown conf change type {}",
-                    entry.index, change.r#type
-                ))
-            })?;
-            let ours = |kind: etcdrs_raftnode::eraftpb::ConfChangeType, context: Vec<u8>| {
-                let mut cc = ConfChange {
-                    id: change.id,
-                    node_id: change.node_id,
-                    context: context.into(),
-                    ..Default::default()
-                };
-                cc.set_change_type(kind);
-                Ok::<_, ServerError>(encode_conf_change(&cc))
-            };
-            let member_json = || -> Result<Vec<u8>> {
-                let m = etcd::decode_conf_change_member(&change.context).map_err(|e| {
-                    fatal(format!(
-                        "entry {}: bad member in conf change: {e}",
-                        entry.index
-                    ))
-                })?;
-                serde_json::to_vec(&Member {
-                    id: m.id,
-                    name: m.name,
-                    peer_urls: m.peer_urls,
-                    client_urls: m.client_urls,
-                    is_learner: m.is_learner,
-                })
-                .map_err(fatal)
-            };
-            match kind {
-                ConfChangeType::ConfChangeAddNode | ConfChangeType::ConfChangeAddLearnerNode => {
-                    let ours_kind = if kind == ConfChangeType::ConfChangeAddNode {
-                        etcdrs_raftnode::eraftpb::ConfChangeType::AddNode
-                    } else {
-                        etcdrs_raftnode::eraftpb::ConfChangeType::AddLearnerNode
-                    };
-                    out.set_entry_type(EntryType::EntryConfChange);
-                    out.data = ours(ours_kind, member_json()?)?.into();
-                }
-                ConfChangeType::ConfChangeRemoveNode => {
-                    out.set_entry_type(EntryType::EntryConfChange);
-                    out.data = ours(
-                        etcdrs_raftnode::eraftpb::ConfChangeType::RemoveNode,
-                        Vec::new(),
-                    )?
-                    .into();
-                }
-                // New peer URLs change no raft configuration: ours is a normal entry.
-                ConfChangeType::ConfChangeUpdateNode => {
-                    let m = etcd::decode_conf_change_member(&change.context).map_err(|e| {
-                        fatal(format!(
-                            "entry {}: bad member in conf change: {e}",
-                            entry.index
-                        ))
-                    })?;
-                    out.set_entry_type(EntryType::EntryNormal);
-                    out.data = InternalRaftRequest {
-                        id: change.id,
-                        op: Some(Op::UpdatePeerUrls(MemberPeerUrls {
-                            member_id: change.node_id,
-                            peer_urls: m.peer_urls,
-                        })),
-                        auth: None,
-                    }
-                    .encode_to_vec()
-                    .into();
-                }
-            }
-        }
-        EntryType::EntryConfChangeV2 => {
-            return Err(fatal(format!(
-                "entry {}: a ConfChangeV2, which etcd does not write",
-                entry.index
-            )));
-        }
-    }
-    Ok(out)
-}
-
-fn hash_password(password: &str) -> Result<String> {
-    bcrypt::hash(password, ETCD_BCRYPT_COST).map_err(|e| fatal(format!("bcrypt: {e}")))
-}
-
-/// An etcd request as ours; `None` for what applies nothing here.
-fn translate_request(payload: Payload) -> Result<Option<InternalRaftRequest>> {
-    let request = match payload {
-        Payload::Noop => return Ok(None),
-        Payload::V2(v2) => return Ok(translate_v2(v2)),
-        Payload::V3(request) => *request,
-    };
-    let (id, auth) = match &request.header {
-        Some(h) => (
-            if h.id != 0 { h.id } else { request.id },
-            (!h.username.is_empty()).then(|| AuthHeader {
-                username: h.username.clone(),
-                auth_revision: h.auth_revision,
             }),
-        ),
-        None => (request.id, None),
-    };
-    let with_hash = |mut req: AuthUserAddRequest| -> Result<AuthUserAddRequest> {
-        if req.hashed_password.is_empty() && !req.password.is_empty() {
-            req.hashed_password = hash_password(&req.password)?;
+        EntryType::EntryConfChange => {
+            etcdrs_raftnode::confchange::EtcdConfChange::decode(&entry.data)
+                .map(|_| ())
+                .map_err(|e| fatal(format!("entry {}: {e}", entry.index)))
         }
-        req.password.clear();
-        Ok(req)
-    };
-    let r = request;
-    let op = if let Some(x) = r.put {
-        Op::Put(x)
-    } else if let Some(x) = r.delete_range {
-        Op::DeleteRange(x)
-    } else if let Some(x) = r.txn {
-        Op::Txn(x)
-    } else if let Some(x) = r.compaction {
-        Op::Compaction(x)
-    } else if let Some(x) = r.lease_grant {
-        Op::LeaseGrant(x)
-    } else if let Some(x) = r.lease_revoke {
-        Op::LeaseRevoke(x)
-    } else if let Some(x) = r.alarm {
-        Op::Alarm(x)
-    } else if let Some(x) = r.lease_checkpoint {
-        Op::LeaseCheckpoint(x)
-    } else if let Some(x) = r.auth_enable {
-        Op::AuthEnable(x)
-    } else if let Some(x) = r.auth_disable {
-        Op::AuthDisable(x)
-    } else if let Some(x) = r.authenticate {
-        Op::Authenticate(InternalAuthenticateRequest {
-            name: x.name,
-            simple_token: x.simple_token,
-        })
-    } else if let Some(x) = r.auth_user_add {
-        Op::UserAdd(with_hash(x)?)
-    } else if let Some(x) = r.auth_user_delete {
-        Op::UserDelete(x)
-    } else if let Some(mut x) = r.auth_user_change_password {
-        if x.hashed_password.is_empty() && !x.password.is_empty() {
-            x.hashed_password = hash_password(&x.password)?;
-        }
-        x.password.clear();
-        Op::UserChangePassword(x)
-    } else if let Some(x) = r.auth_user_grant_role {
-        Op::UserGrantRole(x)
-    } else if let Some(x) = r.auth_user_revoke_role {
-        Op::UserRevokeRole(x)
-    } else if let Some(x) = r.auth_role_add {
-        Op::RoleAdd(x)
-    } else if let Some(x) = r.auth_role_delete {
-        Op::RoleDelete(x)
-    } else if let Some(x) = r.auth_role_grant_permission {
-        Op::RoleGrantPermission(x)
-    } else if let Some(x) = r.auth_role_revoke_permission {
-        Op::RoleRevokePermission(x)
-    } else if let Some(x) = r.cluster_member_attr_set {
-        let attributes = x.member_attributes.unwrap_or_default();
-        Op::Publish(MemberAttributes {
-            member_id: x.member_id,
-            name: attributes.name,
-            client_urls: attributes.client_urls,
-        })
-    } else {
-        // Reads (range, auth status and listings), the cluster version and downgrade
-        // settings: nothing etcd-rs keeps changes.
-        return Ok(None);
-    };
-    Ok(Some(InternalRaftRequest {
-        id,
-        op: Some(op),
-        auth,
-    }))
-}
-
-/// etcd 3.4's v2 requests: a member's attributes become our `Publish`; the cluster version
-/// and the v2 store's own keys apply nothing here (etcd-rs does not carry the v2 store over).
-fn translate_v2(v2: etcd::V2Request) -> Option<InternalRaftRequest> {
-    #[derive(serde::Deserialize)]
-    struct Attributes {
-        #[serde(default)]
-        name: String,
-        #[serde(rename = "clientURLs", default)]
-        client_urls: Vec<String>,
+        EntryType::EntryConfChangeV2 => Err(fatal(format!(
+            "entry {}: a ConfChangeV2, which etcd does not write",
+            entry.index
+        ))),
     }
-    let hex = v2
-        .path
-        .strip_prefix("/0/members/")?
-        .strip_suffix("/attributes")?;
-    if v2.method != "PUT" {
-        return None;
-    }
-    let member_id = u64::from_str_radix(hex, 16).ok()?;
-    let attributes: Attributes = serde_json::from_str(&v2.val).ok()?;
-    Some(InternalRaftRequest {
-        id: v2.id,
-        op: Some(Op::Publish(MemberAttributes {
-            member_id,
-            name: attributes.name,
-            client_urls: attributes.client_urls,
-        })),
-        auth: None,
-    })
 }

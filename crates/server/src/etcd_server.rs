@@ -22,17 +22,17 @@ use etcdrs_proto::etcdserverpb::{
     AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
     LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
+use etcdrs_proto::raft_internal::ConfigChangeContext;
 use etcdrs_proto::rpctypes;
-use etcdrs_raftnode::eraftpb::{ConfChange, ConfChangeType, EntryType};
+use etcdrs_raftnode::confchange::{ChangeKind, EtcdConfChange};
+use etcdrs_raftnode::eraftpb::EntryType;
 use etcdrs_raftnode::{
     Applied, Apply, NodeConfig, RaftNodeHandle, Start, StateMachine, task::TaskResult,
 };
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use prost::Message as _;
-use protobuf_free::{
-    decode_conf_change, decode_conf_change_v2, decode_conf_state, encode_conf_state,
-};
+use protobuf_free::{decode_conf_state, encode_conf_state};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -44,7 +44,7 @@ use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::membership::{self, Member};
 use crate::peer::PeerTransport;
-use crate::request::{InternalRaftRequest, MemberAttributes, Op};
+use crate::request::{Decoded, MemberAttributes, Op, PublishForm};
 
 mod applier;
 mod bootstrap;
@@ -54,26 +54,15 @@ mod propose;
 
 use applier::Applier;
 pub(crate) use applier::alarm_key;
-use bootstrap::{bootstrap, join_existing, load_alarms, load_members, load_removed, read_u64};
+use bootstrap::{
+    bootstrap, join_existing, load_alarms, load_cluster_version, load_members, load_removed,
+    read_u64,
+};
 
 /// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
 pub(crate) mod protobuf_free {
-    use etcdrs_raftnode::eraftpb::{ConfChange, ConfState};
+    use etcdrs_raftnode::eraftpb::ConfState;
     use protobuf::Message;
-
-    pub(crate) fn decode_conf_change(bytes: &[u8]) -> Option<ConfChange> {
-        let mut change = ConfChange::default();
-        change.merge_from_bytes(bytes).ok()?;
-        Some(change)
-    }
-
-    pub(crate) fn decode_conf_change_v2(
-        bytes: &[u8],
-    ) -> Option<etcdrs_raftnode::eraftpb::ConfChangeV2> {
-        let mut change = etcdrs_raftnode::eraftpb::ConfChangeV2::default();
-        change.merge_from_bytes(bytes).ok()?;
-        Some(change)
-    }
 
     pub(crate) fn decode_conf_state(bytes: &[u8]) -> Option<ConfState> {
         let mut state = ConfState::default();
@@ -83,10 +72,6 @@ pub(crate) mod protobuf_free {
 
     pub(crate) fn encode_conf_state(state: &ConfState) -> Vec<u8> {
         state.write_to_bytes().unwrap_or_default()
-    }
-
-    pub(crate) fn encode_conf_change(change: &ConfChange) -> Vec<u8> {
-        change.write_to_bytes().unwrap_or_default()
     }
 }
 
@@ -130,6 +115,9 @@ const MAX_AUTH_RETRIES: u32 = 8;
 const KV_OVERHEAD: u64 = 256;
 pub(crate) const META_MEMBER_ID: &[u8] = b"memberID";
 pub(crate) const META_CLUSTER_ID: &[u8] = b"clusterID";
+/// The cluster version last applied (etcd keeps it in its `cluster` bucket; a cluster that
+/// never set one runs at [`crate::version::CLUSTER_VERSION`]).
+pub(crate) const META_CLUSTER_VERSION: &[u8] = b"clusterVersion";
 
 struct Inner {
     config: ServerConfig,
@@ -141,6 +129,9 @@ struct Inner {
     applied: watch::Sender<u64>,
     ids: IdGenerator,
     members: RwLock<BTreeMap<u64, Member>>,
+    /// The cluster version as applied (etcd 3.4 and 3.5 set it through a v2 request, 3.6
+    /// through `cluster_version_set`); it picks the form of this member's publish.
+    cluster_version: RwLock<String>,
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
     /// Set when this member's removal is applied: it must stop serving.
@@ -278,6 +269,7 @@ impl EtcdServer {
                 applied,
                 ids: IdGenerator::new(member_id),
                 members: RwLock::new(start_members),
+                cluster_version: RwLock::new(load_cluster_version(&store)?),
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
                 removed: AtomicBool::new(false),
@@ -540,8 +532,23 @@ impl EtcdServer {
         );
         self.inner.published.store(true, AtomicOrdering::Release);
         self.inner.applied.send_modify(|_| {});
-        tracing::info!(cluster_version = "3.5", "enabled capabilities for version");
+        let version = self.cluster_version();
+        tracing::info!(
+            cluster_version = version.get(..3).unwrap_or(&version),
+            "enabled capabilities for version"
+        );
         Ok(())
+    }
+
+    /// The form a publish takes at the applied cluster version (etcd's v2 `publish` below 3.6,
+    /// `publishV3` from 3.6 on).
+    pub(crate) fn publish_form(&self) -> PublishForm {
+        PublishForm::for_cluster_version(&self.inner.cluster_version.read())
+    }
+
+    /// The cluster version as last applied.
+    pub fn cluster_version(&self) -> String {
+        self.inner.cluster_version.read().clone()
     }
 
     fn has_alarm(&self, alarm: AlarmType) -> bool {

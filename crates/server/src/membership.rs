@@ -5,27 +5,11 @@
 //! of the SHA-1 of its sorted peer URLs concatenated with the cluster token; a cluster id is
 //! the same over the sorted member ids.
 
-use serde::{Deserialize, Serialize};
 use sha1::{Digest, Sha1};
 
-/// One member of the cluster, stored as JSON in the `members` bucket and carried in the
-/// context of its raft `AddNode` change.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    /// Member id.
-    pub id: u64,
-    /// Name; empty until the member publishes itself.
-    pub name: String,
-    /// Peer URLs.
-    #[serde(rename = "peerURLs")]
-    pub peer_urls: Vec<String>,
-    /// Client URLs; empty until the member publishes itself.
-    #[serde(rename = "clientURLs", default)]
-    pub client_urls: Vec<String>,
-    /// Whether the member is a learner.
-    #[serde(rename = "isLearner", default)]
-    pub is_learner: bool,
-}
+/// One member of the cluster (etcd's `membership.Member`), stored as its JSON in the `members`
+/// bucket, as etcd stores it, and carried in the context of its raft `AddNode` change.
+pub use etcdrs_proto::raft_internal::Member;
 
 fn first_u64(digest: &[u8]) -> u64 {
     let mut bytes = [0u8; 8];

@@ -18,6 +18,7 @@ mod corrupt;
 mod crash;
 mod discovery;
 mod disk;
+mod entries;
 mod errors;
 mod etcdctl;
 mod gateway;

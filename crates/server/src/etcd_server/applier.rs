@@ -32,6 +32,7 @@ impl EtcdServer {
         batch.commit(true)?;
         *self.inner.members.write() = load_members(store)?;
         *self.inner.alarms.write() = load_alarms(store)?;
+        *self.inner.cluster_version.write() = load_cluster_version(store)?;
         self.inner.auth.reload(store)?;
         self.refresh_peers();
         self.inner.watch_hub.store_replaced(store.current_rev());
@@ -109,22 +110,29 @@ impl EtcdServer {
                     if entry.data.is_empty() {
                         continue;
                     }
-                    let request = InternalRaftRequest::decode(entry.data.as_ref())
+                    let decoded = crate::request::decode(entry.data.as_ref())
                         .map_err(|e| ServerError::Fatal(format!("decode raft request: {e}")))?;
-                    let Some(op) = request.op else {
-                        // An operation this member cannot read: its proposer is told, not left
-                        // waiting.
-                        results.push((
-                            request.id,
-                            Err(ServerError::Fatal("unknown raft request".into())),
-                        ));
-                        continue;
+                    let (id, proposer, op) = match decoded {
+                        Decoded::Noop => continue,
+                        // Nothing etcd-rs keeps changes; a proposer waiting here (none of
+                        // ours proposes such a request) is told, not left waiting.
+                        Decoded::Ignored { id } => {
+                            results
+                                .push((id, Err(ServerError::Fatal("unknown raft request".into()))));
+                            continue;
+                        }
+                        Decoded::Op { id, proposer, op } => (id, proposer, op),
                     };
-                    let auth = request.auth.map(|h| crate::auth::AuthInfo {
-                        username: h.username,
-                        revision: h.auth_revision,
-                        live: false,
-                    });
+                    // etcd's `authApplierV3`: every request with a header is checked under its
+                    // user and auth revision (an empty user fails where a permission is
+                    // needed), except Authenticate, whose password the proposer checked.
+                    let auth = proposer
+                        .filter(|_| !matches!(op, Op::Authenticate(_)))
+                        .map(|p| crate::auth::AuthInfo {
+                            username: p.username,
+                            revision: p.auth_revision,
+                            live: false,
+                        });
                     let metric = op.metric_index();
                     let started = Instant::now();
                     let output = self.apply_op(&mut batch, op, auth.as_ref());
@@ -151,36 +159,23 @@ impl EtcdServer {
                     {
                         return Err(ServerError::Fatal(e.to_string()));
                     }
-                    results.push((request.id, output));
+                    results.push((id, output));
                 }
                 EntryType::EntryConfChange => {
-                    if let Some(change) = decode_conf_change(&entry.data) {
-                        self.apply_conf_change(&mut batch, &change)?;
-                        results.push((change.id, Ok(ApplyOutput::MembersChanged)));
+                    let change = EtcdConfChange::decode(&entry.data)
+                        .map_err(|e| ServerError::Fatal(format!("entry {}: {e}", entry.index)))?;
+                    // Refused exactly as the raft node refused it (`conf_change_allowed`).
+                    match self.validate_conf_change(&change) {
+                        Ok(()) => {
+                            self.apply_conf_change(&mut batch, &change)?;
+                            results.push((change.id, Ok(ApplyOutput::MembersChanged)));
+                        }
+                        Err(e) => results.push((change.id, Err(e))),
                     }
                 }
-                EntryType::EntryConfChangeV2 => {
-                    // Joint consensus: the context carries the proposer's request id and the
-                    // member; the entry raft adds to leave the joint configuration has neither.
-                    let Some(joint) = decode_conf_change_v2(&entry.data) else {
-                        continue;
-                    };
-                    if joint.changes.is_empty() || joint.context.len() < 8 {
-                        continue;
-                    }
-                    let mut id_bytes = [0u8; 8];
-                    id_bytes.copy_from_slice(&joint.context[..8]);
-                    let request_id = u64::from_be_bytes(id_bytes);
-                    for single in joint.changes.iter() {
-                        let mut change = ConfChange::default();
-                        change.set_change_type(single.get_change_type());
-                        change.node_id = single.node_id;
-                        change.context = joint.context.slice(8..);
-                        change.id = request_id;
-                        self.apply_conf_change(&mut batch, &change)?;
-                    }
-                    results.push((request_id, Ok(ApplyOutput::MembersChanged)));
-                }
+                // Neither etcd nor etcd-rs writes these (etcd 3.4's server would not apply
+                // them): a joint configuration has no membership record here.
+                EntryType::EntryConfChangeV2 => {}
             }
         }
         if index > skip_below {
@@ -201,39 +196,128 @@ impl EtcdServer {
         Ok((index, term, durable, results))
     }
 
+    /// etcd's `ValidateConfigurationChange`, on the membership as applied: a committed change
+    /// that lost a race with another (two additions of one peer URL, a removal of a member
+    /// already gone) takes no effect on any member, etcd or etcd-rs, and its proposer gets
+    /// etcd's error.
+    pub(super) fn validate_conf_change(&self, change: &EtcdConfChange) -> Result<()> {
+        let id = change.node_id;
+        if self.inner.removed_members.read().contains(&id) {
+            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+        }
+        let members = self.inner.members.read();
+        let context = change.context.as_deref().unwrap_or_default();
+        let bad_context =
+            |e: serde_json::Error| ServerError::Fatal(format!("decode member in conf change: {e}"));
+        let url_taken = |urls: &[String]| {
+            members
+                .values()
+                .filter(|m| m.id != id)
+                .any(|m| m.peer_urls.iter().any(|u| urls.contains(u)))
+        };
+        match change.kind {
+            ChangeKind::AddNode | ChangeKind::AddLearnerNode => {
+                let ConfigChangeContext { member, is_promote } =
+                    serde_json::from_slice(context).map_err(bad_context)?;
+                if is_promote {
+                    match members.get(&id) {
+                        None => return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND)),
+                        Some(m) if !m.is_learner => {
+                            return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_LEARNER));
+                        }
+                        Some(_) => {}
+                    }
+                } else {
+                    if members.contains_key(&id) {
+                        return Err(ServerError::Etcd(&rpctypes::MEMBER_EXIST));
+                    }
+                    if url_taken(&member.peer_urls) {
+                        return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+                    }
+                    let learners = members.values().filter(|m| m.is_learner).count();
+                    if member.is_learner && learners + 1 > self.inner.config.max_learners {
+                        return Err(ServerError::Etcd(&rpctypes::TOO_MANY_LEARNERS));
+                    }
+                }
+            }
+            ChangeKind::RemoveNode => {
+                if !members.contains_key(&id) {
+                    return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+                }
+            }
+            ChangeKind::UpdateNode => {
+                if !members.contains_key(&id) {
+                    return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
+                }
+                let update: Member = serde_json::from_slice(context).map_err(bad_context)?;
+                if url_taken(&update.peer_urls) {
+                    return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// etcd's `applyConfChange` for the membership: an addition records the member of its
+    /// context; a promotion (`AddNode` whose context says `isPromote`) turns the learner into a
+    /// voter; an update replaces the member's peer URLs; a removal forgets the member for good.
     pub(super) fn apply_conf_change(
         &self,
         batch: &mut WriteBatch<'_>,
-        change: &ConfChange,
+        change: &EtcdConfChange,
     ) -> Result<()> {
-        match change.get_change_type() {
-            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
-                let member: Member = serde_json::from_slice(&change.context).map_err(|e| {
-                    ServerError::Fatal(format!("decode member in conf change: {e}"))
-                })?;
-                let json = serde_json::to_vec(&member)
-                    .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
-                batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
-                let promoted = self
-                    .inner
-                    .members
-                    .read()
-                    .get(&member.id)
-                    .is_some_and(|m| m.is_learner && !member.is_learner);
-                if promoted {
-                    tracing::info!(promoted_member_id = %membership::id_hex(member.id), "promote member");
-                } else {
-                    tracing::info!(
-                        added_peer_id = %membership::id_hex(member.id),
-                        added_peer_peer_urls = ?member.peer_urls,
-                        added_peer_is_learner = member.is_learner,
-                        "added member"
-                    );
+        let context = change.context.as_deref().unwrap_or_default();
+        let bad_context =
+            |e: serde_json::Error| ServerError::Fatal(format!("decode member in conf change: {e}"));
+        let store_member = |batch: &mut WriteBatch<'_>, member: &Member| -> Result<()> {
+            let json = serde_json::to_vec(member)
+                .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+            batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+            Ok(())
+        };
+        match change.kind {
+            ChangeKind::AddNode | ChangeKind::AddLearnerNode => {
+                let ConfigChangeContext { member, is_promote } =
+                    serde_json::from_slice(context).map_err(bad_context)?;
+                if member.id != change.node_id {
+                    return Err(ServerError::Fatal(format!(
+                        "got different member ID: {} in the conf change, {} in its member",
+                        membership::id_hex(change.node_id),
+                        membership::id_hex(member.id)
+                    )));
                 }
+                if is_promote {
+                    let mut members = self.inner.members.write();
+                    if let Some(known) = members.get_mut(&member.id) {
+                        known.is_learner = false;
+                        store_member(batch, known)?;
+                    }
+                    drop(members);
+                    tracing::info!(promoted_member_id = %membership::id_hex(member.id), "promote member");
+                    return Ok(());
+                }
+                store_member(batch, &member)?;
+                tracing::info!(
+                    added_peer_id = %membership::id_hex(member.id),
+                    added_peer_peer_urls = ?member.peer_urls,
+                    added_peer_is_learner = member.is_learner,
+                    "added member"
+                );
                 self.inner.members.write().insert(member.id, member);
                 self.refresh_peers();
             }
-            ConfChangeType::RemoveNode => {
+            ChangeKind::UpdateNode => {
+                let update: Member = serde_json::from_slice(context).map_err(bad_context)?;
+                let mut members = self.inner.members.write();
+                if let Some(member) = members.get_mut(&change.node_id) {
+                    member.peer_urls = update.peer_urls;
+                    store_member(batch, member)?;
+                    tracing::info!(updated_remote_peer_id = %membership::id_hex(member.id), "updated member");
+                }
+                drop(members);
+                self.refresh_peers();
+            }
+            ChangeKind::RemoveNode => {
                 tracing::info!(removed_remote_peer_id = %membership::id_hex(change.node_id), "removed member");
                 if change.node_id == self.inner.member_id {
                     self.inner.removed.store(true, AtomicOrdering::Release);
@@ -412,18 +496,14 @@ impl EtcdServer {
                 }
                 Ok(ApplyOutput::Checkpointed)
             }
-            Op::UpdatePeerUrls(update) => {
-                let mut members = self.inner.members.write();
-                if let Some(member) = members.get_mut(&update.member_id) {
-                    member.peer_urls = update.peer_urls;
-                    let json = serde_json::to_vec(&*member)
-                        .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
-                    batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
-                    tracing::info!(updated_remote_peer_id = %membership::id_hex(member.id), "updated member");
+            Op::ClusterVersionSet(version) => {
+                let changed = *self.inner.cluster_version.read() != version;
+                if changed {
+                    batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?;
+                    tracing::info!(cluster_version = %version, "updated cluster version");
+                    *self.inner.cluster_version.write() = version;
                 }
-                drop(members);
-                self.refresh_peers();
-                Ok(ApplyOutput::MembersChanged)
+                Ok(ApplyOutput::Published)
             }
             Op::Publish(attributes) => {
                 let mut members = self.inner.members.write();
@@ -498,6 +578,20 @@ pub(super) struct Applier {
 }
 
 impl StateMachine for Applier {
+    fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool {
+        // Entries the store applied already (replayed after a restart) were judged then.
+        if index <= self.server.inner.store.consistent_index() {
+            return true;
+        }
+        match self.server.validate_conf_change(change) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, member_id = %membership::id_hex(change.node_id), "refused a membership change");
+                false
+            }
+        }
+    }
+
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
         self.server
             .apply_committed(batch, &mut self.last_leader)
@@ -527,6 +621,27 @@ pub(crate) fn alarm_key(member_id: u64, alarm: i32) -> Vec<u8> {
     key
 }
 
+/// etcd's default `--bcrypt-cost`: what an etcd 3.4 member hashes a clear-text password with.
+const ETCD_BCRYPT_COST: u32 = 10;
+
+fn no_password(req: &etcdrs_proto::etcdserverpb::AuthUserAddRequest) -> bool {
+    req.options.as_ref().is_some_and(|o| o.no_password)
+}
+
+/// etcd 3.4 proposes a new password in clear text and every member hashes it as it applies
+/// (3.5 and etcd-rs hash before proposing, and send `hashed_password`): applied here as 3.5's
+/// applier does, hashing only when no hash came with the request. The clear text is dropped
+/// either way; it is never stored.
+fn hash_clear_password(password: &mut String, hashed: &mut String, no_password: bool) {
+    if hashed.is_empty() && !password.is_empty() && !no_password {
+        match bcrypt::hash(password.as_str(), ETCD_BCRYPT_COST) {
+            Ok(hash) => *hashed = hash,
+            Err(e) => tracing::warn!(error = %e, "failed to hash a password"),
+        }
+    }
+    password.clear();
+}
+
 /// The auth change an entry carries, or the entry back when it is something else.
 pub(super) fn auth_change(op: Op) -> std::result::Result<crate::auth::AuthChange, Op> {
     use crate::auth::AuthChange;
@@ -537,9 +652,16 @@ pub(super) fn auth_change(op: Op) -> std::result::Result<crate::auth::AuthChange
             name: req.name,
             token_prefix: req.simple_token,
         },
-        Op::UserAdd(req) => AuthChange::UserAdd(req),
+        Op::UserAdd(mut req) => {
+            let no_password = no_password(&req);
+            hash_clear_password(&mut req.password, &mut req.hashed_password, no_password);
+            AuthChange::UserAdd(req)
+        }
         Op::UserDelete(req) => AuthChange::UserDelete(req.name),
-        Op::UserChangePassword(req) => AuthChange::UserChangePassword(req),
+        Op::UserChangePassword(mut req) => {
+            hash_clear_password(&mut req.password, &mut req.hashed_password, false);
+            AuthChange::UserChangePassword(req)
+        }
         Op::UserGrantRole(req) => AuthChange::UserGrantRole(req),
         Op::UserRevokeRole(req) => AuthChange::UserRevokeRole(req),
         Op::RoleAdd(req) => AuthChange::RoleAdd(req.name),

@@ -60,6 +60,9 @@ pub(super) fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, 
     batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
     batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
     batch.commit(true)?;
+    // etcd's `startNode`: one `AddNode` entry per member, in the order of their ids
+    // (`MemberIDs`), each with the member's JSON.
+    members.sort_by_key(|m| m.id);
     let mut peers = Vec::new();
     for member in &members {
         let context = serde_json::to_vec(member)
@@ -153,6 +156,14 @@ pub(super) fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
     })
     .map_err(etcdrs_mvcc::Error::from)?;
     Ok(members)
+}
+
+/// The cluster version in the backend's meta keys, or this build's when none was ever applied.
+pub(super) fn load_cluster_version(store: &KvStore) -> Result<String> {
+    Ok(store
+        .meta(super::META_CLUSTER_VERSION)?
+        .and_then(|v| String::from_utf8(v).ok())
+        .unwrap_or_else(|| crate::version::CLUSTER_VERSION.to_string()))
 }
 
 pub(super) fn load_removed(store: &KvStore) -> Result<std::collections::HashSet<u64>> {

@@ -77,7 +77,14 @@ impl EtcdServer {
             futures::stream::iter(expired)
                 .for_each_concurrent(16, |id| async move {
                     let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
-                    match self.propose(Op::LeaseRevoke(revoke)).await {
+                    // As etcd's leader (`WithRoot`): as root, since every member checks the
+                    // lease's keys against the proposer's permissions.
+                    let root = self.inner.auth.is_enabled().then(|| crate::auth::AuthInfo {
+                        username: "root".into(),
+                        revision: self.inner.auth.revision(),
+                        live: true,
+                    });
+                    match self.propose_as(Op::LeaseRevoke(revoke), root.as_ref()).await {
                         Ok(_) => crate::metrics::LEASES_EXPIRED.inc(),
                         Err(ServerError::Etcd(_)) => {}
                         Err(e) => {

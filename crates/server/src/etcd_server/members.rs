@@ -1,15 +1,33 @@
-//! Membership changes (etcd's MemberAdd, MemberRemove, MemberPromote, MemberUpdate, MoveLeader): validated as etcd validates them, proposed one at a time as raft configuration changes.
+//! Membership changes (etcd's MemberAdd, MemberRemove, MemberPromote, MemberUpdate, MoveLeader): validated as etcd validates them, proposed one at a time as single-step raft configuration changes with etcd's contexts (`raftnode::confchange` writes them as etcd does):
+//!
+//! | change  | type             | context                                                     |
+//! |---------|------------------|-------------------------------------------------------------|
+//! | add     | `AddNode`        | the member's JSON, `{"id":..,"peerURLs":[..]}`              |
+//! | learner | `AddLearnerNode` | the same with `"isLearner":true`                             |
+//! | promote | `AddNode`        | `{"id":..,"peerURLs":null,"isPromote":true}`                |
+//! | update  | `UpdateNode`     | `{"id":..,"peerURLs":[..]}`                                 |
+//! | remove  | `RemoveNode`     | none                                                        |
 
 use super::*;
 
 impl EtcdServer {
     /// Propose a membership change through raft and wait until it is applied.
-    pub(super) async fn propose_conf_change(&self, mut change: ConfChange) -> Result<()> {
-        // One membership change at a time: raft refuses a change while the previous one's
-        // joint configuration has not been left.
+    pub(super) async fn propose_conf_change(
+        &self,
+        kind: ChangeKind,
+        node_id: u64,
+        context: Option<Vec<u8>>,
+    ) -> Result<()> {
+        // One membership change at a time: a joint configuration (which etcd-rs no longer
+        // enters, but a log may hold) must be left first.
         self.wait_not_joint().await?;
         let id = self.inner.ids.next();
-        change.id = id;
+        let change = EtcdConfChange {
+            id,
+            kind,
+            node_id,
+            context,
+        };
         let (done, result) = oneshot::channel();
         self.inner.waiters.lock().insert(id, done);
         // The raft thread may hold the proposal back until the previous change is done; the
@@ -94,17 +112,13 @@ impl EtcdServer {
             client_urls: Vec::new(),
             is_learner,
         };
-        let mut change = ConfChange::default();
-        change.set_change_type(if is_learner {
-            ConfChangeType::AddLearnerNode
+        let kind = if is_learner {
+            ChangeKind::AddLearnerNode
         } else {
-            ConfChangeType::AddNode
-        });
-        change.node_id = member.id;
-        change.context = serde_json::to_vec(&member)
-            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
-            .into();
-        self.propose_conf_change(change).await?;
+            ChangeKind::AddNode
+        };
+        self.propose_conf_change(kind, member.id, Some(member_json(&member)?))
+            .await?;
         Ok(member)
     }
 
@@ -116,10 +130,8 @@ impl EtcdServer {
         if self.inner.config.strict_reconfig_check {
             self.may_remove_voter(id)?;
         }
-        let mut change = ConfChange::default();
-        change.set_change_type(ConfChangeType::RemoveNode);
-        change.node_id = id;
-        self.propose_conf_change(change).await
+        self.propose_conf_change(ChangeKind::RemoveNode, id, None)
+            .await
     }
 
     /// etcd's `mayRemoveMember`: a learner may always go; a voter only if one voter stays,
@@ -162,7 +174,7 @@ impl EtcdServer {
 
     /// Promote a learner to a voter (etcd's MemberPromote), once it has caught up.
     pub async fn promote_member(&self, id: u64) -> Result<()> {
-        let Some(mut member) = self.inner.members.read().get(&id).cloned() else {
+        let Some(member) = self.inner.members.read().get(&id).cloned() else {
             return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_FOUND));
         };
         if !member.is_learner {
@@ -185,14 +197,18 @@ impl EtcdServer {
                 return Err(ServerError::Etcd(&rpctypes::LEARNER_NOT_READY));
             }
         }
-        member.is_learner = false;
-        let mut change = ConfChange::default();
-        change.set_change_type(ConfChangeType::AddNode);
-        change.node_id = id;
-        change.context = serde_json::to_vec(&member)
-            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?
-            .into();
-        self.propose_conf_change(change).await?;
+        // etcd's promote context: the bare id, marked as a promotion.
+        let context = ConfigChangeContext {
+            member: Member {
+                id,
+                ..Member::default()
+            },
+            is_promote: true,
+        };
+        let context = serde_json::to_vec(&context)
+            .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+        self.propose_conf_change(ChangeKind::AddNode, id, Some(context))
+            .await?;
         if status.is_leader {
             crate::metrics::LEARNER_PROMOTE_SUCCESSES.inc();
         }
@@ -213,11 +229,14 @@ impl EtcdServer {
                 return Err(ServerError::Etcd(&rpctypes::PEER_URL_EXIST));
             }
         }
-        let update = crate::request::MemberPeerUrls {
-            member_id: id,
+        // etcd's update context: the member's id and new peer URLs only.
+        let update = Member {
+            id,
             peer_urls,
+            ..Member::default()
         };
-        self.propose(Op::UpdatePeerUrls(update)).await.map(|_| ())
+        self.propose_conf_change(ChangeKind::UpdateNode, id, Some(member_json(&update)?))
+            .await
     }
 
     /// Ask raft to move leadership to `to` (etcd's MoveLeader).
@@ -239,4 +258,8 @@ impl EtcdServer {
         }
         Err(ServerError::Etcd(&rpctypes::TIMEOUT))
     }
+}
+
+fn member_json(member: &Member) -> Result<Vec<u8>> {
+    serde_json::to_vec(member).map_err(|e| ServerError::Fatal(format!("encode member: {e}")))
 }

@@ -181,16 +181,11 @@ impl EtcdServer {
             return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
         }
         let id = self.inner.ids.next();
-        let auth = auth.map(|info| crate::request::AuthHeader {
+        let proposer = auth.map(|info| crate::request::Proposer {
             username: info.username.clone(),
             auth_revision: info.revision,
         });
-        let data = InternalRaftRequest {
-            id,
-            op: Some(op),
-            auth,
-        }
-        .encode_to_vec();
+        let data = crate::request::encode(id, proposer.as_ref(), op, self.publish_form());
         if data.len() as u64 > self.inner.config.max_request_bytes {
             return Err(ServerError::Etcd(&rpctypes::REQUEST_TOO_LARGE));
         }
