@@ -84,8 +84,6 @@ const CONGESTION_WAIT: Duration = Duration::from_millis(100);
 const RESUME_BELOW: usize = CLIENT_QUEUE / 4;
 /// Progress requests a cluster stream keeps waiting for answers.
 const PROGRESS_WAITERS: usize = 1024;
-/// Watchers one client stream may hold.
-const WATCHERS_PER_STREAM: usize = 100_000;
 /// Responses to clients that asked for fragments are split at this size: etcd's default
 /// `--max-request-bytes`, at which a member fragments its own responses.
 const FRAGMENT_BYTES: usize = 1536 * 1024;
@@ -626,14 +624,12 @@ impl Hub {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let c = state.clients.get_mut(&client)?;
-        if c.watchers.len() >= WATCHERS_PER_STREAM {
+        if c.watchers.len() >= etcdrs_serve::watch_limits::WATCHERS_PER_STREAM {
             let refused = WatchResponse {
                 watch_id: -1,
                 created: true,
                 canceled: true,
-                cancel_reason: format!(
-                    "too many watchers on one stream (limit {WATCHERS_PER_STREAM})"
-                ),
+                cancel_reason: etcdrs_serve::watch_limits::too_many_watchers(),
                 ..Default::default()
             };
             state.send(client, refused);

@@ -29,6 +29,7 @@ pub mod h2authority;
 pub mod leader;
 pub mod listener;
 pub mod process;
+pub mod watch_limits;
 
 pub use error::{Error, Result};
 pub use fallback::not_found;

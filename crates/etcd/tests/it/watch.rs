@@ -467,3 +467,66 @@ async fn poll_registered(m: &etcdrs_testkit::Member, n: usize) {
     .await
     .expect("watchers registered");
 }
+
+#[tokio::test]
+async fn one_stream_holds_at_most_a_bounded_number_of_watchers() {
+    // etcd has no bound: a client could grow a member's memory without limit with creates on
+    // one stream. Ours refuses the create past the bound as etcd refuses a create it cannot
+    // serve (created + canceled, with the reason), and the stream goes on.
+    if !crate::ours() {
+        return;
+    }
+    const LIMIT: usize = 100_000;
+    let (_member, mut client) = start().await;
+    let (stream, _) = created(&mut client, "w/0", WatchOptions::new()).await;
+    let (mut sender, mut responses) = stream.split();
+    // The creates are sent without waiting for their answers.
+    let writer = tokio::spawn(async move {
+        for i in 1..=LIMIT {
+            sender
+                .watch(format!("w/{i}"), None)
+                .await
+                .expect("send a create");
+        }
+        sender
+    });
+    let mut created_count = 1;
+    let refused = loop {
+        let resp = tokio::time::timeout(Duration::from_secs(60), responses.message())
+            .await
+            .expect("a response in time")
+            .expect("stream")
+            .expect("open");
+        if resp.canceled() {
+            break resp;
+        }
+        assert!(resp.created(), "{resp:?}");
+        created_count += 1;
+    };
+    assert_eq!(created_count, LIMIT);
+    assert!(refused.created());
+    assert_eq!(refused.watch_id(), -1);
+    assert_eq!(
+        refused.cancel_reason(),
+        format!("too many watchers on one stream (limit {LIMIT})")
+    );
+    // Canceling one makes room for one more.
+    let mut sender = writer.await.expect("writer");
+    sender.cancel(0).await.expect("cancel");
+    sender.watch("w/again", None).await.expect("create");
+    let canceled = next_on(&mut responses).await;
+    assert!(
+        canceled.canceled() && canceled.watch_id() == 0,
+        "{canceled:?}"
+    );
+    let again = next_on(&mut responses).await;
+    assert!(again.created() && !again.canceled(), "{again:?}");
+}
+
+async fn next_on(responses: &mut etcd_client::WatchResponseStream) -> WatchResponse {
+    tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .expect("a response in time")
+        .expect("stream")
+        .expect("open")
+}

@@ -128,6 +128,10 @@ impl StreamState {
             refuse(self, "mvcc: watcher range is empty");
             return;
         }
+        if self.watches.len() >= etcdrs_serve::watch_limits::WATCHERS_PER_STREAM {
+            refuse(self, &etcdrs_serve::watch_limits::too_many_watchers());
+            return;
+        }
         let id = if req.watch_id == 0 {
             while self.watches.contains_key(&self.next_id) {
                 self.next_id += 1;
