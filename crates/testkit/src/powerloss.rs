@@ -43,6 +43,14 @@ pub struct Cut {
     pub kept: usize,
 }
 
+impl std::ops::AddAssign for Cut {
+    fn add_assign(&mut self, other: Cut) {
+        self.files += other.files;
+        self.undone += other.undone;
+        self.kept += other.kept;
+    }
+}
+
 impl PowerLoss {
     /// Builds the interposer with `gcc`.
     pub fn build() -> anyhow::Result<PowerLoss> {

@@ -132,9 +132,7 @@ async fn a_member_survives_power_cuts_under_a_writer() {
         let acked = acked.lock().expect("lock").len();
         let cut = power.cut(seed).expect("power cut");
         eprintln!("round {round}: seed {seed}, {acked} acknowledged, cut {cut:?}");
-        total.files += cut.files;
-        total.undone += cut.undone;
-        total.kept += cut.kept;
+        total += cut;
         member
             .restart()
             .await
@@ -179,9 +177,7 @@ async fn a_cluster_survives_power_cuts_of_every_member_at_once() {
         let acked = acked.lock().expect("lock").len();
         let cut = power.cut(seed).expect("power cut");
         eprintln!("cluster round {round}: seed {seed}, {acked} acknowledged, cut {cut:?}");
-        total.files += cut.files;
-        total.undone += cut.undone;
-        total.kept += cut.kept;
+        total += cut;
         c.restart_all().await.unwrap_or_else(|e| {
             panic!(
                 "restart after cut {round} (seed {seed}): {e:#}\n{}",

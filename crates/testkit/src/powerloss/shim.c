@@ -94,6 +94,12 @@ static void record_undo(int fd, const char *path, uint64_t offset, uint64_t len)
     free(rec);
 }
 
+/* Journals the undo of a write of len bytes where fd's next write lands. */
+static void record_undo_here(int fd, const char *path, uint64_t len) {
+    off_t at = (fcntl(fd, F_GETFL) & O_APPEND) ? lseek(fd, 0, SEEK_END) : lseek(fd, 0, SEEK_CUR);
+    if (at >= 0) record_undo(fd, path, (uint64_t)at, len);
+}
+
 static void record_sync(const char *path) {
     uint32_t plen = (uint32_t)strlen(path);
     char rec[1 + 4 + PATH_MAX];
@@ -110,10 +116,7 @@ ssize_t write(int fd, const void *buf, size_t count) {
     init();
     if (!watched(fd, path, sizeof path)) return real_write(fd, buf, count);
     pthread_mutex_lock(&lock);
-    {
-        off_t at = (fcntl(fd, F_GETFL) & O_APPEND) ? lseek(fd, 0, SEEK_END) : lseek(fd, 0, SEEK_CUR);
-        if (at >= 0) record_undo(fd, path, (uint64_t)at, count);
-    }
+    record_undo_here(fd, path, count);
     r = real_write(fd, buf, count);
     pthread_mutex_unlock(&lock);
     return r;
@@ -144,10 +147,7 @@ ssize_t writev(int fd, const struct iovec *iov, int iovcnt) {
     if (!watched(fd, path, sizeof path)) return real_writev(fd, iov, iovcnt);
     for (i = 0; i < iovcnt; i++) total += iov[i].iov_len;
     pthread_mutex_lock(&lock);
-    {
-        off_t at = (fcntl(fd, F_GETFL) & O_APPEND) ? lseek(fd, 0, SEEK_END) : lseek(fd, 0, SEEK_CUR);
-        if (at >= 0) record_undo(fd, path, (uint64_t)at, total);
-    }
+    record_undo_here(fd, path, total);
     r = real_writev(fd, iov, iovcnt);
     pthread_mutex_unlock(&lock);
     return r;
