@@ -150,11 +150,11 @@ pub async fn serve_http(
     serve_router(client_router(server, Serves::Http), listener, tls, shutdown).await
 }
 
-/// The router of the peer port: the peer service, plus etcd's `/version` and `/health`.
+/// The router of the peer port: etcd's peer handlers (`rafthttp::handler`) and `/version`;
+/// like etcd's, it serves no `/health`.
 pub fn peer_router(server: EtcdServer) -> Router {
     crate::rafthttp::handler::routes()
         .route("/version", get(version))
-        .route("/health", any(health))
         .fallback(not_found)
         .with_state(server)
 }

@@ -181,6 +181,13 @@ async fn peer_endpoints_answer_as_etcd_34s() {
     };
     assert_eq!(keys(&a), keys(&b));
 
+    // Paths etcd's peer mux does not serve (no `/health` on the peer port).
+    for path in ["/health", "/nothing", "/members/x"] {
+        let a = peer(&etcd, "GET", path, &[], b"").await;
+        let b = peer(&ours_m, "GET", path, &[], b"").await;
+        assert_eq!(masked(&a, &[]), masked(&b, &[]), "{path}: {a:?} vs {b:?}");
+    }
+
     // /raft/probing: `{"OK":true,"Now":<time>}`.
     let a = peer(&etcd, "GET", "/raft/probing", &[], b"").await;
     let b = peer(&ours_m, "GET", "/raft/probing", &[], b"").await;

@@ -1,5 +1,6 @@
 //! The peer port's HTTP handlers, answering as etcd's do (etcd `rafthttp/http.go`,
-//! `etcdhttp/peer.go`, `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`): the
+//! `etcdhttp/peer.go`, `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`, 3.5's
+//! `downgradeEnabledHandler`): the
 //! same paths, methods, status codes, headers and bodies (Go's `http.Error` bodies end in a
 //! newline), so that an etcd member and ours understand each other's refusals.
 //!
@@ -51,6 +52,23 @@ pub fn routes() -> Router<EtcdServer> {
         .route("/members/promote/{*rest}", any(promote))
         .route("/leases", any(leases))
         .route("/leases/internal", any(leases))
+        .route("/downgrade/enabled", any(downgrade_enabled))
+}
+
+/// `GET /downgrade/enabled` (etcd 3.5): whether a downgrade is under way, after a
+/// linearizable read. etcd-rs never downgrades: always `false`.
+async fn downgrade_enabled(State(server): State<EtcdServer>, request: Request) -> Response {
+    if request.method() != Method::GET {
+        return method_not_allowed(Some("GET"));
+    }
+    let response = match server.linearizable_barrier().await {
+        Ok(()) => ([(header::CONTENT_TYPE, "text/plain")], "false").into_response(),
+        Err(e) => go_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("failed linearized read: {e}"),
+        ),
+    };
+    with_cluster_id(response, &server)
 }
 
 /// Go's `http.Error`: the text and a newline, as plain text.
