@@ -64,8 +64,9 @@ pub async fn http_request(
             request.push_str(&format!("{name}: {value}\r\n"));
         }
         request.push_str("\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        stream.write_all(body).await?;
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        stream.write_all(&bytes).await?;
         // Read until the answer is whole, not until EOF: etcd's peer port (behind cmux)
         // closes a `Connection: close` connection only at its 5 s read deadline.
         let mut raw = Vec::new();

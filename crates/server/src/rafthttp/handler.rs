@@ -119,6 +119,23 @@ fn local_major_minor(version: &str) -> (u64, u64) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
+/// etcd's `checkVersionCompatibility` on major.minor: the peer's server version is at least
+/// our minimum cluster version, and its minimum cluster version at most our server version.
+/// A version that does not parse is incompatible (etcd would panic on it).
+fn versions_compatible(
+    remote_server: Option<(u64, u64)>,
+    remote_min_cluster: Option<(u64, u64)>,
+) -> bool {
+    let local_server = local_major_minor(crate::version::SERVER_VERSION);
+    let local_min_cluster = local_major_minor(MIN_CLUSTER_VERSION);
+    match (remote_server, remote_min_cluster) {
+        (Some(server), Some(min_cluster)) => {
+            server >= local_min_cluster && min_cluster <= local_server
+        }
+        _ => false,
+    }
+}
+
 /// etcd's `checkClusterCompatibilityFromHeader`: the sender's version must be within ours,
 /// and its cluster id ours. The error is the 412 body.
 pub fn check_compatibility(server: &EtcdServer, headers: &HeaderMap) -> Result<(), &'static str> {
@@ -126,16 +143,10 @@ pub fn check_compatibility(server: &EtcdServer, headers: &HeaderMap) -> Result<(
         .get(FROM_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let local_server = local_major_minor(crate::version::SERVER_VERSION);
-    let local_min_cluster = local_major_minor(MIN_CLUSTER_VERSION);
-    let remote_server = major_minor(headers, SERVER_VERSION_HEADER);
-    let remote_min_cluster = major_minor(headers, MIN_CLUSTER_VERSION_HEADER);
-    let compatible = match (remote_server, remote_min_cluster) {
-        (Some(server), Some(min_cluster)) => {
-            server >= local_min_cluster && min_cluster <= local_server
-        }
-        _ => false,
-    };
+    let compatible = versions_compatible(
+        major_minor(headers, SERVER_VERSION_HEADER),
+        major_minor(headers, MIN_CLUSTER_VERSION_HEADER),
+    );
     if !compatible {
         tracing::warn!(
             local_member_id = %id_hex(server.member_id()),
@@ -811,6 +822,31 @@ async fn leases(State(server): State<EtcdServer>, request: Request) -> Response 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_are_compatible_as_etcd_decides() {
+        let version = |server: &str, min: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            headers.insert(SERVER_VERSION_HEADER, server.parse().expect("ascii"));
+            if let Some(min) = min {
+                headers.insert(MIN_CLUSTER_VERSION_HEADER, min.parse().expect("ascii"));
+            }
+            versions_compatible(
+                major_minor(&headers, SERVER_VERSION_HEADER),
+                major_minor(&headers, MIN_CLUSTER_VERSION_HEADER),
+            )
+        };
+        // etcd 3.4 and 3.5 peers; a 3.6 peer that still accepts 3.0 clusters.
+        assert!(version("3.4.23", Some("3.0.0")));
+        assert!(version("3.5.29", Some("3.0.0")));
+        assert!(version("3.6.0", Some("3.0.0")));
+        // Too old a server; a peer that requires a cluster newer than us; garbage.
+        assert!(!version("2.3.8", Some("2.0.0")));
+        assert!(!version("3.7.0", Some("3.6.0")));
+        assert!(!version("x", Some("3.0.0")));
+        // No minimum cluster version header means etcd 2.0.0.
+        assert!(version("3.4.0", None));
+    }
 
     #[test]
     fn time_as_go_marshals_it() {
