@@ -79,17 +79,17 @@ impl Picker {
     }
 }
 
-/// etcd's `peerStatus`, with the last failure logged so that a failure repeating the same way
-/// is logged once.
+/// etcd's `peerStatus`, with the last failure logged per source (stream, pipeline) so that
+/// a failure repeating the same way is logged once.
 struct Status {
     activity: crate::metrics::PeerActivity,
-    last_error: String,
+    last_errors: std::collections::HashMap<String, String>,
 }
 
 impl Shared {
     fn activate(&self) {
         let mut status = self.status.lock();
-        status.last_error.clear();
+        status.last_errors.clear();
         if status.activity.up() {
             tracing::info!(local_member_id = %id_hex(self.local.id), remote_peer_id = %self.label, "peer became active");
         }
@@ -99,14 +99,31 @@ impl Shared {
         let mut status = self.status.lock();
         let error = format!("failed to {action} {} on {source} ({reason})", self.label);
         let was_active = status.activity.down();
-        if was_active || status.last_error != reason {
+        let repeated = status
+            .last_errors
+            .get(source)
+            .is_some_and(|last| last == reason);
+        if was_active {
             tracing::warn!(
                 local_member_id = %id_hex(self.local.id),
                 remote_peer_id = %self.label,
                 error = %error,
                 "peer became inactive (message send to peer failed)"
             );
-            status.last_error = reason.to_owned();
+        } else if !repeated {
+            // etcd says this at debug level; a new reason is worth a warning (a refused TLS
+            // certificate shows here, in Go's words).
+            tracing::warn!(
+                local_member_id = %id_hex(self.local.id),
+                remote_peer_id = %self.label,
+                error = %error,
+                "peer deactivated again"
+            );
+        }
+        if was_active || !repeated {
+            status
+                .last_errors
+                .insert(source.to_owned(), reason.to_owned());
         }
     }
 
@@ -148,7 +165,7 @@ pub(super) fn start(runtime: &tokio::runtime::Handle, config: LinkConfig) -> Pee
         }),
         status: Mutex::new(Status {
             activity,
-            last_error: String::new(),
+            last_errors: std::collections::HashMap::new(),
         }),
     });
     let stop = config.stop;
@@ -292,6 +309,27 @@ async fn run_writer(
     }
 }
 
+/// A failure in Go's words for TLS alerts (`remote error: tls: bad certificate`), else the
+/// error with its causes (`client error (Connect): tcp connect error: Connection refused`).
+fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let top = error.to_string();
+    let tls = crate::tls::transport_error_text(error);
+    if tls != top {
+        return tls;
+    }
+    let mut text = top;
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = e.source();
+    }
+    text
+}
+
 /// Why a stream reader's dial failed.
 enum DialError {
     /// The peer answered 410 Gone: this member was removed.
@@ -354,7 +392,7 @@ async fn dial_stream(
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 shared.unreachable(&url);
-                return Err(DialError::Other(crate::tls::transport_error_text(&e)));
+                return Err(DialError::Other(error_text(&e)));
             }
             Err(_) => {
                 shared.unreachable(&url);
@@ -440,7 +478,7 @@ async fn decode_loop(
         let data = match tokio::time::timeout(CONN_READ_TIMEOUT, body.next()).await {
             Err(_) => return Err("i/o timeout".to_owned()),
             Ok(None) => return Ok(()),
-            Ok(Some(Err(e))) => return Err(crate::tls::transport_error_text(&e)),
+            Ok(Some(Err(e))) => return Err(error_text(&e)),
             Ok(Some(Ok(data))) => data,
         };
         crate::metrics::PEER_RECEIVED_BYTES
@@ -542,7 +580,7 @@ async fn post_with_timeout(
     let response =
         match tokio::time::timeout(timeout, super::client::client().request(request)).await {
             Ok(Ok(response)) => response,
-            Ok(Err(e)) => return Err(PostError::Failed(crate::tls::transport_error_text(&e))),
+            Ok(Err(e)) => return Err(PostError::Failed(error_text(&e))),
             Err(_) => return Err(PostError::Failed("i/o timeout".to_owned())),
         };
     let status = response.status();
