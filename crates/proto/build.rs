@@ -12,7 +12,6 @@ const PROTOS: &[&str] = &[
     "proto/etcdserverpb/rpc.proto",
     "proto/v3lockpb/v3lock.proto",
     "proto/v3electionpb/v3election.proto",
-    "proto/etcdrspeer/peer.proto",
 ];
 
 /// The packages that etcd's JSON gateway exposes, and so get serde impls. etcd's gateway

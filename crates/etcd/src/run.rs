@@ -114,7 +114,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
     let client_tls = config.client_tls.clone().map(TlsServer::new).transpose()?;
     let peer_tls = config.peer_tls.clone().map(TlsServer::new).transpose()?;
     if let Some(info) = &config.peer_tls {
-        etcdrs_server::peer::set_client_tls(TlsClient::new(info.clone())?);
+        etcdrs_server::rafthttp::set_client_tls(TlsClient::new(info.clone())?);
     }
     // Bind first, as etcd does: a port in use fails start-up before anything is written.
     let mut peer_listeners = Vec::new();

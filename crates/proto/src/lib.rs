@@ -53,13 +53,6 @@ pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
 
-/// The member-to-member protocol of etcd-rs (raft messages, snapshots, membership, lease
-/// forwarding). Internal: not part of etcd's API.
-#[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod peerpb {
-    tonic::include_proto!("etcdrspeer");
-}
-
 /// The Lock service (etcd `v3lockpb`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v3lockpb {

@@ -1,5 +1,6 @@
 //! etcd's corruption checks (`etcdserver/corrupt.go`): members compare the hash of their key
-//! space at one revision (`HashKV`, the same value `etcdctl endpoint hashkv` prints), which is
+//! space at one revision (`HashKV`, the same value `etcdctl endpoint hashkv` prints, asked over the peer port's
+//! `/members/hashkv` as etcd does), which is
 //! equal on every member that applied the same history.
 //!
 //! - **At start** (`--experimental-initial-corrupt-check`): before the member serves clients it
@@ -15,7 +16,7 @@
 use std::time::Duration;
 
 use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
-use etcdrs_proto::etcdserverpb::{AlarmRequest, AlarmType, HashKvRequest, HashKvResponse};
+use etcdrs_proto::etcdserverpb::{AlarmRequest, AlarmType, HashKvResponse};
 use etcdrs_proto::rpctypes;
 use tokio_util::sync::CancellationToken;
 
@@ -42,25 +43,16 @@ pub(crate) async fn local_hash(server: &EtcdServer, revision: i64) -> Result<Has
 }
 
 /// Every other member's answer for its hash at `revision`, asked in parallel.
-async fn peer_hashes(
-    server: &EtcdServer,
-    revision: i64,
-) -> Vec<(u64, std::result::Result<HashKvResponse, tonic::Status>)> {
+async fn peer_hashes(server: &EtcdServer, revision: i64) -> Vec<(u64, Result<HashKvResponse>)> {
     let me = server.member_id();
     let asks = server
         .members()
         .into_iter()
         .filter(|m| m.id != me)
         .map(|m| async move {
-            let Some(mut client) = server.peer_client(m.id) else {
-                return (m.id, Err(tonic::Status::unavailable("no link to the peer")));
-            };
-            let mut request = tonic::Request::new(HashKvRequest { revision });
-            server.stamp_peer_request(&mut request);
-            let answer = match tokio::time::timeout(PEER_TIMEOUT, client.hash_kv(request)).await {
-                Ok(answer) => answer.map(tonic::Response::into_inner),
-                Err(_) => Err(tonic::Status::deadline_exceeded("timed out")),
-            };
+            let answer =
+                crate::rafthttp::calls::hash_kv(server.transport(), m.id, revision, PEER_TIMEOUT)
+                    .await;
             (m.id, answer)
         });
     futures::future::join_all(asks).await
@@ -96,20 +88,20 @@ pub async fn check_at_start(server: &EtcdServer) -> Result<()> {
                 remote_peer_compact_revision = remote.compact_revision,
                 "found different compact revision values from remote peer"
             ),
-            Err(status) if status.message() == rpctypes::FUTURE_REV.message => tracing::warn!(
+            Err(ServerError::Etcd(e)) if std::ptr::eq(e, &rpctypes::FUTURE_REV) => tracing::warn!(
                 local_member_id = %me,
                 remote_peer_id = %remote_peer_id,
                 "cannot fetch hash from slow remote peer"
             ),
-            Err(status) if status.message() == rpctypes::COMPACTED.message => tracing::warn!(
+            Err(ServerError::Etcd(e)) if std::ptr::eq(e, &rpctypes::COMPACTED) => tracing::warn!(
                 local_member_id = %me,
                 remote_peer_id = %remote_peer_id,
                 "cannot fetch hash from remote peer; local member is behind"
             ),
-            Err(status) => tracing::warn!(
+            Err(error) => tracing::warn!(
                 local_member_id = %me,
                 remote_peer_id = %remote_peer_id,
-                error = %status.message(),
+                error = %error,
                 "cannot fetch hash from remote peer"
             ),
         }

@@ -31,6 +31,13 @@ pub enum ServerError {
     /// The bbolt file codec failed.
     #[error(transparent)]
     Bolt(#[from] etcdrs_bolt::Error),
+    /// A peer sent bytes that are not etcd's rafthttp framing or raftpb (etcd's text).
+    #[error("{0}")]
+    PeerMessage(String),
+    /// A call to a peer's HTTP endpoint failed (unreachable, refused, or an answer etcd's
+    /// peers would not give).
+    #[error("{0}")]
+    Peer(String),
     /// `--auth-token` cannot be used (etcd's "auth: invalid auth options", ...).
     #[error("{0}")]
     AuthOptions(&'static str),

@@ -43,7 +43,7 @@ use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::membership::{self, Member};
-use crate::peer::PeerTransport;
+use crate::rafthttp::PeerTransport;
 use crate::request::{Decoded, MemberAttributes, Op, PublishForm};
 
 mod applier;
@@ -212,7 +212,16 @@ impl EtcdServer {
         let start_members = load_members(&store)?;
         let alarms = load_alarms(&store)?;
         let auth = crate::auth::AuthStore::load(&store, config.auth.clone())?;
-        let transport = PeerTransport::new(member_id, cluster_id, shutdown.clone());
+        let transport = PeerTransport::new(
+            member_id,
+            cluster_id,
+            config
+                .initial_advertise_peer_urls
+                .iter()
+                .map(url_string)
+                .collect(),
+            shutdown.clone(),
+        );
         let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
             remote_members
         } else if start_members.is_empty() {
@@ -595,17 +604,9 @@ impl EtcdServer {
         Ok(self.inner.raft.step(message).await?)
     }
 
-    /// A client for member `id`'s peer service.
-    pub fn peer_client(
-        &self,
-        id: u64,
-    ) -> Option<etcdrs_proto::peerpb::peer_client::PeerClient<tonic::transport::Channel>> {
-        self.inner.transport.client(id)
-    }
-
-    /// Stamp a peer request with this member's cluster and member ids.
-    pub fn stamp_peer_request<T>(&self, request: &mut tonic::Request<T>) {
-        self.inner.transport.stamp(request);
+    /// The peer transport (links to the other members, and what their calls need).
+    pub fn transport(&self) -> &PeerTransport {
+        &self.inner.transport
     }
 
     /// The watch hub.

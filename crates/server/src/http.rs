@@ -150,20 +150,13 @@ pub async fn serve_http(
     serve_router(client_router(server, Serves::Http), listener, tls, shutdown).await
 }
 
-/// The router of the peer port: the peer service, plus etcd's `/version` and `/health`.
+/// The router of the peer port: etcd's peer handlers (`rafthttp::handler`) and `/version`;
+/// like etcd's, it serves no `/health`.
 pub fn peer_router(server: EtcdServer) -> Router {
-    let peer = crate::peer::PeerService::new(server.clone());
-    let grpc = tonic::service::Routes::new(
-        etcdrs_proto::peerpb::peer_server::PeerServer::new(peer)
-            .max_decoding_message_size(64 * 1024 * 1024),
-    )
-    .prepare()
-    .into_axum_router();
-    let http = Router::new()
+    crate::rafthttp::handler::routes()
         .route("/version", get(version))
-        .route("/health", any(health))
-        .with_state(server);
-    grpc.merge(http).fallback(not_found)
+        .fallback(not_found)
+        .with_state(server)
 }
 
 /// The router of `--listen-metrics-urls`: `/metrics` and the health endpoints (`/health`,

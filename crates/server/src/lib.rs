@@ -23,7 +23,7 @@ pub mod http;
 mod idgen;
 pub mod membership;
 pub mod metrics;
-pub mod peer;
+pub mod rafthttp;
 mod request;
 pub mod rpc;
 pub mod tls;

@@ -42,6 +42,73 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<HttpResponse> {
         .with_context(|| format!("GET http://{addr}{path} timed out"))?
 }
 
+/// `method path` to `host:port` with extra `headers` and `body` (sent with a
+/// `Content-Length`), with a 5 s overall timeout: for the peer port's endpoints, which etcd
+/// answers by method, headers and body.
+pub async fn http_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<HttpResponse> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        stream.write_all(&bytes).await?;
+        // Read until the answer is whole, not until EOF: etcd's peer port (behind cmux)
+        // closes a `Connection: close` connection only at its 5 s read deadline.
+        let mut raw = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&chunk[..n]);
+            if is_whole(&raw) {
+                break;
+            }
+        }
+        parse(&raw)
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .with_context(|| format!("{method} http://{addr}{path} timed out"))?
+}
+
+/// Whether `raw` holds a whole response: headers and all of a `Content-Length` or chunked body.
+fn is_whole(raw: &[u8]) -> bool {
+    let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+    let rest = &raw[split + 4..];
+    let status = head.split(' ').nth(1).unwrap_or_default();
+    if status == "204" || status == "304" {
+        return true;
+    }
+    if head.contains("transfer-encoding: chunked") {
+        return rest.ends_with(b"0\r\n\r\n");
+    }
+    let length = head
+        .split("\r\n")
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    length.is_some_and(|len| rest.len() >= len)
+}
+
 async fn get_inner(addr: &str, path: &str) -> anyhow::Result<HttpResponse> {
     let stream = TcpStream::connect(addr)
         .await

@@ -83,8 +83,8 @@ pub use cluster::{Cluster, ClusterOpts};
 pub use etcdctl::{CtlOutput, Etcdctl};
 pub use grpc::{Code, assert_grpc_error, grpc_error};
 pub use http::{
-    HttpResponse, http_get, https_get, served_certificate, tls_connector, tls12_handshake,
-    tls13_handshake,
+    HttpResponse, http_get, http_request, https_get, served_certificate, tls_connector,
+    tls12_handshake, tls13_handshake,
 };
 pub use member::{ClientTls, FAST_ELECTION_MS, FAST_HEARTBEAT_MS, Member, MemberOpts, PeerTls};
 pub use poll::{poll_until, wait_child};

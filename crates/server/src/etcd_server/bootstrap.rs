@@ -93,39 +93,34 @@ pub(super) async fn join_existing(
             continue;
         }
         for url in urls {
-            let Ok(mut client) = crate::peer::peer_client(&url_string(url)) else {
-                continue;
-            };
-            let call = client.members(etcdrs_proto::peerpb::MembersRequest {});
-            match tokio::time::timeout(Duration::from_secs(2), call).await {
-                Ok(Ok(resp)) => {
-                    found = Some(resp.into_inner());
+            let url = url_string(url);
+            match crate::rafthttp::calls::fetch_members(&url, Duration::from_secs(2)).await {
+                Ok(remote) => {
+                    found = Some(remote);
                     break;
                 }
-                Ok(Err(e)) => last_error = e.message().to_string(),
-                Err(_) => last_error = format!("timed out asking {url}"),
+                Err(e) => last_error = e.to_string(),
             }
         }
         if found.is_some() {
             break;
         }
     }
-    let Some(remote) = found else {
+    let Some((remote_cluster_id, remote_members)) = found else {
         return Err(ServerError::Fatal(format!(
             "cannot fetch cluster info from peer urls: {last_error}"
         )));
     };
-    let Some(local) = remote
-        .members
+    let Some(local) = remote_members
         .iter()
-        .find(|m| m.peer_ur_ls.iter().any(|u| ours.contains(u)))
+        .find(|m| m.peer_urls.iter().any(|u| ours.contains(u)))
     else {
         return Err(ServerError::Fatal(format!(
             "error validating peerURLs: no member with peer URLs {ours:?} in the existing cluster (add it with member add first)"
         )));
     };
     let member_id = local.id;
-    let cluster_id = remote.cluster_id;
+    let cluster_id = remote_cluster_id;
     tracing::info!(
         local_member_id = %membership::id_hex(member_id),
         cluster_id = %membership::id_hex(cluster_id),
@@ -137,10 +132,9 @@ pub(super) async fn join_existing(
     batch.commit(true)?;
     let mut metadata = member_id.to_be_bytes().to_vec();
     metadata.extend_from_slice(&cluster_id.to_be_bytes());
-    let peers = remote
-        .members
+    let peers = remote_members
         .iter()
-        .map(|m| (m.id, m.peer_ur_ls.clone()))
+        .map(|m| (m.id, m.peer_urls.clone()))
         .collect();
     Ok((member_id, cluster_id, Start::Join { metadata }, peers))
 }

@@ -13,17 +13,7 @@ use super::Rpc;
 
 impl Rpc {
     fn member_pbs(&self) -> Vec<Member> {
-        self.server
-            .members()
-            .into_iter()
-            .map(|m| Member {
-                id: m.id,
-                name: m.name,
-                peer_ur_ls: m.peer_urls,
-                client_ur_ls: m.client_urls,
-                is_learner: m.is_learner,
-            })
-            .collect()
+        self.server.members().into_iter().map(member_pb).collect()
     }
 }
 
@@ -63,7 +53,7 @@ impl Cluster for Rpc {
         let member = self.server.add_member(urls, req.is_learner).await?;
         Ok(Response::new(MemberAddResponse {
             header: Some(self.server.cluster_header()),
-            member: Some(crate::peer::member_pb(member)),
+            member: Some(member_pb(member)),
             members: self.member_pbs(),
         }))
     }
@@ -127,5 +117,16 @@ impl Cluster for Rpc {
             header: Some(self.server.cluster_header()),
             members: self.member_pbs(),
         }))
+    }
+}
+
+/// A member as the Cluster API shows it.
+pub fn member_pb(m: crate::membership::Member) -> etcdrs_proto::etcdserverpb::Member {
+    etcdrs_proto::etcdserverpb::Member {
+        id: m.id,
+        name: m.name,
+        peer_ur_ls: m.peer_urls,
+        client_ur_ls: m.client_urls,
+        is_learner: m.is_learner,
     }
 }

@@ -88,16 +88,12 @@ async fn renew_on_leader(server: &EtcdServer, id: LeaseId) -> Result<i64, Server
         if status.is_leader {
             return renew(server, id).await;
         }
-        if status.leader != 0
-            && let Some(mut client) = server.peer_client(status.leader)
-        {
-            let mut request = tonic::Request::new(etcdrs_proto::peerpb::LeaseRenewRequest { id });
-            server.stamp_peer_request(&mut request);
-            if let Ok(resp) = client.lease_renew(request).await {
-                let resp = resp.into_inner();
-                if !resp.not_leader {
-                    return Ok(resp.ttl);
-                }
+        if status.leader != 0 {
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            let renewed =
+                crate::rafthttp::calls::renew_lease(server.transport(), status.leader, id, timeout);
+            if let Some(ttl) = renewed.await {
+                return Ok(ttl);
             }
         }
         if Instant::now() >= deadline {
@@ -242,13 +238,15 @@ impl Lease for Rpc {
                 return Ok(Response::new(time_to_live_local(&self.server, req).await?));
             }
             // etcd asks the leader's lessor: only it knows the remaining time.
-            if status.leader != 0
-                && let Some(mut client) = self.server.peer_client(status.leader)
-            {
-                let mut forwarded = Request::new(req);
-                self.server.stamp_peer_request(&mut forwarded);
-                if let Ok(resp) = client.lease_time_to_live(forwarded).await {
-                    let mut resp = resp.into_inner();
+            if status.leader != 0 {
+                let timeout = deadline.saturating_duration_since(Instant::now());
+                let asked = crate::rafthttp::calls::lease_time_to_live(
+                    self.server.transport(),
+                    status.leader,
+                    req,
+                    timeout,
+                );
+                if let Some(mut resp) = asked.await {
                     resp.header = Some(self.server.header(0));
                     return Ok(Response::new(resp));
                 }
