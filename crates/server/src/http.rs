@@ -30,7 +30,7 @@ use crate::EtcdServer;
 use crate::metrics;
 use crate::rpc::Rpc;
 use crate::tls::TlsServer;
-use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
+use crate::version::SERVER_VERSION;
 
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -674,8 +674,11 @@ fn method_not_allowed() -> Response {
     response
 }
 
-async fn version() -> impl IntoResponse {
-    let body = serde_json::json!({ "etcdserver": SERVER_VERSION, "etcdcluster": CLUSTER_VERSION });
+/// etcd's `/version`: this build's server version and the cluster version as applied (what
+/// an etcd member checks before it joins: a 3.4 member refuses a cluster running at 3.5).
+async fn version(State(server): State<EtcdServer>) -> impl IntoResponse {
+    let cluster = server.cluster_version();
+    let body = serde_json::json!({ "etcdserver": SERVER_VERSION, "etcdcluster": cluster });
     (
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
