@@ -489,3 +489,118 @@ async fn etcd_34_and_etcd_rs_open_streams_to_each_other() {
         assert!(!b.log_contains(needle), "etcd-rs logged {needle:?}");
     }
 }
+
+/// What the leader of a two-member cluster of `bin` answers a peer that names the follower: a
+/// stream request with the wrong `X-Raft-To`, then, once the follower is removed, its stream
+/// request.
+async fn refusals_of_peers(bin: &EtcdBin, extra: &[&str]) -> Vec<(u16, Option<String>, String)> {
+    let c = etcdrs_testkit::Cluster::start(
+        2,
+        etcdrs_testkit::ClusterOpts::new(bin).args(extra.iter().copied()),
+    )
+    .await
+    .expect("cluster starts");
+    // The member that stays is the leader: a leader that removes itself may stop before its
+    // follower hears that the removal committed, which leaves the follower without a quorum
+    // (in etcd as in ours).
+    let out = c
+        .member(0)
+        .etcdctl()
+        .ok(&["endpoint", "status", "-w", "json"])
+        .await;
+    let json: Value = serde_json::from_str(&out).expect("status json");
+    let leader = format!(
+        "{:x}",
+        json[0]["Status"]["leader"].as_u64().expect("leader")
+    );
+    let (cluster, zero) = ids(c.member(0)).await;
+    let (_, one) = ids(c.member(1)).await;
+    let (stays, first, second) = if leader == zero {
+        (0, zero, one)
+    } else {
+        (1, one, zero)
+    };
+    let headers = |to: &str| -> Vec<(&'static str, String)> {
+        vec![
+            ("X-Etcd-Cluster-ID", cluster.clone()),
+            ("X-Server-From", second.clone()),
+            ("X-Server-Version", "3.4.23".to_owned()),
+            ("X-Min-Cluster-Version", "3.0.0".to_owned()),
+            ("X-Raft-To", to.to_owned()),
+        ]
+    };
+    let stream = format!("/raft/stream/message/{second}");
+    let mut answers = Vec::new();
+    let wrong_to = peer(
+        c.member(stays),
+        "GET",
+        &stream,
+        &as_refs(&headers("1")),
+        b"",
+    )
+    .await;
+    answers.push(masked(&wrong_to, &[]));
+
+    // etcd refuses a removal until every member has been connected for a while ("unhealthy
+    // cluster"), so ask until it is done.
+    let ctl = c.member(stays).etcdctl();
+    etcdrs_testkit::poll_until(std::time::Duration::from_secs(30), || async {
+        let out = ctl
+            .run(&["member", "remove", second.as_str()])
+            .await
+            .map_err(|e| e.to_string())?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(out.stderr)
+        }
+    })
+    .await
+    .expect("member removed");
+    // The leader refuses the removed member once it has applied the removal.
+    let addr = peer_addr(c.member(stays));
+    let until = |method: &'static str,
+                 path: String,
+                 headers: Vec<(&'static str, String)>,
+                 body: Vec<u8>,
+                 status: u16| {
+        let addr = addr.clone();
+        async move {
+            etcdrs_testkit::poll_until(std::time::Duration::from_secs(30), || {
+                let (addr, path, headers, body) =
+                    (addr.clone(), path.clone(), headers.clone(), body.clone());
+                async move {
+                    let r = http_request(&addr, method, &path, &as_refs(&headers), &body)
+                        .await
+                        .map_err(|e| format!("{e:#}"))?;
+                    if r.status == status {
+                        Ok(r)
+                    } else {
+                        Err(format!("{r:?}"))
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+        }
+    };
+    let removed = until("GET", stream.clone(), headers(&first), Vec::new(), 410).await;
+    answers.push(masked(&removed, &[]));
+    answers
+}
+
+/// Refusals that need a real peer: a stream opened to the wrong member (412 `to field
+/// mismatch`) and a removed member's stream (410 `removed member`), compared with a
+/// two-member etcd 3.4 cluster.
+#[tokio::test]
+async fn refusals_of_known_and_removed_peers_as_etcd_34s() {
+    let (reference, under_test) = (etcd34(), etcdrs());
+    let (etcd, ours) = tokio::join!(
+        refusals_of_peers(&reference, &["--logger=zap"]),
+        refusals_of_peers(&under_test, &[])
+    );
+    assert_eq!(etcd, ours);
+    assert_eq!(ours[0].0, 412, "{ours:?}");
+    assert_eq!(ours[0].2, "to field mismatch\n");
+    assert_eq!((ours[1].0, ours[1].2.as_str()), (410, "removed member\n"));
+}
