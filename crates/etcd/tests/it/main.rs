@@ -32,6 +32,7 @@ mod lock;
 mod maintenance;
 mod metrics;
 mod migrate;
+mod mixed;
 mod peer;
 mod powerloss;
 mod reconfig;

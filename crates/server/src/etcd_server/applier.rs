@@ -21,9 +21,33 @@ impl EtcdServer {
             )));
         }
         let store = &self.inner.store;
-        store.install_snapshot(&path, &[META_MEMBER_ID, META_CLUSTER_ID])?;
-        let _ = std::fs::remove_file(&path);
+        // An etcd leader sends its bbolt database: read it into an image of ours first.
+        let (image, cluster_version) = match crate::etcd_db::Db::open(&path) {
+            Ok(db) => {
+                let image = path.with_extension("from-etcd");
+                let _ = std::fs::remove_file(&image);
+                let imported = {
+                    let backend = etcdrs_backend::Backend::open(&image)?;
+                    crate::etcd_db::import(&db, &backend)?
+                };
+                drop(db);
+                let _ = std::fs::remove_file(&path);
+                tracing::info!(
+                    index,
+                    consistent_index = imported.consistent_index,
+                    revisions = imported.revisions,
+                    "read etcd's snapshot database"
+                );
+                (image, imported.cluster_version)
+            }
+            Err(_) => (path, None),
+        };
+        store.install_snapshot(&image, &[META_MEMBER_ID, META_CLUSTER_ID])?;
+        let _ = std::fs::remove_file(&image);
         let mut batch = store.write()?;
+        if let Some(version) = &cluster_version {
+            batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?;
+        }
         batch.bucket_put(
             Bucket::META,
             META_CONF_STATE,

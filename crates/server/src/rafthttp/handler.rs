@@ -408,22 +408,31 @@ async fn snapshot(server: &EtcdServer, request: Request) -> Response {
     if request.method() != Method::POST {
         return method_not_allowed(Some("POST"));
     }
+    // A member, or a peer this member has a link to: a member that joined an existing
+    // cluster knows its peers (from `/members`) before any membership has applied, and the
+    // leader's snapshot is what brings that membership.
     let from = request
         .headers()
         .get(FROM_HEADER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|from| member_label(server, from));
+        .and_then(|from| {
+            member_label(server, from).or_else(|| {
+                let id = u64::from_str_radix(from, 16).ok()?;
+                server.transport().has_peer(id).then(|| id_hex(id))
+            })
+        });
     let label = from
         .clone()
         .unwrap_or_else(|| "UNKNOWN_SNAPSHOT_SENDER".to_owned());
     let labels = [label.as_str()];
     let started = std::time::Instant::now();
     let response = match from {
-        // Only a member may replace this member's data (the leader sends snapshots).
+        // Only a member may replace this member's data (the leader sends snapshots). Not
+        // 403: etcd's sender reads a 403 as its own removal and stops.
         None => {
             tracing::warn!("rejected a snapshot from a member not in the cluster");
             go_error(
-                StatusCode::FORBIDDEN,
+                StatusCode::PRECONDITION_FAILED,
                 "etcdserver: snapshot from a member not in the cluster",
             )
         }

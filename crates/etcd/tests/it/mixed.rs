@@ -1,0 +1,437 @@
+//! Mixed clusters (issue 17): etcd 3.4 members (`/usr/bin/etcd`) and etcd-rs members in one
+//! raft group, for a rolling migration with no downtime and the same path back.
+//!
+//! A 3-member etcd 3.4 cluster has its members replaced one by one: `member add` of an
+//! etcd-rs member, its start with `--initial-cluster-state existing`, its catch-up (the first
+//! one through etcd's merged snapshot: the etcd members compact their log), `member remove`
+//! of an etcd member; leadership is moved across implementations while that goes on; then the
+//! etcd-rs members are replaced by etcd 3.4 members again. A writer puts keys throughout on
+//! whichever members are up; after every step every member has the same `hashkv` at one
+//! revision, and at the end every acknowledged put is read linearizably on every member.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+use etcdrs_testkit::{EtcdBin, Member, MemberOpts, poll_until, ports};
+
+use crate::{ours, pairs};
+
+const WAIT: Duration = Duration::from_secs(40);
+const TOKEN: &str = "mixed-cluster";
+
+fn etcd34() -> EtcdBin {
+    EtcdBin::at("/usr/bin/etcd")
+}
+
+fn etcdrs() -> EtcdBin {
+    EtcdBin::at(env!("CARGO_BIN_EXE_etcd"))
+}
+
+/// A member of the test's cluster: its process, raft id and whether it is etcd-rs.
+struct Node {
+    member: Member,
+    id: u64,
+    rs: bool,
+}
+
+/// Options of member `name` on `host`, one of the cluster `initial` (`name=url,…`).
+fn opts(
+    bin: &EtcdBin,
+    name: &str,
+    host: Ipv4Addr,
+    initial: &str,
+    existing: bool,
+    compacted: bool,
+) -> MemberOpts {
+    let mut opts = MemberOpts::new(bin)
+        .name(name)
+        .host(host)
+        .initial_cluster(initial)
+        .initial_cluster_token(TOKEN)
+        .fast_timers()
+        .ready_timeout(WAIT);
+    if existing {
+        opts = opts.setting("initial-cluster-state", "existing");
+    }
+    // Compacted: etcd 3.4 compacts its raft log often, so a late etcd-rs member needs
+    // etcd's snapshot.
+    if compacted && bin.path() == std::path::Path::new("/usr/bin/etcd") {
+        opts = opts.setting("snapshot-count", "1000");
+    }
+    opts
+}
+
+fn host(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, 40 + i)
+}
+
+/// The writer's view: the endpoints to write to, and what was acknowledged.
+#[derive(Default)]
+struct Writes {
+    endpoints: Vec<String>,
+    acked: Vec<(String, String)>,
+    errors: Vec<String>,
+}
+
+/// Puts `mixed/<n>` one at a time on the live endpoints (the next one on an error) until
+/// `stop`.
+fn writer(state: Arc<Mutex<Writes>>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut clients: BTreeMap<String, Client> = BTreeMap::new();
+        let mut turn = 0usize;
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) {
+            let endpoints = state.lock().expect("lock").endpoints.clone();
+            let endpoint = endpoints[turn % endpoints.len()].clone();
+            if !clients.contains_key(&endpoint) {
+                match Client::connect([endpoint.as_str()], None).await {
+                    Ok(client) => {
+                        clients.insert(endpoint.clone(), client);
+                    }
+                    Err(_) => {
+                        turn += 1;
+                        continue;
+                    }
+                }
+            }
+            let (key, value) = (format!("mixed/{n:06}"), format!("v{n}"));
+            let client = clients.get_mut(&endpoint).expect("connected");
+            let put = client.put(key.clone(), value.clone(), None);
+            match tokio::time::timeout(Duration::from_secs(10), put).await {
+                Ok(Ok(_)) => {
+                    state.lock().expect("lock").acked.push((key, value));
+                    n += 1;
+                }
+                Ok(Err(e)) => {
+                    state.lock().expect("lock").errors.push(e.to_string());
+                    clients.remove(&endpoint);
+                    turn += 1;
+                    // Paces retries against a member that is going away; nothing waits on it.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(_) => {
+                    state
+                        .lock()
+                        .expect("lock")
+                        .errors
+                        .push("timeout".to_owned());
+                    clients.remove(&endpoint);
+                    turn += 1;
+                }
+            }
+        }
+    })
+}
+
+/// Waits until every node reports the same `hashkv` at the revision one of them is at now.
+async fn same_hashkv(nodes: &[Node]) -> (i64, u32) {
+    let mut client = nodes[0].member.client().await.expect("client");
+    let rev = client
+        .get("mixed/", Some(GetOptions::new().with_count_only()))
+        .await
+        .expect("revision")
+        .header()
+        .expect("header")
+        .revision();
+    poll_until(WAIT, || async {
+        let mut hashes = Vec::new();
+        for node in nodes {
+            let mut c = node.member.client().await.map_err(|e| e.to_string())?;
+            let h = c.hash_kv(rev).await.map_err(|e| e.to_string())?;
+            hashes.push(h.hash());
+        }
+        if hashes.windows(2).all(|w| w[0] == w[1]) {
+            Ok((rev, hashes[0]))
+        } else {
+            Err(format!("hashkv at {rev}: {hashes:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The leader's raft id, as a member reports it.
+async fn leader(nodes: &[Node]) -> u64 {
+    poll_until(WAIT, || async {
+        for node in nodes {
+            if let Ok(mut c) = node.member.client().await
+                && let Ok(status) = c.status().await
+                && status.leader() != 0
+            {
+                return Ok(status.leader());
+            }
+        }
+        Err("no leader")
+    })
+    .await
+    .expect("a leader")
+}
+
+/// Replaces `nodes[old]` by a fresh member of the other implementation, started on
+/// `host`: member add, start, catch-up, member remove.
+async fn replace(
+    nodes: &mut Vec<Node>,
+    old: usize,
+    name: &str,
+    host: Ipv4Addr,
+    writes: &Arc<Mutex<Writes>>,
+    compacted: bool,
+) {
+    let rs = !nodes[old].rs;
+    let client_port = ports::reserve_on(host).expect("port");
+    let peer_port = ports::reserve_on(host).expect("port");
+    let peer_url = format!("http://{host}:{}", peer_port.port());
+    let admin = nodes[(old + 1) % nodes.len()]
+        .member
+        .client()
+        .await
+        .expect("client");
+    let added = poll_until(WAIT, || async {
+        admin
+            .clone()
+            .member_add(vec![peer_url.clone()], None)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("member add");
+    let id = added.member().expect("added member").id();
+    let mut initial: Vec<String> = added
+        .member_list()
+        .iter()
+        .filter(|m| !m.name().is_empty())
+        .map(|m| format!("{}={}", m.name(), m.peer_urls()[0]))
+        .collect();
+    initial.push(format!("{name}={peer_url}"));
+    let bin = if rs { etcdrs() } else { etcd34() };
+    let mut member = Member::spawn_on(
+        opts(&bin, name, host, &initial.join(","), true, compacted),
+        client_port,
+        peer_port,
+    )
+    .expect("spawn");
+    member
+        .wait_ready()
+        .await
+        .unwrap_or_else(|e| panic!("{name} joins: {e:#}\n{}", member.log_tail(30)));
+    writes
+        .lock()
+        .expect("lock")
+        .endpoints
+        .push(member.endpoint());
+    nodes.push(Node { member, id, rs });
+    same_hashkv(nodes).await;
+
+    // Take the old member out; first move leadership away from it, if it leads.
+    let gone = nodes[old].id;
+    if leader(nodes).await == gone {
+        let mut c = nodes[old].member.client().await.expect("client");
+        c.move_leader(id)
+            .await
+            .expect("move leader off the member to remove");
+    }
+    let removed_endpoint = nodes[old].member.endpoint();
+    writes
+        .lock()
+        .expect("lock")
+        .endpoints
+        .retain(|e| *e != removed_endpoint);
+    let admin = nodes[nodes.len() - 1]
+        .member
+        .client()
+        .await
+        .expect("client");
+    poll_until(WAIT, || async {
+        admin
+            .clone()
+            .member_remove(gone)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("member remove");
+    let mut old_node = nodes.remove(old);
+    let status = old_node
+        .member
+        .wait_exit(WAIT)
+        .await
+        .expect("the removed member exits");
+    assert_eq!(status.code(), Some(0), "a removed member exits 0");
+    same_hashkv(nodes).await;
+}
+
+/// The rolling migration: etcd 3.4 members replaced by etcd-rs ones, leadership moved
+/// across implementations on the way; with `back`, then replaced by etcd 3.4 members again.
+/// `compacted`: the etcd members compact their log, so the first etcd-rs member catches up
+/// through etcd's snapshot (etcd-rs's own snapshot is not yet one an etcd 3.4 member can
+/// install, so the way back is taken only without compaction).
+async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
+    // Three etcd 3.4 members.
+    let names = ["e0", "e1", "e2"];
+    let reserved: Vec<_> = (0..3)
+        .map(|i| {
+            let h = host(salt + i);
+            (
+                h,
+                ports::reserve_on(h).expect("port"),
+                ports::reserve_on(h).expect("port"),
+            )
+        })
+        .collect();
+    let initial: Vec<String> = names
+        .iter()
+        .zip(&reserved)
+        .map(|(n, (h, _, p))| format!("{n}=http://{h}:{}", p.port()))
+        .collect();
+    let initial = initial.join(",");
+    let mut nodes = Vec::new();
+    for (name, (h, c, p)) in names.iter().zip(reserved) {
+        let member = Member::spawn_on(opts(&etcd34(), name, h, &initial, false, compacted), c, p)
+            .expect("spawn");
+        nodes.push(Node {
+            member,
+            id: 0,
+            rs: false,
+        });
+    }
+    for node in &mut nodes {
+        node.member
+            .wait_ready()
+            .await
+            .expect("etcd 3.4 member ready");
+    }
+    let mut client = nodes[0].member.client().await.expect("client");
+    for m in client.member_list().await.expect("members").members() {
+        if let Some(node) = nodes.iter_mut().find(|n| n.member.name() == m.name()) {
+            node.id = m.id();
+        }
+    }
+    // More than etcd's 5000 catch-up entries: the first newcomer needs a snapshot.
+    let mut load = Vec::new();
+    for t in 0..if compacted { 20 } else { 1 } {
+        let mut c = client.clone();
+        load.push(tokio::spawn(async move {
+            for i in 0..300 {
+                c.put(format!("load/{t}/{i}"), "x".repeat(64), None)
+                    .await
+                    .expect("load put");
+            }
+        }));
+    }
+    for l in load {
+        l.await.expect("load");
+    }
+
+    let writes = Arc::new(Mutex::new(Writes {
+        endpoints: nodes.iter().map(|n| n.member.endpoint()).collect(),
+        ..Writes::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = writer(writes.clone(), stop.clone());
+
+    // etcd 3.4 -> etcd-rs, member by member.
+    for (step, name) in ["r0", "r1", "r2"].iter().enumerate() {
+        let old = nodes
+            .iter()
+            .position(|n| !n.rs)
+            .expect("an etcd member left");
+        replace(
+            &mut nodes,
+            old,
+            name,
+            host(salt + 3 + step as u8),
+            &writes,
+            compacted,
+        )
+        .await;
+        if step == 0 {
+            // Leadership across implementations, both ways, while writing.
+            let rs = nodes.iter().find(|n| n.rs).map(|n| n.id).expect("rs");
+            let etcd = nodes.iter().find(|n| !n.rs).map(|n| n.id).expect("etcd");
+            for to in [rs, etcd, rs] {
+                let from = leader(&nodes).await;
+                if from != to {
+                    let at = nodes.iter().find(|n| n.id == from).expect("leader node");
+                    let mut c = at.member.client().await.expect("client");
+                    c.move_leader(to).await.expect("move leader");
+                }
+                assert_eq!(leader(&nodes).await, to, "leadership moved");
+            }
+        }
+    }
+    assert!(nodes.iter().all(|n| n.rs));
+    if back {
+        // And back: etcd 3.4 members join the etcd-rs cluster and replace it.
+        for (step, name) in ["b0", "b1", "b2"].iter().enumerate() {
+            let old = nodes
+                .iter()
+                .position(|n| n.rs)
+                .expect("an etcd-rs member left");
+            replace(
+                &mut nodes,
+                old,
+                name,
+                host(salt + 6 + step as u8),
+                &writes,
+                compacted,
+            )
+            .await;
+        }
+        assert!(nodes.iter().all(|n| !n.rs));
+    }
+
+    stop.store(true, Ordering::SeqCst);
+    task.await.expect("writer");
+    let writes = std::mem::take(&mut *writes.lock().expect("lock"));
+    eprintln!(
+        "{} puts acknowledged across {} replacements; errors: {:?}",
+        writes.acked.len(),
+        if back { 6 } else { 3 },
+        writes.errors
+    );
+    assert!(
+        writes.acked.len() > 50,
+        "{} acknowledged",
+        writes.acked.len()
+    );
+    for node in &nodes {
+        let mut c = node.member.client().await.expect("client");
+        let stored: BTreeMap<String, String> = pairs(
+            c.get("mixed/", Some(GetOptions::new().with_prefix()))
+                .await
+                .expect("read")
+                .kvs(),
+        )
+        .into_iter()
+        .collect();
+        for (k, v) in &writes.acked {
+            assert_eq!(
+                stored.get(k),
+                Some(v),
+                "{}: acknowledged {k}",
+                node.member.name()
+            );
+        }
+    }
+    same_hashkv(&nodes).await;
+}
+
+#[tokio::test]
+async fn an_etcd_34_cluster_becomes_etcd_rs_and_back_member_by_member_while_writing() {
+    if !ours() {
+        return;
+    }
+    rolling_migration(false, true, 0).await;
+}
+
+#[tokio::test]
+async fn an_etcd_rs_member_catches_up_from_etcd_34_s_snapshot_in_a_rolling_migration() {
+    if !ours() {
+        return;
+    }
+    rolling_migration(true, false, 10).await;
+}
