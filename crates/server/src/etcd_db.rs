@@ -246,13 +246,16 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
     put_sorted(&mut out, names::AUTH, auth)?;
     put_sorted(&mut out, names::AUTH_ROLES, roles)?;
     put_sorted(&mut out, names::AUTH_USERS, users)?;
+    // The cluster version as applied (an etcd 3.4 cluster's stays 3.4.0), this build's when
+    // none has been.
+    let cluster_version = read
+        .get(Bucket::META, crate::etcd_server::META_CLUSTER_VERSION)
+        .map_err(|e| format_error(format!("read cluster version: {e}")))?
+        .unwrap_or_else(|| crate::version::CLUSTER_VERSION.as_bytes().to_vec());
     put_sorted(
         &mut out,
         names::CLUSTER,
-        vec![(
-            ETCD_CLUSTER_VERSION.to_vec(),
-            crate::version::CLUSTER_VERSION.as_bytes().to_vec(),
-        )],
+        vec![(ETCD_CLUSTER_VERSION.to_vec(), cluster_version)],
     )?;
 
     // The big one, streamed: the translation keeps the order.

@@ -28,6 +28,7 @@ mod request;
 pub mod rpc;
 pub mod tls;
 mod v2keys;
+pub mod v2snap;
 mod validate;
 pub mod version;
 

@@ -636,9 +636,20 @@ async fn send_snapshot(shared: &Shared, context: &LinkContext, message: Message)
     inflight.inc();
     let started = Instant::now();
     let store = context.store.clone();
-    let image = tokio::task::spawn_blocking(move || store.backend().snapshot()).await;
+    // etcd's form, which an etcd member installs and so do we: the v2 store's JSON as the
+    // snapshot's data, and the database in bbolt's format.
+    let image = tokio::task::spawn_blocking(move || {
+        let data = crate::v2snap::from_store(&store, index).map_err(|e| e.to_string())?;
+        let image = crate::etcd_db::snapshot(store.backend()).map_err(|e| e.to_string())?;
+        Ok::<_, String>((data, image))
+    })
+    .await;
     let ok = match image {
-        Ok(Ok(image)) => stream_snapshot(shared, message, image).await,
+        Ok(Ok((data, image))) => {
+            let mut message = message;
+            message.mut_snapshot().data = data.into();
+            stream_snapshot(shared, message, image).await
+        }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "failed to take a database snapshot");
             false
