@@ -4,7 +4,8 @@
 //! A 3-member etcd 3.4 cluster has its members replaced one by one: `member add` of an
 //! etcd-rs member, its start with `--initial-cluster-state existing`, its catch-up (by log
 //! replication, or, with compacted logs, through the leader's snapshot), `member remove`
-//! of an etcd member; leadership is moved across implementations while that goes on; then the
+//! of an etcd member; leadership is moved across implementations while that goes on, and a
+//! SIGKILLed leader of each kind is replaced by election and restarted; then the
 //! etcd-rs members are replaced by etcd 3.4 members again. A writer puts keys throughout on
 //! whichever members are up; after every step every member has the same `hashkv` at one
 //! revision, and at the end every acknowledged put is read linearizably on every member.
@@ -265,7 +266,7 @@ async fn replace(
 }
 
 /// The rolling migration: etcd 3.4 members replaced by etcd-rs ones, leadership moved
-/// across implementations on the way; with `back`, then replaced by etcd 3.4 members again.
+/// across implementations on the way and a leader of each kind SIGKILLed and restarted; with `back`, then replaced by etcd 3.4 members again.
 /// `compacted`: the etcd members compact their log (`--snapshot-count 1000` after 6,000
 /// puts), so the first etcd-rs member catches up through etcd's merged snapshot, and the
 /// etcd 3.4 members on the way back through etcd-rs's (the v2 store's JSON and a bbolt
@@ -361,6 +362,43 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
                     c.move_leader(to).await.expect("move leader");
                 }
                 assert_eq!(leader(&nodes).await, to, "leadership moved");
+            }
+            // A SIGKILLed leader of either kind: the others elect a new one, the writer goes
+            // on, and the killed member restarts from its data dir and catches up.
+            for kill_rs in [true, false] {
+                let target = nodes.iter().find(|n| n.rs == kill_rs).map(|n| n.id).expect("node");
+                let from = leader(&nodes).await;
+                if from != target {
+                    let at = nodes.iter().find(|n| n.id == from).expect("leader node");
+                    let mut c = at.member.client().await.expect("client");
+                    c.move_leader(target).await.expect("move leader");
+                }
+                assert_eq!(leader(&nodes).await, target);
+                let i = nodes.iter().position(|n| n.id == target).expect("index");
+                nodes[i].member.kill9().expect("SIGKILL the leader");
+                poll_until(WAIT, || async {
+                    for (j, node) in nodes.iter().enumerate() {
+                        if j == i {
+                            continue;
+                        }
+                        if let Ok(mut c) = node.member.client().await
+                            && let Ok(status) = c.status().await
+                            && status.leader() != 0
+                            && status.leader() != target
+                        {
+                            return Ok(());
+                        }
+                    }
+                    Err("no new leader")
+                })
+                .await
+                .expect("a new leader after the SIGKILL");
+                nodes[i]
+                    .member
+                    .restart()
+                    .await
+                    .unwrap_or_else(|e| panic!("restart the killed leader: {e:#}"));
+                same_hashkv(&nodes).await;
             }
         }
     }
