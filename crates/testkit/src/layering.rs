@@ -51,7 +51,7 @@ const SERVER_SIDE: &[&str] = &[
 ];
 
 /// The crates that appear only under `[dev-dependencies]`.
-const DEV_ONLY: &[&str] = &["etcdrs-testkit"];
+const DEV_ONLY: &[&str] = &["etcdrs-testkit", "etcdrs-fuzz"];
 
 /// ARCHITECTURE.md's dependency rules.
 const RULES: &[Rule] = &[
