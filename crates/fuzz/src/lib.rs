@@ -350,6 +350,17 @@ fn start_watchdog(
     (progress, watchdog)
 }
 
+/// Where targets that must write files should make their scratch directory: a RAM-backed
+/// file system when there is one (`/dev/shm`), since some decoders `fsync` what they repair.
+pub fn scratch_base() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 /// The run's seed: `ETCDRS_FUZZ_SEED`, or a function of the target's name.
 fn seed_from_env(name: &str) -> u64 {
     match std::env::var(SEED_VAR) {
