@@ -19,8 +19,12 @@ fn tiny_image() -> Vec<u8> {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = Backend::open(&dir.path().join("db")).expect("open a backend");
     let tx = backend.write().expect("write");
-    tx.put(Bucket::KEY, b"\x00\x00\x00\x00\x00\x00\x00\x02_\x00\x00\x00\x00\x00\x00\x00\x00", b"kv")
-        .expect("put");
+    tx.put(
+        Bucket::KEY,
+        b"\x00\x00\x00\x00\x00\x00\x00\x02_\x00\x00\x00\x00\x00\x00\x00\x00",
+        b"kv",
+    )
+    .expect("put");
     tx.put(Bucket::META, b"consistent_index", &7u64.to_be_bytes())
         .expect("put");
     tx.commit(true).expect("commit");
@@ -64,4 +68,3 @@ fn fuzz_snapshot_image() {
             }
         });
 }
-

@@ -26,9 +26,9 @@
 /// CRC-32C, re-exported for the backend's users (mvcc's hashes).
 pub use etcdrs_crc32c as crc32c;
 mod error;
-pub mod metrics;
 #[cfg(test)]
 mod fuzz;
+pub mod metrics;
 mod snapshot;
 
 use std::path::{Path, PathBuf};

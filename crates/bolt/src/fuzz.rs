@@ -33,12 +33,14 @@ fn written_db() -> Vec<u8> {
 /// the input, so the choice replays), so that the walk behind them is reached; the others
 /// test the checksum itself.
 fn fix_meta_checksums(input: &mut [u8]) {
-    if fnv1a64(input) % 2 == 0 {
+    if fnv1a64(input).is_multiple_of(2) {
         return;
     }
     let page_size = input
         .get(PAGE_HEADER_SIZE + 8..PAGE_HEADER_SIZE + 12)
-        .map_or(4096, |raw| u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize);
+        .map_or(4096, |raw| {
+            u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as usize
+        });
     for meta_page in [0, page_size] {
         let start = meta_page.saturating_add(PAGE_HEADER_SIZE);
         let Some(covered) = input.get(start..start + META_CHECKSUMMED) else {

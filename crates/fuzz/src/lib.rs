@@ -209,7 +209,11 @@ impl Fuzz {
         }
         let mut seen = std::collections::HashSet::new();
         corpus.retain(|(_, bytes)| seen.insert(bytes.clone()));
-        assert!(!corpus.is_empty(), "fuzz target {} has an empty corpus", self.name);
+        assert!(
+            !corpus.is_empty(),
+            "fuzz target {} has an empty corpus",
+            self.name
+        );
         corpus
     }
 }
@@ -441,7 +445,9 @@ mod tests {
                 .run(|input| assert!(!input.contains(&0xff), "found 0xff"));
         });
         let payload = outcome.expect_err("a decoder that panics on 0xff is caught");
-        let report = payload.downcast_ref::<String>().expect("the report is a String");
+        let report = payload
+            .downcast_ref::<String>()
+            .expect("the report is a String");
         assert!(report.contains("self-test"), "{report}");
         assert!(report.contains("panicked (found 0xff)"), "{report}");
         assert!(report.contains("hex: "), "{report}");
@@ -457,7 +463,10 @@ mod tests {
         let mut rng = Rng::for_iteration(seed, iteration);
         let corpus = vec![b"hello".to_vec()];
         let replayed = mutate::mutate(&mut rng, &corpus, &[], DEFAULT_MAX_LEN);
-        assert!(replayed.contains(&0xff), "the iteration replays to the same input");
+        assert!(
+            replayed.contains(&0xff),
+            "the iteration replays to the same input"
+        );
     }
 
     #[test]

@@ -18,7 +18,9 @@ const EXTREME_VARINTS: &[&[u8]] = &[
     &[0x00],
     &[0xff, 0xff, 0xff, 0xff, 0x0f],
     &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
-    &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01],
+    &[
+        0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01,
+    ],
     &[0xff, 0xff, 0xff],
     &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01],
     &[0xff, 0xff, 0xff, 0xff, 0x07],
@@ -167,7 +169,10 @@ mod tests {
 
     #[test]
     fn mutations_respect_the_length_cap_and_change_inputs() {
-        let corpus = vec![b"{\"key\":\"Zm9v\",\"value\":\"YmFy\"}".to_vec(), vec![0x0a, 0x03, 1, 2, 3]];
+        let corpus = vec![
+            b"{\"key\":\"Zm9v\",\"value\":\"YmFy\"}".to_vec(),
+            vec![0x0a, 0x03, 1, 2, 3],
+        ];
         let mut n_changed = 0;
         for iteration in 0..500 {
             let mut rng = Rng::for_iteration(9, iteration);
@@ -177,6 +182,9 @@ mod tests {
                 n_changed += 1;
             }
         }
-        assert!(n_changed > 450, "only {n_changed} of 500 inputs differ from the corpus");
+        assert!(
+            n_changed > 450,
+            "only {n_changed} of 500 inputs differ from the corpus"
+        );
     }
 }

@@ -70,7 +70,10 @@ mod tests {
         let a: Vec<u64> = (0..4).map(|_| first.next_u64()).collect();
         let b: Vec<u64> = (0..4).map(|_| second.next_u64()).collect();
         assert_eq!(a, b);
-        assert_ne!(Rng::for_iteration(1, 2).next_u64(), Rng::for_iteration(1, 3).next_u64());
+        assert_ne!(
+            Rng::for_iteration(1, 2).next_u64(),
+            Rng::for_iteration(1, 3).next_u64()
+        );
     }
 
     #[test]

@@ -45,12 +45,24 @@ fn fuzz_hpack_decoder() {
     // RFC 7541 C.3 (requests), C.4 (the same, Huffman-coded), C.6 (responses with eviction
     // under a 256-byte table), a table size update.
     let rfc = [
-        ("rfc7541-c3-1", "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d"),
+        (
+            "rfc7541-c3-1",
+            "8286 8441 0f77 7777 2e65 7861 6d70 6c65 2e63 6f6d",
+        ),
         ("rfc7541-c3-2", "8286 84be 5808 6e6f 2d63 6163 6865"),
-        ("rfc7541-c3-3", "8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65"),
+        (
+            "rfc7541-c3-3",
+            "8287 85bf 400a 6375 7374 6f6d 2d6b 6579 0c63 7573 746f 6d2d 7661 6c75 65",
+        ),
         ("rfc7541-c4-1", "8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff"),
-        ("rfc7541-c4-3", "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf"),
-        ("rfc7541-c6-1", "4882 6402 5885 aec3 771a 4b61 96d0 7abe 9410 54d4 44a8 2005 9504 0b81 66e0 82a6 2d1b ff6e 919d 29ad 1718 63c7 8f0b 97c8 e9ae 82ae 43d3"),
+        (
+            "rfc7541-c4-3",
+            "8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf",
+        ),
+        (
+            "rfc7541-c6-1",
+            "4882 6402 5885 aec3 771a 4b61 96d0 7abe 9410 54d4 44a8 2005 9504 0b81 66e0 82a6 2d1b ff6e 919d 29ad 1718 63c7 8f0b 97c8 e9ae 82ae 43d3",
+        ),
         ("table-size-update", "20 3fe1 1f 82"),
     ];
     let mut fuzz = Fuzz::new("hpack-block")

@@ -31,9 +31,11 @@ fn etcd_entries() -> Vec<Entry> {
         .iter()
         .enumerate()
         .map(|(n_entry, path)| {
-            let mut entry = Entry::default();
-            entry.index = n_entry as u64 + 1;
-            entry.term = 2;
+            let mut entry = Entry {
+                index: n_entry as u64 + 1,
+                term: 2,
+                ..Default::default()
+            };
             let name = path.to_string_lossy();
             if name.contains("confchange") {
                 entry.set_entry_type(EntryType::EntryConfChange);
@@ -121,7 +123,10 @@ fn decode_message(bytes: &[u8]) {
 #[test]
 fn fuzz_peer_messages() {
     let mut fuzz = Fuzz::new("peer-message")
-        .corpus_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/peer-message"))
+        .corpus_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz-corpus/peer-message"
+        ))
         .iterations(2000);
     for (name, bytes) in batches() {
         fuzz = fuzz.input(name, bytes);
@@ -137,8 +142,10 @@ fn fuzz_peer_messages() {
         }
         // The same bytes as one message and as one entry's data.
         decode_message(input);
-        let mut entry = Entry::default();
-        entry.data = input.to_vec().into();
+        let mut entry = Entry {
+            data: input.to_vec().into(),
+            ..Default::default()
+        };
         decode_entry(&entry);
         entry.set_entry_type(EntryType::EntryConfChange);
         decode_entry(&entry);

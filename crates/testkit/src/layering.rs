@@ -80,6 +80,12 @@ const RULES: &[Rule] = &[
         why: "metrics (registration and buckets) depends on prometheus only",
     },
     Rule {
+        krate: "etcdrs-fuzz",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "fuzz (the dev-only fuzzer) depends on nix only, so every crate can use it",
+    },
+    Rule {
         krate: "etcdrs-crc32c",
         reach: Reach::Transitive,
         forbid: Forbid::AnyWorkspaceCrate,

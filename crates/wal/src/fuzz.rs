@@ -54,7 +54,10 @@ fn fuzz_wal_open() {
         .run(|input| {
             std::fs::write(&segment, input).expect("write the mutated segment");
             if let Ok((wal, state)) = Wal::open_with_options(dir.path(), Options::default()) {
-                assert!(state.entries.len() <= input.len(), "entries come from the input");
+                assert!(
+                    state.entries.len() <= input.len(),
+                    "entries come from the input"
+                );
                 drop(wal);
             }
         });

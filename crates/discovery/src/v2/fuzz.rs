@@ -62,15 +62,32 @@ fn interpret(body: &[u8]) {
 #[test]
 fn fuzz_v2_discovery_responses() {
     let mut fuzz = Fuzz::new("discovery-v2")
-        .corpus_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/v2-response"))
+        .corpus_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz-corpus/v2-response"
+        ))
         .dictionary(&[
-            b"\"nodes\":[", b"\"value\":\"", b"=http://", b"=unix://", b"://[", b"]:", b",", b"%",
-            b"\"createdIndex\":18446744073709551615", b"\"errorCode\":", b"{", b"}", b"\\u0000",
+            b"\"nodes\":[",
+            b"\"value\":\"",
+            b"=http://",
+            b"=unix://",
+            b"://[",
+            b"]:",
+            b",",
+            b"%",
+            b"\"createdIndex\":18446744073709551615",
+            b"\"errorCode\":",
+            b"{",
+            b"}",
+            b"\\u0000",
         ])
         .iterations(1500);
     for (name, body) in RESPONSES {
         fuzz = fuzz.input(name, body.as_bytes().to_vec());
     }
-    fuzz.input("cluster-string", b"m1=http://10.0.0.1:2380,m2=https://host:2380".to_vec())
-        .run(interpret);
+    fuzz.input(
+        "cluster-string",
+        b"m1=http://10.0.0.1:2380,m2=https://host:2380".to_vec(),
+    )
+    .run(interpret);
 }

@@ -55,7 +55,13 @@ fn block(authority: &str) -> Vec<u8> {
 fn etcdctl_connection() -> Vec<u8> {
     let mut out = PREFACE.to_vec();
     frame(&mut out, TYPE_SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 100]);
-    frame(&mut out, TYPE_HEADERS, FLAG_END_HEADERS, 1, &block("http://127.0.0.1:2379"));
+    frame(
+        &mut out,
+        TYPE_HEADERS,
+        FLAG_END_HEADERS,
+        1,
+        &block("http://127.0.0.1:2379"),
+    );
     frame(&mut out, TYPE_DATA, 0x1, 1, &[0, 0, 0, 0, 2, 0x0a, 0x00]);
     let second = block("https://[::1]:2379/prefix");
     let (head, tail) = second.split_at(second.len() / 2);
@@ -63,7 +69,13 @@ fn etcdctl_connection() -> Vec<u8> {
     payload.extend_from_slice(&[0x80, 0, 0, 1, 15]);
     payload.extend_from_slice(head);
     payload.extend_from_slice(&[0; 4]);
-    frame(&mut out, TYPE_HEADERS, FLAG_PADDED | FLAG_PRIORITY, 3, &payload);
+    frame(
+        &mut out,
+        TYPE_HEADERS,
+        FLAG_PADDED | FLAG_PRIORITY,
+        3,
+        &payload,
+    );
     frame(&mut out, TYPE_CONTINUATION, FLAG_END_HEADERS, 3, tail);
     out
 }
@@ -72,7 +84,13 @@ fn etcdctl_connection() -> Vec<u8> {
 fn plain_connection() -> Vec<u8> {
     let mut out = PREFACE.to_vec();
     frame(&mut out, TYPE_SETTINGS, 0, 0, &[]);
-    frame(&mut out, TYPE_HEADERS, FLAG_END_HEADERS, 1, &block("127.0.0.1:2379"));
+    frame(
+        &mut out,
+        TYPE_HEADERS,
+        FLAG_END_HEADERS,
+        1,
+        &block("127.0.0.1:2379"),
+    );
     frame(&mut out, TYPE_DATA, 0x1, 1, &[0, 0, 0, 0, 0]);
     out
 }
@@ -83,7 +101,10 @@ fn fuzz_h2_authority_filter() {
         .build()
         .expect("a current-thread runtime");
     Fuzz::new("h2-authority")
-        .corpus_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/connection"))
+        .corpus_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz-corpus/connection"
+        ))
         .input("etcdctl-3.4", etcdctl_connection())
         .input("plain", plain_connection())
         .input("http1", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n".to_vec())

@@ -49,10 +49,35 @@ fn nested_txn(levels: usize) -> Vec<u8> {
 /// The tokens the mutations splice in: JSON's punctuation and literals, escapes that Go
 /// treats specially, numbers at the edges of int64 and float64.
 const TOKENS: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b":", b",", b"\"", b"\\", b"\\u", b"\\ud800", b"\\udc00", b"null",
-    b"true", b"false", b"-", b"0", b"1e999", b"-1e-999", b"9223372036854775808",
-    b"-9223372036854775809", b"18446744073709551616", b"0.0000001", b"\"AAAA\"", b"\"====\"",
-    b"\"request_txn\":", b"\"success\":[", b"\xff", b"\xc3\xa9", b"\x00",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b":",
+    b",",
+    b"\"",
+    b"\\",
+    b"\\u",
+    b"\\ud800",
+    b"\\udc00",
+    b"null",
+    b"true",
+    b"false",
+    b"-",
+    b"0",
+    b"1e999",
+    b"-1e-999",
+    b"9223372036854775808",
+    b"-9223372036854775809",
+    b"18446744073709551616",
+    b"0.0000001",
+    b"\"AAAA\"",
+    b"\"====\"",
+    b"\"request_txn\":",
+    b"\"success\":[",
+    b"\xff",
+    b"\xc3\xa9",
+    b"\x00",
 ];
 
 /// The body through `JsonReader` in two chunks, as requests of type `T` until the body ends
@@ -83,7 +108,10 @@ fn fuzz_gateway_json() {
         .build()
         .expect("a current-thread runtime");
     let mut fuzz = Fuzz::new("gateway-json")
-        .corpus_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/gateway-json"))
+        .corpus_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz-corpus/gateway-json"
+        ))
         .dictionary(TOKENS)
         .max_len(24 * 1024)
         .iterations(1500);
