@@ -134,6 +134,15 @@ impl Fuzz {
 
         let in_flight = Arc::new(Mutex::new(Vec::new()));
         let in_flight_file = arm_memory_limit().then(|| out_dir.join("in-flight.bin"));
+        if let Some(path) = &in_flight_file {
+            // Printed first: an allocation over the cap aborts the process with no report,
+            // and this line (which nextest shows with the failure) says where the input is.
+            eprintln!(
+                "fuzz {}: seed {seed:#x}; address space capped, the input in flight is in {}",
+                self.name,
+                path.display()
+            );
+        }
         let (progress, watchdog) = start_watchdog(
             self.name.clone(),
             seed,
