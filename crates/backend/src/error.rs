@@ -11,6 +11,16 @@ pub enum Error {
     /// A filesystem operation around the database failed.
     #[error("backend io: {0}")]
     Io(std::io::Error),
+    /// The storage engine panicked on a database file: redb trusts its files, and a damaged
+    /// one (an image restored with `--skip-hash-check`, a file from elsewhere) can make it
+    /// panic rather than return an error.
+    #[error("database file {} is damaged: {reason}", .path.display())]
+    Damaged {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The engine's panic message.
+        reason: String,
+    },
     /// A snapshot image to restore has no digest and the check was not skipped (etcd's
     /// message).
     #[error("snapshot missing hash but --skip-hash-check=false")]

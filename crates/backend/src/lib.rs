@@ -26,6 +26,8 @@
 /// CRC-32C, re-exported for the backend's users (mvcc's hashes).
 pub use etcdrs_crc32c as crc32c;
 mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod metrics;
 mod snapshot;
 
@@ -115,9 +117,33 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Runs `f`, which opens and reads the database file `path`, turning a panic of the storage
+/// engine into [`Error::Damaged`]. redb trusts its file: on some damage it indexes past a
+/// page (found by fuzzing; `crates/backend/fuzz-corpus/image/`). Whatever `f` had opened is
+/// dropped during the unwind, and a write transaction it had begun is aborted.
+fn contain_engine_panics<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let reason = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|text| text.to_string()))
+            .unwrap_or_else(|| "the storage engine panicked".to_string());
+        Err(Error::Damaged {
+            path: path.to_path_buf(),
+            reason,
+        })
+    })
+}
+
 impl Backend {
-    /// Open (or create) the database at `path` and make sure every bucket exists.
+    /// Open (or create) the database at `path` and make sure every bucket exists. Every key
+    /// is read once (the logical size), so a file redb cannot read is [`Error::Damaged`] here
+    /// rather than a panic later.
     pub fn open(path: &Path) -> Result<Backend> {
+        contain_engine_panics(path, || Backend::open_unguarded(path))
+    }
+
+    fn open_unguarded(path: &Path) -> Result<Backend> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(Error::Io)?;
         }
@@ -276,7 +302,12 @@ impl Backend {
     /// Replace the contents of every bucket with those of the database image at `image` (a
     /// redb file, as [`Backend::snapshot`] writes), in one durable transaction, keeping the
     /// current values of the `meta` keys in `keep_meta`.
+    /// A damaged image is [`Error::Damaged`]; the buckets are then as they were.
     pub fn replace_with_image(&self, image: &Path, keep_meta: &[&[u8]]) -> Result<()> {
+        contain_engine_panics(image, || self.replace_unguarded(image, keep_meta))
+    }
+
+    fn replace_unguarded(&self, image: &Path, keep_meta: &[&[u8]]) -> Result<()> {
         let source = redb::ReadOnlyDatabase::open(image).map_err(Error::storage)?;
         let source_tx = source.begin_read().map_err(Error::storage)?;
         let tx = self.write()?;

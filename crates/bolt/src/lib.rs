@@ -45,6 +45,8 @@
 #![deny(missing_docs)]
 
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod page;
 mod reader;
 mod writer;

@@ -111,6 +111,45 @@ pub async fn join_cluster(config: &Config, id: u64, entry: &str) -> Result<Strin
     nodes_to_cluster(&registry, size)
 }
 
+/// What a response says, from its status, `X-Etcd-Index` and body (untrusted: the discovery
+/// service's).
+fn reply(
+    status: hyper::StatusCode,
+    index: u64,
+    body: &[u8],
+) -> std::result::Result<Reply, Failure> {
+    if status.is_success() {
+        let parsed: KeysResponse =
+            serde_json::from_slice(body).map_err(|_| Failure::BadEndpoint)?;
+        return Ok(Reply::Node(parsed.node.unwrap_or_default(), index));
+    }
+    match serde_json::from_slice::<KeysError>(body) {
+        Ok(e) => Ok(Reply::KeysError(e.error_code, e.message)),
+        // etcd's client treats a non-v2 answer from the only endpoint as unreachable.
+        Err(_) => Err(Failure::Unreachable(format!(
+            "unexpected response {status}"
+        ))),
+    }
+}
+
+/// The registrations in the token's directory, `_config` left out.
+fn registry_of(dir: Node) -> Registry {
+    let mut registry = Registry::default();
+    for node in dir.nodes {
+        if base(&node.key) == "_config" {
+            continue;
+        }
+        // A malformed value still takes its place, as in etcd; the cluster string check
+        // reports it.
+        let _ = registry.add(Registration {
+            key: base(&node.key).to_owned(),
+            value: node.value,
+            created: i64::try_from(node.created_index).unwrap_or(i64::MAX),
+        });
+    }
+    registry
+}
+
 fn nodes_to_cluster(registry: &Registry, size: usize) -> Result<String> {
     let cluster = registry.initial_cluster(size);
     match check_urls_map(&cluster) {
@@ -260,18 +299,7 @@ impl Discovery {
             .map_err(|e| unreachable(&e))?
             .to_bytes();
         conn.abort();
-        if status.is_success() {
-            let parsed: KeysResponse =
-                serde_json::from_slice(&body).map_err(|_| Failure::BadEndpoint)?;
-            return Ok(Reply::Node(parsed.node.unwrap_or_default(), index));
-        }
-        match serde_json::from_slice::<KeysError>(&body) {
-            Ok(e) => Ok(Reply::KeysError(e.error_code, e.message)),
-            // etcd's client treats a non-v2 answer from the only endpoint as unreachable.
-            Err(_) => Err(Failure::Unreachable(format!(
-                "unexpected response {status}"
-            ))),
-        }
+        reply(status, index, &body)
     }
 
     async fn get(
@@ -320,19 +348,7 @@ impl Discovery {
                 }
             };
             self.retries = 0;
-            let mut registry = Registry::default();
-            for node in dir.nodes {
-                if base(&node.key) == "_config" {
-                    continue;
-                }
-                // A malformed value still takes its place, as in etcd; the cluster string
-                // check reports it.
-                let _ = registry.add(Registration {
-                    key: base(&node.key).to_owned(),
-                    value: node.value,
-                    created: i64::try_from(node.created_index).unwrap_or(i64::MAX),
-                });
-            }
+            let registry = registry_of(dir);
             if size == 0 || registry.is_full_for(base(&self.self_key), size) {
                 let mut first = Registry::default();
                 for m in registry.members().iter().take(size) {
@@ -483,6 +499,9 @@ async fn connect_tunnel(mut tcp: TcpStream, target: &str) -> std::io::Result<Tcp
 /// A byte stream to the service (TCP, or TLS over TCP).
 trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -401,4 +401,6 @@ pub fn huffman_encode(s: &[u8]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

@@ -27,6 +27,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::{Error, Result};
 
+#[cfg(test)]
+mod fuzz;
+
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Length of an HTTP/2 frame header.

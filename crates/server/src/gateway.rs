@@ -47,6 +47,8 @@ use tonic_prost::ProstCodec;
 
 use crate::rpc::Rpc;
 
+#[cfg(test)]
+mod fuzz;
 mod gojson;
 mod jsonpb;
 

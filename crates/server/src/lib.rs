@@ -18,6 +18,8 @@ pub mod corrupt;
 pub mod error;
 pub mod etcd_db;
 mod etcd_server;
+#[cfg(test)]
+mod fuzz;
 pub mod gateway;
 pub mod http;
 mod idgen;

@@ -51,7 +51,7 @@ const SERVER_SIDE: &[&str] = &[
 ];
 
 /// The crates that appear only under `[dev-dependencies]`.
-const DEV_ONLY: &[&str] = &["etcdrs-testkit"];
+const DEV_ONLY: &[&str] = &["etcdrs-testkit", "etcdrs-fuzz"];
 
 /// ARCHITECTURE.md's dependency rules.
 const RULES: &[Rule] = &[
@@ -78,6 +78,12 @@ const RULES: &[Rule] = &[
         reach: Reach::Transitive,
         forbid: Forbid::AnyWorkspaceCrate,
         why: "metrics (registration and buckets) depends on prometheus only",
+    },
+    Rule {
+        krate: "etcdrs-fuzz",
+        reach: Reach::Transitive,
+        forbid: Forbid::AnyWorkspaceCrate,
+        why: "fuzz (the dev-only fuzzer) depends on nix only, so every crate can use it",
     },
     Rule {
         krate: "etcdrs-crc32c",

@@ -43,6 +43,8 @@
 #![deny(missing_docs)]
 
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod record;
 mod segment;
 mod types;

@@ -366,7 +366,11 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
             // A SIGKILLed leader of either kind: the others elect a new one, the writer goes
             // on, and the killed member restarts from its data dir and catches up.
             for kill_rs in [true, false] {
-                let target = nodes.iter().find(|n| n.rs == kill_rs).map(|n| n.id).expect("node");
+                let target = nodes
+                    .iter()
+                    .find(|n| n.rs == kill_rs)
+                    .map(|n| n.id)
+                    .expect("node");
                 let from = leader(&nodes).await;
                 if from != target {
                     let at = nodes.iter().find(|n| n.id == from).expect("leader node");

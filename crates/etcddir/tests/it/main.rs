@@ -3,5 +3,6 @@
 
 mod damaged;
 mod fresh;
+mod fuzz;
 mod harness;
 mod snapshot;

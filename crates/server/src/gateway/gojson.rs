@@ -25,6 +25,40 @@ pub enum Json {
     Object(Vec<(String, Json)>),
 }
 
+/// Dropped without recursion, for the same reason the tree is read without it: a value nested
+/// 10,000 deep would otherwise take 10,000 drop frames.
+impl Drop for Json {
+    fn drop(&mut self) {
+        let nested = |value: &Json| match value {
+            Json::Array(items) => !items.is_empty(),
+            Json::Object(members) => !members.is_empty(),
+            _ => false,
+        };
+        let has_nested = match self {
+            Json::Array(items) => items.iter().any(nested),
+            Json::Object(members) => members.iter().any(|(_, value)| nested(value)),
+            _ => false,
+        };
+        if !has_nested {
+            return;
+        }
+        let mut pending = Vec::new();
+        take_children(self, &mut pending);
+        while let Some(mut value) = pending.pop() {
+            take_children(&mut value, &mut pending);
+        }
+    }
+}
+
+/// Moves a container's children into `pending`, leaving it empty.
+fn take_children(value: &mut Json, pending: &mut Vec<Json>) {
+    match value {
+        Json::Array(items) => pending.append(items),
+        Json::Object(members) => pending.extend(members.drain(..).map(|(_, value)| value)),
+        _ => {}
+    }
+}
+
 impl Json {
     /// The word Go's `UnmarshalTypeError` uses for this kind of value.
     pub fn kind(&self) -> &'static str {
@@ -411,6 +445,13 @@ pub fn tree(input: &[u8]) -> Result<Json, String> {
     Ok(value)
 }
 
+/// A container [`TreeReader::value`] is inside of: the items so far, or the members so far and
+/// the key of the value being read.
+enum Open {
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>, String),
+}
+
 /// Builds a [`Json`] from input that [`Scanner`] has already checked; any surprise is an
 /// error rather than a panic.
 struct TreeReader<'a> {
@@ -442,48 +483,84 @@ impl TreeReader<'_> {
         Ok(())
     }
 
+    /// One value, read with a stack of open containers rather than recursion: the scanner
+    /// admits 10,000 levels (Go's limit, on goroutine stacks that grow), more than a
+    /// recursive reader's frames fit in a tokio worker's 2 MiB stack.
     fn value(&mut self) -> Result<Json, String> {
+        let mut open: Vec<Open> = Vec::new();
+        loop {
+            let mut done = match self.peek()? {
+                b'{' => {
+                    self.at += 1;
+                    if self.peek()? == b'}' {
+                        self.at += 1;
+                        Json::Object(Vec::new())
+                    } else {
+                        let key = self.member_key()?;
+                        open.push(Open::Object(Vec::new(), key));
+                        continue;
+                    }
+                }
+                b'[' => {
+                    self.at += 1;
+                    if self.peek()? == b']' {
+                        self.at += 1;
+                        Json::Array(Vec::new())
+                    } else {
+                        open.push(Open::Array(Vec::new()));
+                        continue;
+                    }
+                }
+                _ => self.scalar()?,
+            };
+            // Put the finished value into its container, closing every container it ends.
+            loop {
+                let close = match open.last_mut() {
+                    None => return Ok(done),
+                    Some(Open::Array(items)) => {
+                        items.push(done);
+                        match self.peek()? {
+                            b',' => {
+                                self.at += 1;
+                                break;
+                            }
+                            b']' => b']',
+                            _ => return Err(malformed()),
+                        }
+                    }
+                    Some(Open::Object(members, key)) => {
+                        members.push((std::mem::take(key), done));
+                        match self.peek()? {
+                            b',' => {
+                                self.at += 1;
+                                *key = self.member_key()?;
+                                break;
+                            }
+                            b'}' => b'}',
+                            _ => return Err(malformed()),
+                        }
+                    }
+                };
+                self.at += 1;
+                done = match (open.pop(), close) {
+                    (Some(Open::Array(items)), b']') => Json::Array(items),
+                    (Some(Open::Object(members, _)), b'}') => Json::Object(members),
+                    _ => return Err(malformed()),
+                };
+            }
+        }
+    }
+
+    /// An object member's key and the colon after it.
+    fn member_key(&mut self) -> Result<String, String> {
+        let (key, _) = self.string()?;
+        self.expect(b':')?;
+        Ok(key)
+    }
+
+    /// A string, literal or number.
+    fn scalar(&mut self) -> Result<Json, String> {
         match self.peek()? {
-            b'{' => {
-                self.at += 1;
-                let mut members = Vec::new();
-                if self.peek()? == b'}' {
-                    self.at += 1;
-                    return Ok(Json::Object(members));
-                }
-                loop {
-                    let (key, _) = self.string()?;
-                    self.expect(b':')?;
-                    members.push((key, self.value()?));
-                    match self.peek()? {
-                        b',' => self.at += 1,
-                        b'}' => {
-                            self.at += 1;
-                            return Ok(Json::Object(members));
-                        }
-                        _ => return Err(malformed()),
-                    }
-                }
-            }
-            b'[' => {
-                self.at += 1;
-                let mut items = Vec::new();
-                if self.peek()? == b']' {
-                    self.at += 1;
-                    return Ok(Json::Array(items));
-                }
-                loop {
-                    items.push(self.value()?);
-                    match self.peek()? {
-                        b',' => self.at += 1,
-                        b']' => {
-                            self.at += 1;
-                            return Ok(Json::Array(items));
-                        }
-                        _ => return Err(malformed()),
-                    }
-                }
-            }
             b'"' => {
                 let (value, raw) = self.string()?;
                 Ok(Json::String { value, raw })
@@ -675,7 +752,7 @@ mod tests {
         assert_eq!(parse(b"12"), Ok(Json::Number("12".into())));
         assert_eq!(
             parse(br#""\ud83d\ude00""#)
-                .map(|j| matches!(j, Json::String { value, .. } if value == "😀")),
+                .map(|j| matches!(j, Json::String { ref value, .. } if value == "😀")),
             Ok(true)
         );
     }

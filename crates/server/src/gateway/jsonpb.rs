@@ -36,7 +36,7 @@ pub fn decode<T: prost::Message + prost::Name + Default>(json: &Json) -> Result<
     let descriptor = pool()
         .and_then(|pool| pool.get_message_by_name(&name))
         .ok_or_else(|| format!("no descriptor for {name}"))?;
-    let message = message(json, &descriptor)?;
+    let message = message(json, &descriptor, 0)?;
     message.transcode_to::<T>().map_err(|e| e.to_string())
 }
 
@@ -45,7 +45,19 @@ fn type_error(what: &str, go_type: &str) -> String {
     format!("json: cannot unmarshal {what} into Go value of type {go_type}")
 }
 
-fn message(json: &Json, descriptor: &MessageDescriptor) -> Result<DynamicMessage, String> {
+/// How deep messages may nest (a transaction in a transaction...): prost's recursion limit,
+/// so the gateway refuses what the gRPC port's decoder refuses, with its text. Go's jsonpb
+/// recurses on stacks that grow; ours are a tokio worker's 2 MiB.
+const MAX_MESSAGE_DEPTH: usize = 100;
+
+fn message(
+    json: &Json,
+    descriptor: &MessageDescriptor,
+    depth: usize,
+) -> Result<DynamicMessage, String> {
+    if depth >= MAX_MESSAGE_DEPTH {
+        return Err("failed to decode Protobuf message: recursion limit reached".to_owned());
+    }
     let mut message = DynamicMessage::new(descriptor.clone());
     let members = match json {
         Json::Null => return Ok(message),
@@ -74,11 +86,11 @@ fn message(json: &Json, descriptor: &MessageDescriptor) -> Result<DynamicMessage
             Value::List(
                 items
                     .iter()
-                    .map(|item| singular(item, &field))
+                    .map(|item| singular(item, &field, depth))
                     .collect::<Result<_, _>>()?,
             )
         } else {
-            singular(raw, &field)?
+            singular(raw, &field, depth)?
         };
         message
             .try_set_field(&field, value)
@@ -109,7 +121,7 @@ fn number<N: std::str::FromStr + Default>(json: &Json, go_type: &str) -> Result<
     }
 }
 
-fn singular(json: &Json, field: &FieldDescriptor) -> Result<Value, String> {
+fn singular(json: &Json, field: &FieldDescriptor, depth: usize) -> Result<Value, String> {
     Ok(match field.kind() {
         Kind::Bool => match json {
             Json::Bool(b) => Value::Bool(*b),
@@ -133,7 +145,7 @@ fn singular(json: &Json, field: &FieldDescriptor) -> Result<Value, String> {
         },
         Kind::Bytes => Value::Bytes(bytes(json)?.into()),
         Kind::Enum(descriptor) => enum_value(json, &descriptor)?,
-        Kind::Message(descriptor) => Value::Message(message(json, &descriptor)?),
+        Kind::Message(descriptor) => Value::Message(message(json, &descriptor, depth + 1)?),
     })
 }
 
