@@ -533,8 +533,18 @@ async fn a_killed_leader_stalls_a_follower_s_writer_for_about_an_election() {
                     }
                     Err(e) => {
                         failures.lock().expect("lock").push(e.to_string());
-                        // Paces retries while there is no leader; nothing waits on it.
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        // Retry once the follower knows a leader again.
+                        let _ = poll_until(WAIT, || {
+                            let mut client = client.clone();
+                            async move {
+                                match client.status().await {
+                                    Ok(s) if s.leader() != 0 => Ok(()),
+                                    Ok(_) => Err("no leader".to_owned()),
+                                    Err(e) => Err(e.to_string()),
+                                }
+                            }
+                        })
+                        .await;
                     }
                 }
             }

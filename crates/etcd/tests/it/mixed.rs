@@ -111,8 +111,6 @@ fn writer(state: Arc<Mutex<Writes>>, stop: Arc<AtomicBool>) -> tokio::task::Join
                     state.lock().expect("lock").errors.push(e.to_string());
                     clients.remove(&endpoint);
                     turn += 1;
-                    // Paces retries against a member that is going away; nothing waits on it.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(_) => {
                     state
