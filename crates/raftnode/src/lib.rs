@@ -129,6 +129,10 @@ pub struct Applied {
     /// Whether everything up to `index` is durable in the state machine's own storage (the
     /// WAL may then drop it).
     pub durable: bool,
+    /// Whether the log up to here must go at the next durable point, keeping no catch-up
+    /// entries: it holds entries that members joining later must not replay (a cluster
+    /// version that etcd members of the lowered version refuse), so they get a snapshot.
+    pub compact_log: bool,
 }
 
 /// The replicated state machine. The raft thread calls it inline, in log order, right after
@@ -553,6 +557,7 @@ pub fn start(
         pending_reads: HashMap::new(),
         next_read: 0,
         last_mark: applied,
+        compact_requested: false,
         deferred_conf: VecDeque::new(),
     };
     // The node runs on a thread of its own: its fsyncs then block nobody else, and it needs no

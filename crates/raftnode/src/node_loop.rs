@@ -16,6 +16,8 @@ pub(crate) struct NodeCore {
     pub(crate) pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
     pub(crate) next_read: u64,
     pub(crate) last_mark: u64,
+    /// The state machine asked for the whole applied log to go ([`crate::Applied::compact_log`]).
+    pub(crate) compact_requested: bool,
     /// Membership changes that arrived while another was still in flight (raft would turn
     /// them into empty entries, leaving their proposers waiting): proposed in order once the
     /// previous change is applied and its joint configuration left.
@@ -310,6 +312,7 @@ impl NodeCore {
             .map_err(Error::Apply)?;
         self.status.write().applied = last_index;
         *self.node.raft.raft_log.store.applied.lock() = (applied.index, applied.term);
+        self.compact_requested |= applied.compact_log;
         self.on_applied(applied.index, applied.term, applied.durable)
     }
 
@@ -347,15 +350,21 @@ impl NodeCore {
     }
 
     fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {
-        if !durable || index < self.last_mark + self.config.snapshot_count {
+        let forced = self.compact_requested;
+        if !durable || (!forced && index < self.last_mark + self.config.snapshot_count) {
             return Ok(());
         }
+        self.compact_requested = false;
         // Everything up to `index` is durable in the backend: the WAL no longer needs it.
         let wal = &mut self.wal;
         save_snapshot_mark(wal, SnapshotMark { index, term })?;
         wal.release_to(index)?;
         self.last_mark = index;
-        let keep_from = index.saturating_sub(self.config.catch_up_entries);
+        let keep_from = if forced {
+            index
+        } else {
+            index.saturating_sub(self.config.catch_up_entries)
+        };
         let store = self.node.raft.raft_log.store.mem.clone();
         let first = store.first_index().unwrap_or(1);
         if keep_from > first {

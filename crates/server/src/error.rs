@@ -18,6 +18,10 @@ pub enum ServerError {
     /// The server is stopping.
     #[error("etcdserver: server stopped")]
     Stopped,
+    /// etcd's `ErrUnknownMethod` (a downgrade action it does not know): not in etcd's gRPC
+    /// error table, so it reaches the client as `Unknown` with this text.
+    #[error("etcdserver: unknown method")]
+    UnknownMethod,
     /// A fatal storage failure.
     #[error("fatal: {0}")]
     Fatal(String),

@@ -62,6 +62,8 @@ mod names {
 const ETCD_AUTH_ENABLED: &[u8] = b"authEnabled";
 const ETCD_AUTH_REVISION: &[u8] = b"authRevision";
 const ETCD_CLUSTER_VERSION: &[u8] = b"clusterVersion";
+/// etcd 3.5's key of the downgrade record in the `cluster` bucket.
+const ETCD_DOWNGRADE: &[u8] = b"downgrade";
 const META_FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
 const META_SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
 const META_CONF_STATE: &[u8] = etcdrs_mvcc::META_CONF_STATE;
@@ -246,17 +248,22 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
     put_sorted(&mut out, names::AUTH, auth)?;
     put_sorted(&mut out, names::AUTH_ROLES, roles)?;
     put_sorted(&mut out, names::AUTH_USERS, users)?;
-    // The cluster version as applied (an etcd 3.4 cluster's stays 3.4.0), this build's when
-    // none has been.
-    let cluster_version = read
+    // The cluster version as applied (an etcd 3.4 cluster's stays 3.4.0), none before one is
+    // decided; a downgrade under way, as etcd 3.5 records it.
+    let mut cluster = Vec::new();
+    if let Some(version) = read
         .get(Bucket::META, crate::etcd_server::META_CLUSTER_VERSION)
         .map_err(|e| format_error(format!("read cluster version: {e}")))?
-        .unwrap_or_else(|| crate::version::CLUSTER_VERSION.as_bytes().to_vec());
-    put_sorted(
-        &mut out,
-        names::CLUSTER,
-        vec![(ETCD_CLUSTER_VERSION.to_vec(), cluster_version)],
-    )?;
+    {
+        cluster.push((ETCD_CLUSTER_VERSION.to_vec(), version));
+    }
+    if let Some(info) = read
+        .get(Bucket::META, crate::etcd_server::META_DOWNGRADE)
+        .map_err(|e| format_error(format!("read downgrade: {e}")))?
+    {
+        cluster.push((ETCD_DOWNGRADE.to_vec(), info));
+    }
+    put_sorted(&mut out, names::CLUSTER, cluster)?;
 
     // The big one, streamed: the translation keeps the order.
     out.bucket(names::KEY)?;
@@ -344,6 +351,8 @@ pub struct Imported {
     pub consistent_index: u64,
     /// The cluster version it records, if any.
     pub cluster_version: Option<String>,
+    /// Its downgrade record (etcd's `DowngradeInfo` JSON), if any.
+    pub downgrade: Option<Vec<u8>>,
 }
 
 /// Writes into the backend, committing every [`IMPORT_COMMIT_BYTES`].
@@ -482,6 +491,8 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                 names::CLUSTER => {
                     if key == ETCD_CLUSTER_VERSION {
                         imported.cluster_version = Some(String::from_utf8_lossy(value).into());
+                    } else if key == ETCD_DOWNGRADE {
+                        imported.downgrade = Some(value.to_vec());
                     }
                     Ok(())
                 }

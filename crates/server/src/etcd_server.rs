@@ -51,12 +51,13 @@ mod bootstrap;
 mod loops;
 mod members;
 mod propose;
+mod versions;
 
 use applier::Applier;
 pub(crate) use applier::alarm_key;
 use bootstrap::{
-    bootstrap, join_existing, load_alarms, load_cluster_version, load_members, load_removed,
-    read_u64,
+    bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade, load_members,
+    load_removed, read_u64,
 };
 
 /// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
@@ -115,9 +116,12 @@ const MAX_AUTH_RETRIES: u32 = 8;
 const KV_OVERHEAD: u64 = 256;
 pub(crate) const META_MEMBER_ID: &[u8] = b"memberID";
 pub(crate) const META_CLUSTER_ID: &[u8] = b"clusterID";
-/// The cluster version last applied (etcd keeps it in its `cluster` bucket; a cluster that
-/// never set one runs at [`crate::version::CLUSTER_VERSION`]).
+/// The cluster version last applied (etcd keeps it in its `cluster` bucket); absent until the
+/// first leader decides it.
 pub(crate) const META_CLUSTER_VERSION: &[u8] = b"clusterVersion";
+/// A downgrade under way: etcd's `DowngradeInfo` JSON (etcd 3.5 keeps it in its `cluster`
+/// bucket under `downgrade`); absent or disabled when there is none.
+pub(crate) const META_DOWNGRADE: &[u8] = b"downgrade";
 
 struct Inner {
     config: ServerConfig,
@@ -130,8 +134,14 @@ struct Inner {
     ids: IdGenerator,
     members: RwLock<BTreeMap<u64, Member>>,
     /// The cluster version as applied (etcd 3.4 and 3.5 set it through a v2 request, 3.6
-    /// through `cluster_version_set`); it picks the form of this member's publish.
-    cluster_version: RwLock<String>,
+    /// through `cluster_version_set`), `None` until the leader decides one; it picks the form
+    /// of this member's publish.
+    cluster_version: RwLock<Option<String>>,
+    /// The target cluster version of a downgrade under way.
+    downgrade: RwLock<Option<String>>,
+    /// Set when a lowered cluster version applies: the raft log up to it raised the version
+    /// above what members of the lowered version accept, so it goes (they get a snapshot).
+    compact_log: AtomicBool,
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
     /// Set when this member's removal is applied: it must stop serving.
@@ -279,6 +289,8 @@ impl EtcdServer {
                 ids: IdGenerator::new(member_id),
                 members: RwLock::new(start_members),
                 cluster_version: RwLock::new(load_cluster_version(&store)?),
+                downgrade: RwLock::new(load_downgrade(&store)?),
+                compact_log: AtomicBool::new(false),
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
                 removed: AtomicBool::new(false),
@@ -364,6 +376,12 @@ impl EtcdServer {
         tasks.spawn(async move {
             compactor.run_auto_compaction(stop).await;
             ("auto compaction", Ok(()))
+        });
+        let monitor = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            monitor.run_version_monitor(stop).await;
+            ("version monitor", Ok(()))
         });
         let observed = server.clone();
         let stop = shutdown.clone();
@@ -523,6 +541,12 @@ impl EtcdServer {
         // cluster cannot publish before a quorum of its peers is up.
         let mut last_warning = Instant::now();
         loop {
+            // A leader with no cluster version decides one before its publish, so that a
+            // member that is ready reports it (etcd's monitor runs at the first commit of the
+            // term, which comes before the publish).
+            if self.cluster_version().is_none() && self.raft_status().is_leader {
+                self.update_cluster_version_if_needed().await;
+            }
             match self.propose(Op::Publish(attributes.clone())).await {
                 Ok(_) => break,
                 Err(e) => {
@@ -541,23 +565,33 @@ impl EtcdServer {
         );
         self.inner.published.store(true, AtomicOrdering::Release);
         self.inner.applied.send_modify(|_| {});
-        let version = self.cluster_version();
-        tracing::info!(
-            cluster_version = version.get(..3).unwrap_or(&version),
-            "enabled capabilities for version"
-        );
+        if let Some(version) = self.cluster_version() {
+            tracing::info!(
+                cluster_version = crate::version::major_minor(&version),
+                "enabled capabilities for version"
+            );
+        }
         Ok(())
     }
 
     /// The form a publish takes at the applied cluster version (etcd's v2 `publish` below 3.6,
-    /// `publishV3` from 3.6 on).
+    /// `publishV3` from 3.6 on; the v2 one while no version is decided).
     pub(crate) fn publish_form(&self) -> PublishForm {
-        PublishForm::for_cluster_version(&self.inner.cluster_version.read())
+        self.inner
+            .cluster_version
+            .read()
+            .as_deref()
+            .map_or(PublishForm::V2, PublishForm::for_cluster_version)
     }
 
-    /// The cluster version as last applied.
-    pub fn cluster_version(&self) -> String {
+    /// The cluster version as last applied; `None` until the first leader decides it.
+    pub fn cluster_version(&self) -> Option<String> {
         self.inner.cluster_version.read().clone()
+    }
+
+    /// The target version of a downgrade under way, if one is.
+    pub fn downgrade_target(&self) -> Option<String> {
+        self.inner.downgrade.read().clone()
     }
 
     fn has_alarm(&self, alarm: AlarmType) -> bool {

@@ -225,6 +225,10 @@ fn routes() -> Vec<(&'static str, MethodRouter<Gateway>)> {
             "/maintenance/transfer-leadership",
             unary(|rpc, r| async move { Maintenance::move_leader(&rpc, r).await }),
         ),
+        (
+            "/maintenance/downgrade",
+            unary(|rpc, r| async move { Maintenance::downgrade(&rpc, r).await }),
+        ),
         // v3lock.proto and v3election.proto.
         (
             "/lock/lock",

@@ -677,7 +677,10 @@ fn method_not_allowed() -> Response {
 /// etcd's `/version`: this build's server version and the cluster version as applied (what
 /// an etcd member checks before it joins: a 3.4 member refuses a cluster running at 3.5).
 async fn version(State(server): State<EtcdServer>) -> impl IntoResponse {
-    let cluster = server.cluster_version();
+    // etcd's "not_decided" until the first leader sets a version.
+    let cluster = server
+        .cluster_version()
+        .unwrap_or_else(|| "not_decided".to_owned());
     let body = serde_json::json!({ "etcdserver": SERVER_VERSION, "etcdcluster": cluster });
     (
         [(header::CONTENT_TYPE, "application/json")],

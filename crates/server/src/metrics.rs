@@ -18,7 +18,7 @@ use prometheus::{
 pub use etcdrs_serve::grpc_metrics::set_extensive;
 
 use crate::EtcdServer;
-use crate::version::{CLUSTER_VERSION, SERVER_VERSION};
+use crate::version::SERVER_VERSION;
 
 /// `etcd_server_health_success`: `/health` checks that found the member healthy.
 pub static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -740,13 +740,15 @@ fn render_families(server: &EtcdServer) -> String {
         "server_version",
         SERVER_VERSION,
     );
-    labelled(
-        &registry,
-        "etcd_cluster_version",
-        "Which version is running. 1 for 'cluster_version' label with current cluster version",
-        "cluster_version",
-        &CLUSTER_VERSION[..3],
-    );
+    if let Some(version) = server.cluster_version() {
+        labelled(
+            &registry,
+            "etcd_cluster_version",
+            "Which version is running. 1 for 'cluster_version' label with current cluster version",
+            "cluster_version",
+            crate::version::major_minor(&version),
+        );
+    }
     let (open_fds, max_fds) = etcdrs_serve::process::register_families(&registry);
     // etcd's own pair (`pkg/runtime`), from the same sources.
     gauge(

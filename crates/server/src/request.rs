@@ -20,9 +20,11 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_proto::raft_internal::{
     self as etcd, Attributes, ClusterMemberAttrSetRequest, ClusterVersionSetRequest,
-    InternalRaftRequest, Payload, RequestHeader, V2Request,
+    DowngradeInfoSetRequest, InternalRaftRequest, Payload, RequestHeader, V2Request,
 };
 use prost::Message as _;
+
+use crate::version::DowngradeInfo;
 
 pub use etcdrs_proto::raft_internal::InternalAuthenticateRequest;
 
@@ -74,7 +76,20 @@ pub enum Op {
     RoleRevokePermission(AuthRoleRevokePermissionRequest),
     /// The leader's lease checkpoints (`--experimental-enable-lease-checkpoint`).
     LeaseCheckpoint(LeaseCheckpointRequest),
+    /// A downgrade enabled (its target cluster version) or cancelled (`None`): etcd 3.5's
+    /// `downgrade_info_set`.
+    DowngradeInfoSet(Option<String>),
 }
+
+/// The v2 path under which etcd-rs records a downgrade while the cluster version is below 3.6.
+///
+/// etcd 3.5 proposes `downgrade_info_set`, which etcd 3.4's applier cannot apply (it panics on
+/// an `InternalRaftRequest` with none of its fields), and etcd 3.5 never lowers a cluster to
+/// 3.4. etcd-rs does (a downgrade to 3.4 lets etcd 3.4 members join), so its record of the
+/// downgrade must be an entry that etcd 3.4 members, which join afterwards and may replay it,
+/// apply harmlessly: a plain v2 `PUT` into the v2 store's membership directory, next to
+/// `/0/version`, which etcd 3.4 and 3.5 store and otherwise ignore.
+pub const DOWNGRADE_PATH: &str = "/0/downgrade";
 
 /// A member publishing its name and client URLs (etcd's `publish`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -150,8 +165,25 @@ impl PublishForm {
 
 /// The entry data for `op`, proposed as request `id` by `proposer`.
 pub fn encode(id: u64, proposer: Option<&Proposer>, op: Op, publish: PublishForm) -> Vec<u8> {
-    if let (Op::Publish(attributes), PublishForm::V2) = (&op, publish) {
-        return publish_v2(id, attributes).encode_to_vec();
+    if publish == PublishForm::V2 {
+        // Below 3.6 etcd writes the membership's own records as v2 requests, which every
+        // version applies.
+        let v2 = match &op {
+            Op::Publish(attributes) => Some(publish_v2(id, attributes)),
+            Op::ClusterVersionSet(ver) => Some(v2_put(id, etcd::CLUSTER_VERSION_PATH, ver.clone())),
+            Op::DowngradeInfoSet(target) => {
+                let json = DowngradeInfo::new(target.as_deref()).encode();
+                Some(v2_put(
+                    id,
+                    DOWNGRADE_PATH,
+                    String::from_utf8(json).unwrap_or_default(),
+                ))
+            }
+            _ => None,
+        };
+        if let Some(v2) = v2 {
+            return v2.encode_to_vec();
+        }
     }
     let mut request = InternalRaftRequest {
         header: Some(RequestHeader {
@@ -182,6 +214,12 @@ pub fn encode(id: u64, proposer: Option<&Proposer>, op: Op, publish: PublishForm
         Op::ClusterVersionSet(ver) => {
             request.cluster_version_set = Some(ClusterVersionSetRequest { ver })
         }
+        Op::DowngradeInfoSet(target) => {
+            request.downgrade_info_set = Some(DowngradeInfoSetRequest {
+                enabled: target.is_some(),
+                ver: target.unwrap_or_default(),
+            })
+        }
         Op::AuthEnable(x) => request.auth_enable = Some(x),
         Op::AuthDisable(x) => request.auth_disable = Some(x),
         Op::Authenticate(x) => request.authenticate = Some(x),
@@ -205,10 +243,15 @@ fn publish_v2(id: u64, attributes: &MemberAttributes) -> V2Request {
         client_urls: attributes.client_urls.clone(),
     })
     .unwrap_or_default();
+    v2_put(id, &etcd::member_attributes_path(attributes.member_id), val)
+}
+
+/// A plain v2 `PUT` of `val` at `path`.
+fn v2_put(id: u64, path: &str, val: String) -> V2Request {
     V2Request {
         id,
         method: "PUT".into(),
-        path: etcd::member_attributes_path(attributes.member_id),
+        path: path.to_owned(),
         val,
         ..Default::default()
     }
@@ -246,6 +289,11 @@ fn decode_v2(v2: V2Request) -> Decoded {
         })
     } else if v2.path == etcd::CLUSTER_VERSION_PATH {
         Op::ClusterVersionSet(v2.val)
+    } else if v2.path == DOWNGRADE_PATH {
+        let Ok(info) = serde_json::from_str::<DowngradeInfo>(&v2.val) else {
+            return Decoded::Ignored { id };
+        };
+        Op::DowngradeInfoSet(info.enabled.then_some(info.target_version))
     } else {
         return Decoded::Ignored { id };
     };
@@ -317,8 +365,10 @@ fn decode_v3(r: InternalRaftRequest) -> Decoded {
         })
     } else if let Some(x) = r.cluster_version_set {
         Op::ClusterVersionSet(x.ver)
+    } else if let Some(x) = r.downgrade_info_set {
+        Op::DowngradeInfoSet(x.enabled.then_some(x.ver))
     } else {
-        // Ranges, auth status and listings, downgrade info, and fields this build does not
+        // Ranges, auth status and listings, and fields this build does not
         // know: nothing etcd-rs keeps changes.
         return Decoded::Ignored { id };
     };
@@ -338,7 +388,7 @@ impl Op {
             Op::LeaseRevoke(_) => "LeaseRevoke",
             Op::Alarm(_) => "Alarm",
             Op::Publish(_) => "ClusterMemberAttrSet",
-            Op::ClusterVersionSet(_) => return None,
+            Op::ClusterVersionSet(_) | Op::DowngradeInfoSet(_) => return None,
             Op::AuthEnable(_) => "AuthEnable",
             Op::AuthDisable(_) => "AuthDisable",
             Op::Authenticate(_) => "Authenticate",
@@ -386,6 +436,8 @@ mod tests {
                 simple_token: "abc".into(),
             }),
             Op::ClusterVersionSet("3.5.0".into()),
+            Op::DowngradeInfoSet(Some("3.4.0".into())),
+            Op::DowngradeInfoSet(None),
             Op::Publish(MemberAttributes {
                 member_id: 0x8e9e05c52164694d,
                 name: "n1".into(),
@@ -398,7 +450,10 @@ mod tests {
                 let decoded = decode(&data).expect("decodes");
                 let expected_proposer = match (&op, form) {
                     // etcd 3.4's v2 request has no header.
-                    (Op::Publish(_), PublishForm::V2) => None,
+                    (
+                        Op::Publish(_) | Op::ClusterVersionSet(_) | Op::DowngradeInfoSet(_),
+                        PublishForm::V2,
+                    ) => None,
                     _ => Some(proposer.clone()),
                 };
                 assert_eq!(
@@ -487,6 +542,19 @@ mod tests {
                 }),
             }
         );
+        assert_eq!(
+            v2(
+                "PUT",
+                "/0/downgrade",
+                r#"{"target-version":"3.4.0","enabled":true}"#
+            ),
+            Decoded::Op {
+                id: 3,
+                proposer: None,
+                op: Op::DowngradeInfoSet(Some("3.4.0".into())),
+            }
+        );
+        assert_eq!(v2("PUT", "/0/downgrade", "{"), Decoded::Ignored { id: 3 });
         assert_eq!(v2("PUT", "/foo", "x"), Decoded::Ignored { id: 3 });
         assert_eq!(v2("SYNC", "", ""), Decoded::Ignored { id: 3 });
         assert_eq!(decode(&[]).ok(), Some(Decoded::Noop));

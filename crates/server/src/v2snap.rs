@@ -40,12 +40,13 @@ fn file(path: &str, value: String, index: u64) -> Value {
     })
 }
 
-/// The v2 store JSON of `members`, the `removed` member ids and `cluster_version`, at raft
-/// index `index`.
+/// The v2 store JSON of `members`, the `removed` member ids, `cluster_version` (none before
+/// one is decided) and the `downgrade` record, at raft index `index`.
 pub fn store_json(
     members: &[Member],
     removed: &[u64],
-    cluster_version: &str,
+    cluster_version: Option<&str>,
+    downgrade: Option<&str>,
     index: u64,
 ) -> Vec<u8> {
     let mut member_dirs = Map::new();
@@ -99,10 +100,23 @@ pub fn store_json(
         "removed_members".into(),
         dir("/0/removed_members", removed_files),
     );
-    zero.insert(
-        "version".into(),
-        file("/0/version", cluster_version.to_owned(), index),
-    );
+    if let Some(version) = cluster_version {
+        zero.insert(
+            "version".into(),
+            file("/0/version", version.to_owned(), index),
+        );
+    }
+    if let Some(target) = downgrade {
+        let info = crate::version::DowngradeInfo::new(Some(target)).encode();
+        zero.insert(
+            "downgrade".into(),
+            file(
+                crate::request::DOWNGRADE_PATH,
+                String::from_utf8_lossy(&info).into_owned(),
+                index,
+            ),
+        );
+    }
     let mut root = Map::new();
     root.insert("0".into(), dir("/0", zero));
     root.insert("1".into(), dir("/1", Map::new()));
@@ -137,9 +151,17 @@ pub fn from_store(store: &KvStore, index: u64) -> crate::Result<Vec<u8>> {
     drop(read);
     let version = store
         .meta(crate::etcd_server::META_CLUSTER_VERSION)?
-        .and_then(|v| String::from_utf8(v).ok())
-        .unwrap_or_else(|| crate::version::CLUSTER_VERSION.to_owned());
-    Ok(store_json(&members, &removed, &version, index))
+        .and_then(|v| String::from_utf8(v).ok());
+    let downgrade = store
+        .meta(crate::etcd_server::META_DOWNGRADE)?
+        .and_then(|v| crate::version::DowngradeInfo::decode(&v));
+    Ok(store_json(
+        &members,
+        &removed,
+        version.as_deref(),
+        downgrade.as_deref(),
+        index,
+    ))
 }
 
 #[cfg(test)]
@@ -164,7 +186,7 @@ mod tests {
                 client_urls: Vec::new(),
             },
         ];
-        let data = store_json(&members, &[0x3c], "3.4.0", 42);
+        let data = store_json(&members, &[0x3c], Some("3.4.0"), None, 42);
         let store = etcdrs_etcddir::v2store::V2Store::parse(&data).unwrap();
         assert_eq!(store.cluster_version().as_deref(), Some("3.4.0"));
         assert_eq!(store.removed_member_ids(), vec![0x3c]);

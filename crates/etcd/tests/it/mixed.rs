@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
-use etcdrs_testkit::{EtcdBin, Member, MemberOpts, poll_until, ports};
+use etcdrs_testkit::{EtcdBin, Member, MemberOpts, http_request, poll_until, ports};
 
 use crate::{ours, pairs};
 
@@ -263,15 +263,9 @@ async fn replace(
     same_hashkv(nodes).await;
 }
 
-/// The rolling migration: etcd 3.4 members replaced by etcd-rs ones, leadership moved
-/// across implementations on the way and a leader of each kind SIGKILLed and restarted; with `back`, then replaced by etcd 3.4 members again.
-/// `compacted`: the etcd members compact their log (`--snapshot-count 1000` after 6,000
-/// puts), so the first etcd-rs member catches up through etcd's merged snapshot, and the
-/// etcd 3.4 members on the way back through etcd-rs's (the v2 store's JSON and a bbolt
-/// database, as etcd sends it).
-async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
-    // Three etcd 3.4 members.
-    let names = ["e0", "e1", "e2"];
+/// A new 3-member cluster of `bin` members named `names`, on hosts from `salt`, with their
+/// raft ids.
+async fn start_cluster(bin: &EtcdBin, names: [&str; 3], salt: u8, compacted: bool) -> Vec<Node> {
     let reserved: Vec<_> = (0..3)
         .map(|i| {
             let h = host(salt + i);
@@ -288,21 +282,15 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
         .map(|(n, (h, _, p))| format!("{n}=http://{h}:{}", p.port()))
         .collect();
     let initial = initial.join(",");
+    let rs = bin.path() != std::path::Path::new("/usr/bin/etcd");
     let mut nodes = Vec::new();
     for (name, (h, c, p)) in names.iter().zip(reserved) {
-        let member = Member::spawn_on(opts(&etcd34(), name, h, &initial, false, compacted), c, p)
-            .expect("spawn");
-        nodes.push(Node {
-            member,
-            id: 0,
-            rs: false,
-        });
+        let member =
+            Member::spawn_on(opts(bin, name, h, &initial, false, compacted), c, p).expect("spawn");
+        nodes.push(Node { member, id: 0, rs });
     }
     for node in &mut nodes {
-        node.member
-            .wait_ready()
-            .await
-            .expect("etcd 3.4 member ready");
+        node.member.wait_ready().await.expect("member ready");
     }
     let mut client = nodes[0].member.client().await.expect("client");
     for m in client.member_list().await.expect("members").members() {
@@ -310,6 +298,127 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
             node.id = m.id();
         }
     }
+    nodes
+}
+
+/// Waits until every node's `/version` reports cluster version `want`.
+async fn wait_cluster_version(nodes: &[Node], want: &str) {
+    poll_until(WAIT, || async {
+        let mut seen = Vec::new();
+        for node in nodes {
+            let v = node
+                .member
+                .http_get("/version")
+                .await
+                .map_err(|e| e.to_string())?;
+            let json = v.json().map_err(|e| e.to_string())?;
+            seen.push(json["etcdcluster"].as_str().unwrap_or_default().to_owned());
+        }
+        if seen.iter().all(|v| v == want) {
+            Ok(())
+        } else {
+            Err(format!("cluster versions {seen:?}, want {want}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `Maintenance.Downgrade` through the JSON gateway, as an operator without etcd 3.6's
+/// etcdctl calls it: the status and the body.
+async fn downgrade(node: &Node, action: &str, version: &str) -> (u16, serde_json::Value) {
+    let body = format!(r#"{{"action":"{action}","version":"{version}"}}"#);
+    let r = http_request(
+        &node.member.client_addr(),
+        "POST",
+        "/v3/maintenance/downgrade",
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+    .await
+    .expect("downgrade request");
+    (r.status, r.json().expect("JSON answer"))
+}
+
+/// The cluster of etcd-rs members only runs at 3.5; etcd's downgrade to 3.4 (validated,
+/// enabled) lowers it to 3.4.0 on every member, so that etcd 3.4 members can join.
+async fn downgrade_to_34(nodes: &[Node]) {
+    wait_cluster_version(nodes, "3.5.0").await;
+    let (status, body) = downgrade(&nodes[0], "VALIDATE", "3.3").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["message"],
+        "etcdserver: invalid downgrade target version"
+    );
+    let (status, body) = downgrade(&nodes[1], "VALIDATE", "3.4").await;
+    assert_eq!((status, &body["version"]), (200, &"3.5.0".into()), "{body}");
+    let (status, body) = downgrade(&nodes[1], "ENABLE", "3.4").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = downgrade(&nodes[2], "ENABLE", "3.4").await;
+    assert_eq!(
+        (status, &body["message"]),
+        (
+            // FailedPrecondition, as etcd's gateway maps it.
+            412,
+            &"etcdserver: cluster has a downgrade job in progress".into()
+        ),
+        "{body}"
+    );
+    wait_cluster_version(nodes, "3.4.0").await;
+    let peer = nodes[0]
+        .member
+        .peer_url()
+        .trim_start_matches("http://")
+        .to_owned();
+    let enabled = http_request(&peer, "GET", "/downgrade/enabled", &[], b"")
+        .await
+        .expect("downgrade/enabled");
+    assert_eq!(enabled.body, "true");
+}
+
+/// Every acknowledged put of the writer is on every node, and the nodes agree on `hashkv`.
+async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
+    eprintln!(
+        "{} puts acknowledged across {replacements} replacements; errors: {:?}",
+        writes.acked.len(),
+        writes.errors
+    );
+    assert!(
+        writes.acked.len() > 50,
+        "{} acknowledged",
+        writes.acked.len()
+    );
+    for node in nodes {
+        let mut c = node.member.client().await.expect("client");
+        let stored: BTreeMap<String, String> = pairs(
+            c.get("mixed/", Some(GetOptions::new().with_prefix()))
+                .await
+                .expect("read")
+                .kvs(),
+        )
+        .into_iter()
+        .collect();
+        for (k, v) in &writes.acked {
+            assert_eq!(
+                stored.get(k),
+                Some(v),
+                "{}: acknowledged {k}",
+                node.member.name()
+            );
+        }
+    }
+    same_hashkv(nodes).await;
+}
+
+/// The rolling migration: etcd 3.4 members replaced by etcd-rs ones, leadership moved
+/// across implementations on the way and a leader of each kind SIGKILLed and restarted; with `back`, then replaced by etcd 3.4 members again.
+/// `compacted`: the etcd members compact their log (`--snapshot-count 1000` after 6,000
+/// puts), so the first etcd-rs member catches up through etcd's merged snapshot, and the
+/// etcd 3.4 members on the way back through etcd-rs's (the v2 store's JSON and a bbolt
+/// database, as etcd sends it).
+async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
+    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, compacted).await;
+    let client = nodes[0].member.client().await.expect("client");
     // More than etcd's 5000 catch-up entries: the first newcomer needs a snapshot.
     let mut load = Vec::new();
     for t in 0..if compacted { 20 } else { 1 } {
@@ -406,7 +515,10 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
     }
     assert!(nodes.iter().all(|n| n.rs));
     if back {
-        // And back: etcd 3.4 members join the etcd-rs cluster and replace it.
+        // And back: once the last etcd member has gone the cluster runs at 3.5, so it is
+        // downgraded to 3.4 first; then etcd 3.4 members join the etcd-rs cluster and
+        // replace it.
+        downgrade_to_34(&nodes).await;
         for (step, name) in ["b0", "b1", "b2"].iter().enumerate() {
             let old = nodes
                 .iter()
@@ -428,37 +540,7 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
     stop.store(true, Ordering::SeqCst);
     task.await.expect("writer");
     let writes = std::mem::take(&mut *writes.lock().expect("lock"));
-    eprintln!(
-        "{} puts acknowledged across {} replacements; errors: {:?}",
-        writes.acked.len(),
-        if back { 6 } else { 3 },
-        writes.errors
-    );
-    assert!(
-        writes.acked.len() > 50,
-        "{} acknowledged",
-        writes.acked.len()
-    );
-    for node in &nodes {
-        let mut c = node.member.client().await.expect("client");
-        let stored: BTreeMap<String, String> = pairs(
-            c.get("mixed/", Some(GetOptions::new().with_prefix()))
-                .await
-                .expect("read")
-                .kvs(),
-        )
-        .into_iter()
-        .collect();
-        for (k, v) in &writes.acked {
-            assert_eq!(
-                stored.get(k),
-                Some(v),
-                "{}: acknowledged {k}",
-                node.member.name()
-            );
-        }
-    }
-    same_hashkv(&nodes).await;
+    check_writes(&nodes, writes, if back { 6 } else { 3 }).await;
 }
 
 #[tokio::test]
@@ -475,4 +557,85 @@ async fn a_rolling_migration_with_compacted_logs_catches_up_through_snapshots_bo
         return;
     }
     rolling_migration(true, true, 10).await;
+}
+
+/// The reverse from the start: a new etcd-rs cluster runs at 3.5, which an etcd 3.4 member
+/// refuses to join; downgraded to 3.4, it takes etcd 3.4 members, which replace it one by one
+/// under a writer.
+#[tokio::test]
+async fn a_new_etcd_rs_cluster_downgrades_and_etcd_34_members_replace_it() {
+    if !ours() {
+        return;
+    }
+    let salt = 20;
+    let mut nodes = start_cluster(&etcdrs(), ["r0", "r1", "r2"], salt, false).await;
+    wait_cluster_version(&nodes, "3.5.0").await;
+
+    // etcd 3.4 refuses a cluster at 3.5, as it refuses etcd 3.5's.
+    let h = host(salt + 3);
+    let (client_port, peer_port) = (
+        ports::reserve_on(h).expect("port"),
+        ports::reserve_on(h).expect("port"),
+    );
+    let peer_url = format!("http://{h}:{}", peer_port.port());
+    let admin = nodes[0].member.client().await.expect("client");
+    let added = admin
+        .clone()
+        .member_add(vec![peer_url.clone()], None)
+        .await
+        .expect("member add");
+    let id = added.member().expect("added").id();
+    let mut initial: Vec<String> = added
+        .member_list()
+        .iter()
+        .filter(|m| !m.name().is_empty())
+        .map(|m| format!("{}={}", m.name(), m.peer_urls()[0]))
+        .collect();
+    initial.push(format!("early={peer_url}"));
+    let mut early = Member::spawn_on(
+        opts(&etcd34(), "early", h, &initial.join(","), true, false),
+        client_port,
+        peer_port,
+    )
+    .expect("spawn");
+    let status = early.wait_exit(WAIT).await.expect("etcd 3.4 gives up");
+    assert_ne!(status.code(), Some(0));
+    assert!(
+        early.log_contains("incompatible with current running cluster"),
+        "{}",
+        early.log_tail(20)
+    );
+    admin
+        .clone()
+        .member_remove(id)
+        .await
+        .expect("member remove");
+
+    downgrade_to_34(&nodes).await;
+    let writes = Arc::new(Mutex::new(Writes {
+        endpoints: nodes.iter().map(|n| n.member.endpoint()).collect(),
+        ..Writes::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = writer(writes.clone(), stop.clone());
+    for (step, name) in ["b0", "b1", "b2"].iter().enumerate() {
+        let old = nodes
+            .iter()
+            .position(|n| n.rs)
+            .expect("an etcd-rs member left");
+        replace(
+            &mut nodes,
+            old,
+            name,
+            host(salt + 4 + step as u8),
+            &writes,
+            false,
+        )
+        .await;
+    }
+    assert!(nodes.iter().all(|n| !n.rs));
+    stop.store(true, Ordering::SeqCst);
+    task.await.expect("writer");
+    let writes = std::mem::take(&mut *writes.lock().expect("lock"));
+    check_writes(&nodes, writes, 3).await;
 }

@@ -38,15 +38,26 @@ impl EtcdServer {
                     revisions = imported.revisions,
                     "read etcd's snapshot database"
                 );
-                (image, imported.cluster_version)
+                (image, Some((imported.cluster_version, imported.downgrade)))
             }
             Err(_) => (path, None),
         };
         store.install_snapshot(&image, &[META_MEMBER_ID, META_CLUSTER_ID])?;
         let _ = std::fs::remove_file(&image);
         let mut batch = store.write()?;
-        if let Some(version) = &cluster_version {
-            batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?;
+        // etcd's database carries its cluster version and downgrade record in its own
+        // bucket; what it lacks is none.
+        if let Some((version, downgrade)) = &cluster_version {
+            match version {
+                Some(version) => {
+                    batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?
+                }
+                None => batch.bucket_delete(Bucket::META, META_CLUSTER_VERSION)?,
+            }
+            match downgrade {
+                Some(info) => batch.bucket_put(Bucket::META, META_DOWNGRADE, info)?,
+                None => batch.bucket_delete(Bucket::META, META_DOWNGRADE)?,
+            }
         }
         batch.bucket_put(
             Bucket::META,
@@ -57,6 +68,7 @@ impl EtcdServer {
         *self.inner.members.write() = load_members(store)?;
         *self.inner.alarms.write() = load_alarms(store)?;
         *self.inner.cluster_version.write() = load_cluster_version(store)?;
+        *self.inner.downgrade.write() = load_downgrade(store)?;
         self.inner.auth.reload(store)?;
         self.refresh_peers();
         self.inner.watch_hub.store_replaced(store.current_rev());
@@ -109,6 +121,7 @@ impl EtcdServer {
             index,
             term,
             durable,
+            compact_log: self.inner.compact_log.swap(false, AtomicOrdering::AcqRel),
         })
     }
 
@@ -521,12 +534,17 @@ impl EtcdServer {
                 Ok(ApplyOutput::Checkpointed)
             }
             Op::ClusterVersionSet(version) => {
-                let changed = *self.inner.cluster_version.read() != version;
-                if changed {
-                    batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?;
-                    tracing::info!(cluster_version = %version, "updated cluster version");
-                    *self.inner.cluster_version.write() = version;
+                self.apply_cluster_version(batch, version)?;
+                Ok(ApplyOutput::Published)
+            }
+            Op::DowngradeInfoSet(target) => {
+                let info = crate::version::DowngradeInfo::new(target.as_deref());
+                batch.bucket_put(Bucket::META, META_DOWNGRADE, &info.encode())?;
+                match &target {
+                    Some(t) => tracing::info!(target_version = %t, "downgrade enabled"),
+                    None => tracing::info!("downgrade disabled"),
                 }
+                *self.inner.downgrade.write() = target;
                 Ok(ApplyOutput::Published)
             }
             Op::Publish(attributes) => {
@@ -541,6 +559,53 @@ impl EtcdServer {
                 Ok(ApplyOutput::Published)
             }
         }
+    }
+
+    /// etcd's `RaftCluster.SetVersion`: record the version and log the change; a member whose
+    /// own version is below the cluster's stops, as etcd's `mustDetectDowngrade` makes it.
+    /// (etcd also stops a member that is not at the target of a downgrade under way; etcd-rs
+    /// runs at a 3.4 cluster version as a 3.4-speaking member, so it keeps serving.)
+    fn apply_cluster_version(&self, batch: &mut WriteBatch<'_>, version: String) -> Result<()> {
+        let previous = self.inner.cluster_version.read().clone();
+        if previous.as_deref() == Some(version.as_str()) {
+            return Ok(());
+        }
+        let Some(parsed) = crate::version::Version::parse(&version) else {
+            return Err(ServerError::Fatal(format!(
+                "cannot apply cluster version {version:?}: not a version"
+            )));
+        };
+        let local = crate::version::local().cluster();
+        if local < parsed.cluster() {
+            return Err(ServerError::Fatal(format!(
+                "invalid downgrade; server version is lower than determined cluster version \
+                 (current version: {} is lower than determined cluster version: {})",
+                crate::version::SERVER_VERSION,
+                crate::version::major_minor(&version)
+            )));
+        }
+        batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?;
+        let to = crate::version::major_minor(&version);
+        match &previous {
+            Some(from) => tracing::info!(
+                from = crate::version::major_minor(from),
+                to,
+                "updated cluster version"
+            ),
+            None => tracing::info!(cluster_version = to, "set initial cluster version"),
+        }
+        tracing::info!(cluster_version = to, "enabled capabilities for version");
+        // A downgrade: an etcd member of the lowered version would refuse the entry that
+        // raised the version if it replayed the log, so the log goes and it gets a snapshot.
+        if previous
+            .as_deref()
+            .and_then(crate::version::Version::parse)
+            .is_some_and(|p| p.cluster() > parsed.cluster())
+        {
+            self.inner.compact_log.store(true, AtomicOrdering::Release);
+        }
+        *self.inner.cluster_version.write() = Some(version);
+        Ok(())
     }
 
     pub(super) fn apply_alarm(

@@ -152,12 +152,18 @@ pub(super) fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
     Ok(members)
 }
 
-/// The cluster version in the backend's meta keys, or this build's when none was ever applied.
-pub(super) fn load_cluster_version(store: &KvStore) -> Result<String> {
+/// The cluster version in the backend's meta keys; `None` when none was ever applied.
+pub(super) fn load_cluster_version(store: &KvStore) -> Result<Option<String>> {
     Ok(store
         .meta(super::META_CLUSTER_VERSION)?
-        .and_then(|v| String::from_utf8(v).ok())
-        .unwrap_or_else(|| crate::version::CLUSTER_VERSION.to_string()))
+        .and_then(|v| String::from_utf8(v).ok()))
+}
+
+/// The target of the downgrade recorded in the backend's meta keys, if one is enabled.
+pub(super) fn load_downgrade(store: &KvStore) -> Result<Option<String>> {
+    Ok(store
+        .meta(super::META_DOWNGRADE)?
+        .and_then(|v| crate::version::DowngradeInfo::decode(&v)))
 }
 
 pub(super) fn load_removed(store: &KvStore) -> Result<std::collections::HashSet<u64>> {

@@ -214,3 +214,46 @@ pub async fn hash_kv(
         hash_revision: resp.hash_revision,
     })
 }
+
+/// A member's versions as its `/version` reports them (etcd's `version.Versions`).
+#[derive(Debug, serde::Deserialize)]
+pub struct Versions {
+    /// Its server version.
+    #[serde(rename = "etcdserver")]
+    pub server: String,
+    /// The cluster version it has applied (`not_decided` before one is).
+    #[serde(rename = "etcdcluster", default)]
+    pub cluster: String,
+}
+
+/// The versions a member reports at the first of its peer URLs that answers (etcd's
+/// `getVersion`, which the leader's version monitor asks of every member).
+pub async fn fetch_version(urls: &[String], timeout: Duration) -> Result<Versions> {
+    let mut last = ServerError::Peer("the member has no peer URL".to_owned());
+    for url in urls {
+        let answer = call(
+            None,
+            url,
+            Method::GET,
+            "/version",
+            "application/json",
+            Vec::new(),
+            timeout,
+        )
+        .await;
+        match answer {
+            Ok((StatusCode::OK, _, body)) => {
+                return serde_json::from_slice(&body)
+                    .map_err(|e| ServerError::Peer(format!("bad versions from {url}: {e}")));
+            }
+            Ok((status, _, _)) => {
+                last = ServerError::Peer(format!(
+                    "unexpected status {} from {url}/version",
+                    status.as_u16()
+                ))
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}

@@ -56,13 +56,20 @@ pub fn routes() -> Router<EtcdServer> {
 }
 
 /// `GET /downgrade/enabled` (etcd 3.5): whether a downgrade is under way, after a
-/// linearizable read. etcd-rs never downgrades: always `false`.
+/// linearizable read.
 async fn downgrade_enabled(State(server): State<EtcdServer>, request: Request) -> Response {
     if request.method() != Method::GET {
         return method_not_allowed(Some("GET"));
     }
     let response = match server.linearizable_barrier().await {
-        Ok(()) => ([(header::CONTENT_TYPE, "text/plain")], "false").into_response(),
+        Ok(()) => {
+            let enabled = if server.downgrade_target().is_some() {
+                "true"
+            } else {
+                "false"
+            };
+            ([(header::CONTENT_TYPE, "text/plain")], enabled).into_response()
+        }
         Err(e) => go_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("failed linearized read: {e}"),

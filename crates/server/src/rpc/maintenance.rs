@@ -196,9 +196,19 @@ impl Maintenance for Rpc {
 
     async fn downgrade(
         &self,
-        _request: Request<DowngradeRequest>,
+        request: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
-        Err(Status::unimplemented("downgrade is not supported yet"))
+        let request = request.into_inner();
+        let version = self
+            .server
+            .downgrade(request.action, &request.version)
+            .await?;
+        let mut resp = DowngradeResponse {
+            header: None,
+            version,
+        };
+        self.server.fill_header(&mut resp.header);
+        Ok(Response::new(resp))
     }
 }
 
