@@ -142,6 +142,9 @@ struct Inner {
     /// Set when a lowered cluster version applies: the raft log up to it raised the version
     /// above what members of the lowered version accept, so it goes (they get a snapshot).
     compact_log: AtomicBool,
+    /// Held while the cluster version is decided and proposed, so that the monitor and a
+    /// leader's publish do not both propose it.
+    version_decision: tokio::sync::Mutex<()>,
     alarms: RwLock<Vec<AlarmMember>>,
     published: AtomicBool,
     /// Set when this member's removal is applied: it must stop serving.
@@ -291,6 +294,7 @@ impl EtcdServer {
                 cluster_version: RwLock::new(load_cluster_version(&store)?),
                 downgrade: RwLock::new(load_downgrade(&store)?),
                 compact_log: AtomicBool::new(false),
+                version_decision: tokio::sync::Mutex::new(()),
                 alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
                 removed: AtomicBool::new(false),
@@ -587,6 +591,17 @@ impl EtcdServer {
     /// The cluster version as last applied; `None` until the first leader decides it.
     pub fn cluster_version(&self) -> Option<String> {
         self.inner.cluster_version.read().clone()
+    }
+
+    /// Whether UserAdd and UserChangePassword go into the log with the password hashed, as
+    /// etcd 3.5 proposes them; below cluster version 3.5 they carry it in clear text, as
+    /// etcd 3.4 proposes them, since etcd 3.4's applier knows no `hashed_password` and would
+    /// hash the empty password in its place (every member hashes a clear one as it applies).
+    pub fn proposes_hashed_passwords(&self) -> bool {
+        self.cluster_version()
+            .as_deref()
+            .and_then(crate::version::Version::parse)
+            .is_none_or(|v| (v.major, v.minor) >= (3, 5))
     }
 
     /// The target version of a downgrade under way, if one is.

@@ -11,9 +11,9 @@
 //! bytes.
 //!
 //! Both publish the member with the same v2 request (etcd 3.5 does too; `cluster_member_attr_set`
-//! waits for 3.6, since etcd 3.4 panics on it, which the second test below found). Where the two
-//! differ: etcd 3.4 also sets the cluster version (a v2 `PUT /0/version`; etcd-rs's version is
-//! its own) and proposes v2 reads and `SYNC` requests (its v2 store's TTL sweep), which etcd-rs,
+//! waits for 3.6, since etcd 3.4 panics on it, which the second test below found), and both set
+//! the cluster version with a v2 `PUT /0/version` (3.4.0 and 3.5.0). Where the two differ:
+//! etcd 3.4 proposes v2 reads and `SYNC` requests (its v2 store's TTL sweep), which etcd-rs,
 //! keeping no v2 store, does not.
 //!
 //! And the other way: etcd 3.4 started on etcd-rs's entries (copied into a WAL in etcd's
@@ -213,6 +213,9 @@ async fn raft_entries_are_the_bytes_etcd_34_writes() {
         "the same publish request, byte for byte"
     );
     assert_eq!(theirs.cluster_version.as_deref(), Some("3.4.0"));
+    // Each leader sets its cluster version with the same v2 request: etcd 3.4's own, and
+    // etcd-rs's, whose members alone run at 3.5.
+    assert_eq!(mine.cluster_version.as_deref(), Some("3.5.0"));
     let show = |log: &Log| -> Vec<String> {
         log.requests
             .iter()
@@ -334,8 +337,24 @@ async fn etcd_34_applies_the_entries_etcd_rs_writes() {
     };
     let (cluster_id, member_id, revision) = status(&m).await;
     m.stop().await.expect("etcd-rs stops");
-    let entries = our_log(m.data_dir());
+    let mut entries = our_log(m.data_dir());
     assert_eq!(entries.first().map(|e| e.index), Some(1), "the whole log");
+    // A member alone runs its cluster at 3.5, which etcd 3.4 refuses to replay ("cluster
+    // cannot be downgraded"), as it refuses an etcd 3.5 log: the version entry becomes the
+    // one an etcd-rs member of a 3.4 cluster applies, the same v2 `PUT` with 3.4.0.
+    let mut versions = 0;
+    for entry in &mut entries {
+        if entry.get_entry_type() == EntryType::EntryNormal
+            && let Ok(Payload::V2(mut v2)) = etcd::decode_entry(&entry.data)
+            && v2.path == "/0/version"
+        {
+            assert_eq!(v2.val, "3.5.0");
+            v2.val = "3.4.0".into();
+            entry.data = v2.encode_to_vec().into();
+            versions += 1;
+        }
+    }
+    assert_eq!(versions, 1, "etcd-rs set the cluster version once");
 
     std::fs::remove_dir_all(m.data_dir()).expect("clear the data dir");
     let wal_dir = m.data_dir().join("member").join("wal");

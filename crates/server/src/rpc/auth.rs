@@ -122,10 +122,12 @@ impl Auth for Rpc {
         let mut req = request.into_inner();
         self.server.auth().check_admin(auth.as_ref())?;
         let no_password = req.options.as_ref().is_some_and(|o| o.no_password);
-        if !no_password && req.hashed_password.is_empty() {
-            req.hashed_password = self.hash(std::mem::take(&mut req.password)).await?;
+        if self.server.proposes_hashed_passwords() {
+            if !no_password && req.hashed_password.is_empty() {
+                req.hashed_password = self.hash(std::mem::take(&mut req.password)).await?;
+            }
+            req.password.clear();
         }
-        req.password.clear();
         let (_, header) = self
             .auth_change(Op::UserAdd(req), auth.as_ref(), true)
             .await?;
@@ -176,10 +178,12 @@ impl Auth for Rpc {
         let auth = self.auth_info(&request)?;
         let mut req = request.into_inner();
         self.server.auth().check_admin(auth.as_ref())?;
-        if req.hashed_password.is_empty() {
-            req.hashed_password = self.hash(std::mem::take(&mut req.password)).await?;
+        if self.server.proposes_hashed_passwords() {
+            if req.hashed_password.is_empty() {
+                req.hashed_password = self.hash(std::mem::take(&mut req.password)).await?;
+            }
+            req.password.clear();
         }
-        req.password.clear();
         let op = Op::UserChangePassword(req);
         let (_, header) = self.auth_change(op, auth.as_ref(), true).await?;
         Ok(Response::new(AuthUserChangePasswordResponse { header }))
