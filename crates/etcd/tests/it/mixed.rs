@@ -9,6 +9,13 @@
 //! etcd-rs members are replaced by etcd 3.4 members again. A writer puts keys throughout on
 //! whichever members are up; after every step every member has the same `hashkv` at one
 //! revision, and at the end every acknowledged put is read linearizably on every member.
+//!
+//! The cluster version follows the lowest member: 3.4 while an etcd member is in, 3.5 once
+//! only etcd-rs members are, and etcd's downgrade (validated and enabled through the JSON
+//! gateway) takes it back to 3.4 before etcd 3.4 members can join again, also for a cluster
+//! that etcd-rs started. Also: auth changes made through an etcd-rs member hold on its etcd
+//! peers, and a member converted in place (etcd-rs started on its etcd data directory) rejoins
+//! them and leads them.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -703,4 +710,80 @@ async fn auth_changes_through_an_etcd_rs_member_hold_on_its_etcd_34_peers() {
             .ok(&["put", "k", "v"])
             .await;
     }
+}
+
+/// A member of an etcd 3.4 cluster converted in place (stopped, then started as etcd-rs on its
+/// own data directory) rejoins its etcd peers as the same member, catches up on what they
+/// wrote while it was down, and can lead them, while a writer goes on.
+#[tokio::test]
+async fn an_etcd_member_converted_in_place_rejoins_its_etcd_34_peers() {
+    if !ours() {
+        return;
+    }
+    let salt = 40;
+    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, false).await;
+    let writes = Arc::new(Mutex::new(Writes {
+        endpoints: nodes.iter().map(|n| n.member.endpoint()).collect(),
+        ..Writes::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let task = writer(writes.clone(), stop.clone());
+    let acked = |at_least: usize| {
+        let writes = writes.clone();
+        poll_until(WAIT, move || {
+            let n = writes.lock().expect("lock").acked.len();
+            async move {
+                if n >= at_least {
+                    Ok(())
+                } else {
+                    Err(format!("{n} acknowledged"))
+                }
+            }
+        })
+    };
+    acked(30).await.expect("writes before the conversion");
+
+    let id = nodes[0].id;
+    nodes[0].member.stop().await.expect("the etcd member stops");
+    let before = writes.lock().expect("lock").acked.len();
+    acked(before + 30)
+        .await
+        .expect("writes while the member is down");
+    nodes[0].member.set_bin(&etcdrs());
+    nodes[0]
+        .member
+        .restart()
+        .await
+        .unwrap_or_else(|e| panic!("etcd-rs on etcd's data dir: {e:#}"));
+    nodes[0].rs = true;
+    assert!(
+        nodes[0]
+            .member
+            .log_contains("converted etcd data directory"),
+        "{}",
+        nodes[0].member.log_tail(30)
+    );
+    let mut c = nodes[1].member.client().await.expect("client");
+    let list = c.member_list().await.expect("members");
+    let ids: Vec<u64> = list.members().iter().map(|m| m.id()).collect();
+    assert_eq!(ids.len(), 3, "no member added or lost: {ids:?}");
+    assert!(ids.contains(&id), "the converted member keeps its id");
+    same_hashkv(&nodes).await;
+
+    // The converted member leads its etcd peers while the writer goes on.
+    let from = leader(&nodes).await;
+    if from != id {
+        let at = nodes.iter().find(|n| n.id == from).expect("leader node");
+        let mut c = at.member.client().await.expect("client");
+        c.move_leader(id).await.expect("move leader");
+    }
+    assert_eq!(leader(&nodes).await, id);
+    let before = writes.lock().expect("lock").acked.len();
+    acked(before + 30)
+        .await
+        .expect("writes under the converted leader");
+    stop.store(true, Ordering::SeqCst);
+    task.await.expect("writer");
+    let writes = std::mem::take(&mut *writes.lock().expect("lock"));
+    check_writes(&nodes, writes, 1).await;
 }
