@@ -395,6 +395,27 @@ async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
         "{} acknowledged",
         writes.acked.len()
     );
+    // The errors a client sees are those of a leader change (etcd's retriable ones, from
+    // either kind of member) or of a connection to a member that is going away, and few.
+    const RETRIABLE: &[&str] = &[
+        "etcdserver: no leader",
+        "raft proposal dropped",
+        "etcdserver: request timed out",
+        "etcdserver: leader changed",
+        "transport error",
+    ];
+    for error in &writes.errors {
+        assert!(
+            RETRIABLE.iter().any(|r| error.contains(r)),
+            "a client error beyond leader-change retries: {error}"
+        );
+    }
+    assert!(
+        writes.errors.len() <= 2 * replacements + 4,
+        "{} errors over {replacements} replacements: {:?}",
+        writes.errors.len(),
+        writes.errors
+    );
     for node in nodes {
         let mut c = node.member.client().await.expect("client");
         let stored: BTreeMap<String, String> = pairs(
