@@ -117,6 +117,20 @@ pub struct Apply {
     pub entries: Vec<Entry>,
     /// Membership after the batch's configuration changes, if it had any.
     pub conf_state: Option<ConfState>,
+    /// Raft's view as the batch is handed over: the state machine needs no status read back
+    /// from the node (which would be a turn old).
+    pub raft: RaftView,
+}
+
+/// Raft's role, term and leader as the raft thread sees them at a moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftView {
+    /// Whether this member leads.
+    pub is_leader: bool,
+    /// The current term (which may be ahead of the entries' own).
+    pub term: u64,
+    /// The leader this member knows of, 0 for none.
+    pub leader: u64,
 }
 
 /// What the state machine reports after applying a batch.
@@ -156,19 +170,6 @@ pub trait StateMachine: Send + 'static {
         term: u64,
         conf_state: &ConfState,
     ) -> std::result::Result<(), String>;
-}
-
-/// Starts the node's loop once the state machine exists (the server needs the node's handle
-/// to build its state machine).
-pub struct NodeStarter {
-    tx: oneshot::Sender<Box<dyn StateMachine>>,
-}
-
-impl NodeStarter {
-    /// Run the node with `state_machine`.
-    pub fn start(self, state_machine: Box<dyn StateMachine>) {
-        let _ = self.tx.send(state_machine);
-    }
 }
 
 /// Sends raft messages to peers. The cluster issue supplies a network transport.
@@ -395,16 +396,17 @@ fn standalone_removals(
     Ok(removals)
 }
 
-/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop on a
-/// thread of its own, represented on `tasks`. The loop waits for its state machine, given
-/// through the returned [`NodeStarter`].
+/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop, which
+/// applies committed entries to `state_machine`, on a thread of its own, represented on
+/// `tasks`.
 pub fn start(
     config: NodeConfig,
     start: Start,
     transport: Arc<dyn Transport>,
+    state_machine: Box<dyn StateMachine>,
     tasks: &mut tokio::task::JoinSet<task::TaskResult>,
     shutdown: CancellationToken,
-) -> Result<(RaftNodeHandle, NodeStarter)> {
+) -> Result<RaftNodeHandle> {
     let storage = MemStorage::new();
     let (wal, applied) = match start {
         Start::New { metadata, peers } => {
@@ -546,14 +548,13 @@ pub fn start(
     }));
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
     let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);
-    let (starter_tx, starter_rx) = oneshot::channel::<Box<dyn StateMachine>>();
     let core = NodeCore {
         config,
         node,
         wal,
         transport,
         status: status.clone(),
-        state_machine: None,
+        state_machine,
         pending_reads: HashMap::new(),
         next_read: 0,
         last_mark: applied,
@@ -570,17 +571,7 @@ pub fn start(
     std::thread::Builder::new()
         .name("raft".into())
         .spawn(move || {
-            let result = runtime.block_on(async move {
-                let mut core = core;
-                tokio::select! {
-                    machine = starter_rx => match machine {
-                        Ok(machine) => core.state_machine = Some(machine),
-                        Err(_) => return Ok(()),
-                    },
-                    _ = shutdown.cancelled() => return Ok(()),
-                }
-                core.run(rx, peer_rx, shutdown).await
-            });
+            let result = runtime.block_on(core.run(rx, peer_rx, shutdown));
             let _ = done_tx.send(result);
         })
         .map_err(|e| Error::Corrupt(format!("cannot start the raft thread: {e}")))?;
@@ -591,14 +582,11 @@ pub fn start(
         }
         ("raft node", result.map_err(|e| e.to_string()))
     });
-    Ok((
-        RaftNodeHandle {
-            tx,
-            peer_tx,
-            status,
-        },
-        NodeStarter { tx: starter_tx },
-    ))
+    Ok(RaftNodeHandle {
+        tx,
+        peer_tx,
+        status,
+    })
 }
 
 /// What a named task returns to its owner's `JoinSet`: its name and its outcome.

@@ -4,7 +4,10 @@
 //! leases and runs auto-compaction.
 //!
 //! This file holds the server's state, its start (which wires storage, raft, the transport
-//! and the tasks together) and its accessors; the rest lives by seam in submodules:
+//! and the tasks together) and its accessors. The state is in two halves: `Inner`, what the
+//! applier writes and requests read, and `Core`, the request side's own (the raft handle):
+//! the applier is built from the first and handed to the raft node, so nothing on the raft
+//! thread calls back into raft; the rest lives by seam in submodules:
 //! `bootstrap` (new cluster, join, what a restart loads), `propose` (proposals and their
 //! waiters, the ReadIndex barrier, the quota), `members` (membership changes), `applier` (what
 //! the raft thread runs for committed entries and snapshots) and `loops` (the background
@@ -123,15 +126,16 @@ pub(crate) const META_CLUSTER_VERSION: &[u8] = b"clusterVersion";
 /// bucket under `downgrade`); absent or disabled when there is none.
 pub(crate) const META_DOWNGRADE: &[u8] = b"downgrade";
 
+/// The member's state: what the applier (the one writer, on the raft thread) changes as
+/// entries apply and the server reads to answer requests. It holds no raft handle: the
+/// applier never calls back into the node that calls it.
 struct Inner {
     config: ServerConfig,
     member_id: u64,
     cluster_id: u64,
     store: Arc<KvStore>,
-    raft: RaftNodeHandle,
     waiters: Mutex<HashMap<u64, Waiter>>,
     applied: watch::Sender<u64>,
-    ids: IdGenerator,
     members: RwLock<BTreeMap<u64, Member>>,
     /// The cluster version as applied (etcd 3.4 and 3.5 set it through a v2 request, 3.6
     /// through `cluster_version_set`), `None` until the leader decides one; it picks the form
@@ -142,11 +146,7 @@ struct Inner {
     /// Set when a lowered cluster version applies: the raft log up to it raised the version
     /// above what members of the lowered version accept, so it goes (they get a snapshot).
     compact_log: AtomicBool,
-    /// Held while the cluster version is decided and proposed, so that the monitor and a
-    /// leader's publish do not both propose it.
-    version_decision: tokio::sync::Mutex<()>,
     alarms: RwLock<Vec<AlarmMember>>,
-    published: AtomicBool,
     /// Set when this member's removal is applied: it must stop serving.
     removed: AtomicBool,
     /// Ids of members removed from the cluster: their peer messages are refused, which tells
@@ -164,17 +164,34 @@ struct Inner {
     /// in response headers and `Status`), which does not move with elections that commit
     /// nothing.
     applied_term: AtomicU64,
+    /// Users, roles, permissions and tokens.
+    auth: crate::auth::AuthStore,
+}
+
+impl Inner {
+    fn has_alarm(&self, alarm: AlarmType) -> bool {
+        self.alarms.read().iter().any(|a| a.alarm == alarm as i32)
+    }
+}
+
+/// What only the request side uses: the raft node's handle and the proposal machinery.
+struct Core {
+    raft: RaftNodeHandle,
+    ids: IdGenerator,
+    /// Held while the cluster version is decided and proposed, so that the monitor and a
+    /// leader's publish do not both propose it.
+    version_decision: tokio::sync::Mutex<()>,
+    published: AtomicBool,
     /// Changes when require-leader streams must end (see `leader`).
     leader_losses: tokio::sync::watch::Receiver<u64>,
     request_timeout: Duration,
-    /// Users, roles, permissions and tokens.
-    auth: crate::auth::AuthStore,
 }
 
 /// The member's core. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdServer {
     inner: Arc<Inner>,
+    core: Arc<Core>,
 }
 
 impl EtcdServer {
@@ -269,51 +286,60 @@ impl EtcdServer {
             catch_up_entries: config.snapshot_catchup_entries.max(1),
             unsafe_no_fsync: config.unsafe_no_fsync,
         };
-        let (raft, starter) = etcdrs_raftnode::start(
-            node_config,
-            start,
-            transport.clone(),
-            tasks,
-            shutdown.clone(),
-        )?;
         let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
         let config_election_timeout = config.election_timeout;
         let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
         let (applied, _) = watch::channel(store.consistent_index());
+        let inner = Arc::new(Inner {
+            config,
+            member_id,
+            cluster_id,
+            store: store.clone(),
+            waiters: Mutex::new(HashMap::new()),
+            applied,
+            members: RwLock::new(start_members),
+            cluster_version: RwLock::new(load_cluster_version(&store)?),
+            downgrade: RwLock::new(load_downgrade(&store)?),
+            compact_log: AtomicBool::new(false),
+            alarms: RwLock::new(alarms),
+            removed: AtomicBool::new(false),
+            removed_members: RwLock::new(load_removed(&store)?),
+            removed_notify: tokio::sync::Notify::new(),
+            watch_hub: WatchHub::new(store.current_rev()),
+            transport: transport.clone(),
+            pending_snapshot: Mutex::new(None),
+            watch_sync: tokio::sync::Notify::new(),
+            leader_changes: AtomicU64::new(0),
+            applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
+            auth,
+        });
+        // The one writer is the raft thread itself: committed entries are applied inline.
+        let applier = Applier {
+            inner: inner.clone(),
+            last_leader: 0,
+        };
+        let raft = etcdrs_raftnode::start(
+            node_config,
+            start,
+            transport.clone(),
+            Box::new(applier),
+            tasks,
+            shutdown.clone(),
+        )?;
         let server = EtcdServer {
-            inner: Arc::new(Inner {
-                config,
-                member_id,
-                cluster_id,
-                store: store.clone(),
+            inner,
+            core: Arc::new(Core {
                 raft,
-                waiters: Mutex::new(HashMap::new()),
-                applied,
                 ids: IdGenerator::new(member_id),
-                members: RwLock::new(start_members),
-                cluster_version: RwLock::new(load_cluster_version(&store)?),
-                downgrade: RwLock::new(load_downgrade(&store)?),
-                compact_log: AtomicBool::new(false),
                 version_decision: tokio::sync::Mutex::new(()),
-                alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
-                removed: AtomicBool::new(false),
-                removed_members: RwLock::new(load_removed(&store)?),
-                removed_notify: tokio::sync::Notify::new(),
-                watch_hub: WatchHub::new(store.current_rev()),
-                transport: transport.clone(),
-                pending_snapshot: Mutex::new(None),
-                watch_sync: tokio::sync::Notify::new(),
-                leader_changes: AtomicU64::new(0),
-                applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
                 leader_losses: leader_loss.subscribe(),
                 request_timeout,
-                auth,
             }),
         };
 
         let removed = CancellationToken::new();
-        transport.set_snapshot_source(store.clone(), server.inner.raft.clone(), removed.clone());
+        transport.set_snapshot_source(store.clone(), server.core.raft.clone(), removed.clone());
         let told = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -326,11 +352,6 @@ impl EtcdServer {
             }
             ("removal notice", Ok(()))
         });
-        // The one writer is the raft thread itself: committed entries are applied inline.
-        starter.start(Box::new(Applier {
-            server: server.clone(),
-            last_leader: 0,
-        }));
         let lessor = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -420,7 +441,7 @@ impl EtcdServer {
 
     /// The raft node's status.
     pub fn raft_status(&self) -> etcdrs_raftnode::NodeStatus {
-        self.inner.raft.status()
+        self.core.raft.status()
     }
 
     /// Members, by id.
@@ -520,7 +541,7 @@ impl EtcdServer {
     /// Wait until this member has published itself and can serve clients.
     pub async fn wait_ready(&self) -> Result<()> {
         let mut applied = self.inner.applied.subscribe();
-        while !self.inner.published.load(AtomicOrdering::Acquire) {
+        while !self.core.published.load(AtomicOrdering::Acquire) {
             if applied.changed().await.is_err() {
                 return Err(ServerError::Stopped);
             }
@@ -567,7 +588,7 @@ impl EtcdServer {
             cluster_id = %membership::id_hex(self.inner.cluster_id),
             "published local member to cluster through raft"
         );
-        self.inner.published.store(true, AtomicOrdering::Release);
+        self.core.published.store(true, AtomicOrdering::Release);
         self.inner.applied.send_modify(|_| {});
         if let Some(version) = self.cluster_version() {
             tracing::info!(
@@ -610,11 +631,7 @@ impl EtcdServer {
     }
 
     fn has_alarm(&self, alarm: AlarmType) -> bool {
-        self.inner
-            .alarms
-            .read()
-            .iter()
-            .any(|a| a.alarm == alarm as i32)
+        self.inner.has_alarm(alarm)
     }
 
     /// The auth store.
@@ -625,7 +642,7 @@ impl EtcdServer {
     /// A fresh lease id (etcd picks one when the client asks for 0).
     pub fn new_lease_id(&self) -> i64 {
         loop {
-            let id = (self.inner.ids.next() & (i64::MAX as u64)) as i64;
+            let id = (self.core.ids.next() & (i64::MAX as u64)) as i64;
             if id != 0 && !self.inner.store.lessor().contains(id) {
                 return id;
             }
@@ -650,7 +667,7 @@ impl EtcdServer {
 
     /// Hand a raft message from a peer to the raft node.
     pub async fn raft_step(&self, message: etcdrs_raftnode::eraftpb::Message) -> Result<()> {
-        Ok(self.inner.raft.step(message).await?)
+        Ok(self.core.raft.step(message).await?)
     }
 
     /// The peer transport (links to the other members, and what their calls need).
@@ -697,10 +714,10 @@ pub fn url_string(url: &url::Url) -> String {
 
 impl etcdrs_serve::leader::LeaderSource for EtcdServer {
     fn has_leader(&self) -> bool {
-        self.inner.raft.status().leader != 0
+        self.core.raft.status().leader != 0
     }
 
     fn losses(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.leader_losses.clone()
+        self.core.leader_losses.clone()
     }
 }
