@@ -468,8 +468,10 @@ async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
         "etcdserver: request timed out",
         "etcdserver: leader changed",
         "transport error",
-        // A member that is down (killed or removed) while the endpoint list still names it.
+        // A member that is down (killed or removed) while the endpoint list still names it,
+        // or stopping as it is removed.
         "tcp connect error",
+        "etcdserver: server stopped",
     ];
     for errors in [&writes.errors, &writes.read_errors] {
         for error in errors {
