@@ -169,6 +169,40 @@ struct Inner {
 }
 
 impl Inner {
+    /// The member's state as `store` holds it: membership, alarms, auth, versions.
+    fn load(
+        config: ServerConfig,
+        member_id: u64,
+        cluster_id: u64,
+        store: Arc<KvStore>,
+        transport: Arc<PeerTransport>,
+    ) -> Result<Inner> {
+        let (applied, _) = watch::channel(store.consistent_index());
+        Ok(Inner {
+            auth: crate::auth::AuthStore::load(&store, config.auth.clone())?,
+            config,
+            member_id,
+            cluster_id,
+            waiters: Mutex::new(HashMap::new()),
+            applied,
+            members: RwLock::new(load_members(&store)?),
+            cluster_version: RwLock::new(load_cluster_version(&store)?),
+            downgrade: RwLock::new(load_downgrade(&store)?),
+            compact_log: AtomicBool::new(false),
+            alarms: RwLock::new(load_alarms(&store)?),
+            removed: AtomicBool::new(false),
+            removed_members: RwLock::new(load_removed(&store)?),
+            removed_notify: tokio::sync::Notify::new(),
+            watch_hub: WatchHub::new(store.current_rev()),
+            transport,
+            pending_snapshot: Mutex::new(None),
+            watch_sync: tokio::sync::Notify::new(),
+            leader_changes: AtomicU64::new(0),
+            applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
+            store,
+        })
+    }
+
     fn has_alarm(&self, alarm: AlarmType) -> bool {
         self.alarms.read().iter().any(|a| a.alarm == alarm as i32)
     }
@@ -240,8 +274,6 @@ impl EtcdServer {
             (member_id, cluster_id, start)
         };
         let start_members = load_members(&store)?;
-        let alarms = load_alarms(&store)?;
-        let auth = crate::auth::AuthStore::load(&store, config.auth.clone())?;
         let transport = PeerTransport::new(
             member_id,
             cluster_id,
@@ -289,30 +321,13 @@ impl EtcdServer {
         let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
         let config_election_timeout = config.election_timeout;
         let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
-        let (applied, _) = watch::channel(store.consistent_index());
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(Inner::load(
             config,
             member_id,
             cluster_id,
-            store: store.clone(),
-            waiters: Mutex::new(HashMap::new()),
-            applied,
-            members: RwLock::new(start_members),
-            cluster_version: RwLock::new(load_cluster_version(&store)?),
-            downgrade: RwLock::new(load_downgrade(&store)?),
-            compact_log: AtomicBool::new(false),
-            alarms: RwLock::new(alarms),
-            removed: AtomicBool::new(false),
-            removed_members: RwLock::new(load_removed(&store)?),
-            removed_notify: tokio::sync::Notify::new(),
-            watch_hub: WatchHub::new(store.current_rev()),
-            transport: transport.clone(),
-            pending_snapshot: Mutex::new(None),
-            watch_sync: tokio::sync::Notify::new(),
-            leader_changes: AtomicU64::new(0),
-            applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
-            auth,
-        });
+            store.clone(),
+            transport.clone(),
+        )?);
         // The one writer is the raft thread itself: committed entries are applied inline.
         let applier = Applier {
             inner: inner.clone(),

@@ -756,3 +756,6 @@ pub(super) fn auth_change(op: Op) -> std::result::Result<crate::auth::AuthChange
         other => return Err(other),
     })
 }
+
+#[cfg(test)]
+mod tests;
