@@ -151,24 +151,26 @@ async fn a_member_of_one_applies_its_proposals_in_order_with_raft_s_view() {
             .expect("propose");
     }
     node.until("five entries", |s| s.entries.len() == 5).await;
-    let seen = node.seen.lock();
-    let data: Vec<Vec<u8>> = seen.entries.iter().map(|e| e.2.clone()).collect();
+    let (entries, conf_changes, last) = {
+        let seen = node.seen.lock();
+        let last = *seen.views.last().expect("a view");
+        (seen.entries.clone(), seen.conf_changes.clone(), last)
+    };
+    let data: Vec<Vec<u8>> = entries.iter().map(|e| e.2.clone()).collect();
     assert_eq!(data, (0..5u8).map(|n| vec![b'p', n]).collect::<Vec<_>>());
     // The bootstrap AddNode is entry 1; the leader's empty entry follows it.
-    assert_eq!(seen.conf_changes, [1]);
+    assert_eq!(conf_changes, [1]);
     let term = node.raft.status().term;
-    assert!(seen.entries.iter().all(|e| e.1 == term));
+    assert!(entries.iter().all(|e| e.1 == term));
     // Each batch of the leader's own entries came with the view that it leads in that term.
-    let last = seen.views.last().expect("a view");
     assert_eq!(
-        *last,
+        last,
         RaftView {
             is_leader: true,
             term,
             leader: 1
         }
     );
-    drop(seen);
     node.stop().await;
 }
 
