@@ -341,7 +341,7 @@ mod tests {
             shutdown.clone(),
         ));
         for port in [1000, 1001] {
-            let from: SocketAddr = ([10, 0, 0, 1], port).into();
+            let from: SocketAddr = ([127, 0, 0, 2], port).into();
             let mut client = dialer.dial(from).await.expect("the listener is up");
             let mut answer = String::new();
             client.read_to_string(&mut answer).await.unwrap();
@@ -350,7 +350,7 @@ mod tests {
         shutdown.cancel();
         server.await.unwrap();
         assert!(
-            dialer.dial(([10, 0, 0, 1], 1002).into()).await.is_none(),
+            dialer.dial(([127, 0, 0, 2], 1002).into()).await.is_none(),
             "the listener is gone after shutdown"
         );
     }
