@@ -25,6 +25,7 @@
 
 /// CRC-32C, re-exported for the backend's users (mvcc's hashes).
 pub use etcdrs_crc32c as crc32c;
+mod dirsync;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -41,6 +42,7 @@ use redb::{
     TableHandle,
 };
 
+pub use dirsync::{create_dir_all_synced, sync_dir};
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
@@ -144,9 +146,11 @@ impl Backend {
     }
 
     fn open_unguarded(path: &Path) -> Result<Backend> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(Error::Io)?;
-        }
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        create_dir_all_synced(parent).map_err(Error::Io)?;
         snapshot::remove_stale(path);
         // redb caches pages in memory, 1 GiB by default; the OS page cache serves what does not
         // fit, so a small cache keeps the server's memory lean at little cost.
@@ -154,6 +158,9 @@ impl Backend {
             .set_cache_size(CACHE_BYTES)
             .create(path)
             .map_err(Error::storage)?;
+        // The file's name is durable from here on (also one a crash left unsynced), before
+        // the first durable commit relies on it.
+        sync_dir(parent).map_err(Error::Io)?;
         let backend = Backend {
             db: RwLock::new(db),
             path: path.to_path_buf(),

@@ -186,7 +186,8 @@ impl EtcdServer {
     ) -> Result<EtcdServer> {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
+        etcdrs_backend::create_dir_all_synced(&config.data_dir)
+            .map_err(|e| fatal("create data dir", &e))?;
         crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
         let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;

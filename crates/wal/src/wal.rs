@@ -109,7 +109,7 @@ impl Wal {
     /// Leftover `*.wal.tmp` files from an interrupted earlier `create` are removed; any
     /// other file in `dir` makes this fail with [`Error::AlreadyExists`].
     pub fn create_with_options(dir: &Path, metadata: &[u8], options: Options) -> Result<Wal> {
-        fs::create_dir_all(dir).map_err(Error::io(dir))?;
+        create_dir_all_synced(dir)?;
         sync_parent_dir(dir)?;
         let dir_handle = segment::open_dir(dir)?;
         lock_dir(&dir_handle, dir)?;
@@ -431,6 +431,22 @@ fn lock_dir(dir_handle: &File, dir: &Path) -> Result<()> {
             dir: dir.to_path_buf(),
         }),
         Err(TryLockError::Error(err)) => Err(Error::io(dir)(err)),
+    }
+}
+
+/// `create_dir_all` whose result survives a power cut: the parent of each directory it makes
+/// is synced after it (a new name is durable only once its directory is).
+fn create_dir_all_synced(dir: &Path) -> Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_all_synced(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => sync_parent_dir(dir),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(err) => Err(Error::io(dir)(err)),
     }
 }
 

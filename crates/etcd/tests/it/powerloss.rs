@@ -1,9 +1,15 @@
 //! Power cuts (issue 20, item 1): members run under the testkit's power-loss layer
 //! (`testkit::powerloss`: every write to a member's files that no fsync covered is undone
-//! at the cut, but for a seeded-random prefix per file), a writer puts keys as fast as it
+//! at the cut, and every directory entry change that no fsync of its directory covered, but
+//! for a seeded-random prefix per file and per directory), a writer puts keys as fast as it
 //! is acknowledged, and at a seeded-random point every member is SIGKILLed and the power
 //! cut. Each member must start again on what the disk kept with every acknowledged write,
 //! and the members of a cluster must agree (`endpoint hashkv`).
+//!
+//! The worst cut (nothing unsynced kept) right after a member's first start found the
+//! member's directories unsynced: `data`, `data/member`, `data/member/snap` and the
+//! backend's `db` were made without syncing their parents, so the member came back empty,
+//! as a new member, without the writes it had acknowledged.
 //!
 //! `--no-capture` prints each round's seed and what its cut undid. The layer's own check:
 //! with `--unsafe-no-fsync`, one cut loses acknowledged writes (and the member, finding its
@@ -21,9 +27,11 @@ use crate::{bin, opts, ours, pairs};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// Power cuts of the single member.
-const MEMBER_ROUNDS: u64 = 8;
+const MEMBER_ROUNDS: u64 = 16;
+/// New members cut right after their first start (the worst cut).
+const FRESH_ROUNDS: u64 = 3;
 /// Power cuts of the whole 3-member cluster.
-const CLUSTER_ROUNDS: u64 = 3;
+const CLUSTER_ROUNDS: u64 = 6;
 
 /// The seed of round `round` of test `salt`, and the number of acknowledgements to wait for
 /// before cutting (20 to 169).
@@ -153,6 +161,48 @@ async fn a_member_survives_power_cuts_under_a_writer() {
 }
 
 #[tokio::test]
+async fn a_new_member_survives_a_power_cut_that_keeps_nothing_unsynced() {
+    // The worst cut right after the first start: every file, directory and name the member
+    // created without syncing it (and its directory) is gone, so each missing fsync shows.
+    if !ours() {
+        return;
+    }
+    let power = PowerLoss::build().expect("power-loss layer");
+    let mut total = Cut::default();
+    for round in 0..FRESH_ROUNDS {
+        let mut member = Member::start(under(&power, opts()))
+            .await
+            .expect("member starts");
+        let client = member.client().await.expect("client");
+        let (acked, task) = writer(client, format!("fresh/{round}/"));
+        wait_acks(&acked, 1 + 20 * round as usize).await;
+        member.kill9().expect("SIGKILL");
+        task.await.expect("writer");
+        let acked = acked.lock().expect("lock").len();
+        let cut = power.cut_everything().expect("power cut");
+        eprintln!("new member {round}: {acked} acknowledged, cut {cut:?}");
+        total += cut;
+        member.restart().await.unwrap_or_else(|e| {
+            panic!(
+                "restart of new member {round} after the cut: {e:#}\n{}",
+                member.log_tail(20)
+            )
+        });
+        let mut client = member.client().await.expect("client");
+        check_round(
+            &format!("new member {round}"),
+            &stored(&mut client, &format!("fresh/{round}/")).await,
+            acked,
+        );
+    }
+    eprintln!("{FRESH_ROUNDS} cuts of new members: {total:?}");
+    assert!(
+        total.entries_kept > 0,
+        "the layer saw no directory change: {total:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_cluster_survives_power_cuts_of_every_member_at_once() {
     if !ours() {
         return;
@@ -175,7 +225,13 @@ async fn a_cluster_survives_power_cuts_of_every_member_at_once() {
         c.kill9_all().expect("SIGKILL all");
         task.await.expect("writer");
         let acked = acked.lock().expect("lock").len();
-        let cut = power.cut(seed).expect("power cut");
+        // The first cut, of new members, is the worst one (nothing unsynced kept).
+        let cut = if round == 0 {
+            power.cut_everything()
+        } else {
+            power.cut(seed)
+        }
+        .expect("power cut");
         eprintln!("cluster round {round}: seed {seed}, {acked} acknowledged, cut {cut:?}");
         total += cut;
         c.restart_all().await.unwrap_or_else(|e| {
