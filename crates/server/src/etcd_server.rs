@@ -197,6 +197,22 @@ impl EtcdServer {
 
         let wal_dir = config.wal_dir();
         let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
+        // A backend that applied entries has a WAL they came from; without it (an operator
+        // removed `member/wal`) bootstrapping would start a new member's log over the old
+        // data, whose consistent index then hides the new entries. etcd 3.5 starts anyway;
+        // we refuse, as etcd refuses a WAL without its database file. A restored snapshot
+        // (`etcd snapshot restore`) has no consistent index and bootstraps as before.
+        if !wal_exists && store.consistent_index() > 0 {
+            return Err(ServerError::Fatal(format!(
+                "database file ({} index {}) holds applied entries but the WAL directory ({}) has no WAL; \
+                 refusing to start a new member over them (put the WAL back, or remove the data directory {} \
+                 to join the cluster as a new member)",
+                config.backend_path().display(),
+                store.consistent_index(),
+                wal_dir.display(),
+                config.data_dir.display()
+            )));
+        }
         let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);

@@ -394,3 +394,54 @@ async fn a_bit_flip_in_the_backend_refuses_to_start_naming_the_file_and_a_clean_
         .expect("read");
     assert_eq!(got.kvs().len(), 50);
 }
+
+#[tokio::test]
+async fn a_member_whose_wal_was_removed_refuses_to_start_over_its_backend() {
+    // An operator removed `member/wal` (or emptied it) and kept `member/snap/db`: starting
+    // as a new member would begin a new log under data applied from the old one. The member
+    // refuses, naming both paths, and starts again once the WAL is back.
+    if !ours() {
+        return;
+    }
+    let mut member = Member::start(opts()).await.expect("member starts");
+    let mut client = member.client().await.expect("client");
+    for i in 0..20 {
+        client
+            .put(format!("nowal/{i:02}"), "x", None)
+            .await
+            .expect("put");
+    }
+    member.stop().await.expect("stop");
+    let wal = member.data_dir().join("member/wal");
+    let kept = member.data_dir().join("wal.kept");
+    std::fs::rename(&wal, &kept).expect("move the WAL away");
+    let db = member.data_dir().join("member/snap/db");
+    for round in ["no WAL directory", "an empty WAL directory"] {
+        if round == "an empty WAL directory" {
+            std::fs::create_dir(&wal).expect("empty WAL directory");
+        }
+        let failed = member.restart().await;
+        assert!(failed.is_err(), "{round}: the member started");
+        let status = member
+            .wait_exit(WAIT)
+            .await
+            .expect("the member exits by itself");
+        assert!(!status.success(), "{round}: exit status {status}");
+        let log = member.current_log();
+        assert!(
+            log.contains(&format!("database file ({} index", db.display()))
+                && log.contains(&format!("the WAL directory ({}) has no WAL", wal.display())),
+            "{round}: the refusal names the database file and the WAL directory:\n{}",
+            member.log_tail(10)
+        );
+    }
+    std::fs::remove_dir(&wal).expect("remove the empty WAL directory");
+    std::fs::rename(&kept, &wal).expect("put the WAL back");
+    member.restart().await.expect("starts with its WAL back");
+    let mut client = member.client().await.expect("client");
+    let got = client
+        .get("nowal/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read");
+    assert_eq!(got.kvs().len(), 20);
+}
