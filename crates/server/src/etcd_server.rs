@@ -191,6 +191,7 @@ impl EtcdServer {
         crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
         let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
+        remove_received_snapshots(&config.backend_path());
         backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
         tracing::info!(path = %config.backend_path().display(), "opened backend db");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
@@ -683,6 +684,33 @@ impl EtcdServer {
     /// Ask the watch sync task to run a round soon.
     pub fn wake_watch_sync(&self) {
         self.inner.watch_sync.notify_one();
+    }
+}
+
+/// Removes the snapshot images a previous process received beside the backend
+/// (`*.snap.recv`, and `*.snap.from-etcd` read from an etcd leader's): the image waiting for
+/// raft lives only in memory (`pending_snapshot`), so such a file is never installed after a
+/// restart, and a power cut can bring back one whose removal was not yet durable.
+fn remove_received_snapshots(backend_path: &std::path::Path) {
+    let Some(dir) = backend_path.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".snap.recv") || name.ends_with(".snap.from-etcd") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed a snapshot image left by an earlier start")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a snapshot image left by an earlier start")
+                }
+            }
+        }
     }
 }
 
