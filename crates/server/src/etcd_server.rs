@@ -237,16 +237,34 @@ impl EtcdServer {
     ) -> Result<EtcdServer> {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
+        etcdrs_backend::create_dir_all_synced(&config.data_dir)
+            .map_err(|e| fatal("create data dir", &e))?;
         crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
         let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
+        remove_received_snapshots(&config.backend_path());
         backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
         tracing::info!(path = %config.backend_path().display(), "opened backend db");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
 
         let wal_dir = config.wal_dir();
         let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
+        // A backend that applied entries has a WAL they came from; without it (an operator
+        // removed `member/wal`) bootstrapping would start a new member's log over the old
+        // data, whose consistent index then hides the new entries. etcd 3.5 starts anyway;
+        // we refuse, as etcd refuses a WAL without its database file. A restored snapshot
+        // (`etcd snapshot restore`) has no consistent index and bootstraps as before.
+        if !wal_exists && store.consistent_index() > 0 {
+            return Err(ServerError::Fatal(format!(
+                "database file ({} index {}) holds applied entries but the WAL directory ({}) has no WAL; \
+                 refusing to start a new member over them (put the WAL back, or remove the data directory {} \
+                 to join the cluster as a new member)",
+                config.backend_path().display(),
+                store.consistent_index(),
+                wal_dir.display(),
+                config.data_dir.display()
+            )));
+        }
         let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);
@@ -698,6 +716,33 @@ impl EtcdServer {
     /// Ask the watch sync task to run a round soon.
     pub fn wake_watch_sync(&self) {
         self.inner.watch_sync.notify_one();
+    }
+}
+
+/// Removes the snapshot images a previous process received beside the backend
+/// (`*.snap.recv`, and `*.snap.from-etcd` read from an etcd leader's): the image waiting for
+/// raft lives only in memory (`pending_snapshot`), so such a file is never installed after a
+/// restart, and a power cut can bring back one whose removal was not yet durable.
+fn remove_received_snapshots(backend_path: &std::path::Path) {
+    let Some(dir) = backend_path.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".snap.recv") || name.ends_with(".snap.from-etcd") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed a snapshot image left by an earlier start")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a snapshot image left by an earlier start")
+                }
+            }
+        }
     }
 }
 
