@@ -1,0 +1,1178 @@
+//! The simulator: one seed drives the members, the network, the clock and the clients.
+//!
+//! # What is real and what is glue
+//!
+//! - Real: raft-rs's `RawNode` with `raftnode`'s configuration (check quorum, pre-vote as the
+//!   seed picks, the default safe ReadIndex); the MVCC store (`KvStore` over a redb `Backend`,
+//!   its write batches, revisions, `HashKV` and backend hash, its restart from the backend);
+//!   etcd's `InternalRaftRequest` as the entry payload.
+//! - Glue, because the real pieces cannot be driven without threads, tokio or files:
+//!   the Ready handling mirrors `raftnode`'s `NodeCore::on_ready` (messages, committed entries,
+//!   read states, persist, persisted messages, advance, light ready) over raft-rs's
+//!   `MemStorage`, which stands for the WAL (it survives a crash; `raftnode`'s own storage is
+//!   private to its crate); the applier mirrors `server`'s `apply_batch` for Put and
+//!   DeleteRange (skip entries at or below the consistent index, one backend transaction per
+//!   batch, consistent index recorded, commit), since `server::apply` is private too.
+//!
+//! # Time
+//!
+//! Virtual milliseconds. A member ticks every [`TICK_MS`]; elections take
+//! [`ELECTION_TICK`]..2x ticks (raft-rs draws that timeout from the thread's RNG, so after every
+//! step the simulator redraws it from the seed wherever raft has just reset it).
+//!
+//! # Invariants, checked as the run goes
+//!
+//! - at most one leader per term, and a new leader's log holds every entry applied anywhere;
+//! - every member applies the same entry at each index (term and payload), with no gap;
+//! - at equal applied index, equal MVCC revision, and (sampled every [`HASH_EVERY`] entries,
+//!   and at the end) equal `HashKV`;
+//! - at the end, with the faults over: every member converges to the same applied index,
+//!   revision, `HashKV` and backend hash, and the clients' history is linearizable.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use etcdrs_backend::Backend;
+use etcdrs_mvcc::{KeyRange, KvStore, RangeParams};
+use etcdrs_proto::etcdserverpb::{DeleteRangeRequest, PutRequest};
+use etcdrs_proto::raft_internal::{InternalRaftRequest, RequestHeader};
+use prost::Message as _;
+use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
+use raft::storage::MemStorage;
+use raft::{RawNode, StateRole};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::checker::{Checker, Kind, Operation};
+
+/// One raft tick, virtual milliseconds.
+pub const TICK_MS: u64 = 10;
+/// Ticks of the election timeout (etcd's 1000 ms over its 100 ms heartbeat).
+pub const ELECTION_TICK: usize = 10;
+/// Ticks between heartbeats.
+pub const HEARTBEAT_TICK: usize = 1;
+/// How long a client waits for an answer before it gives up (its write's outcome is then
+/// unknown).
+pub const CLIENT_TIMEOUT_MS: u64 = 1500;
+/// `HashKV` is compared whenever a batch ends at a multiple of this index.
+pub const HASH_EVERY: u64 = 4;
+/// Events kept for a failure's report.
+const TRACE_TAIL: usize = 80;
+
+/// What one run simulates; [`Config::from_seed`] picks it all from the seed.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The seed of everything.
+    pub seed: u64,
+    /// Members (voters).
+    pub members: usize,
+    /// Clients, each with one operation outstanding at a time.
+    pub clients: usize,
+    /// Keys the clients use.
+    pub keys: u64,
+    /// Virtual milliseconds during which faults happen and clients run.
+    pub fault_ms: u64,
+    /// Virtual milliseconds after that within which the cluster must converge.
+    pub settle_ms: u64,
+    /// Raft messages dropped, per mille, while faults happen.
+    pub drop_per_mille: u32,
+    /// Raft messages delivered twice, per mille, while faults happen.
+    pub duplicate_per_mille: u32,
+    /// Longest ordinary delivery delay, ms (a few messages take much longer: reordering).
+    pub max_delay_ms: u64,
+    /// Whether members crash and restart.
+    pub crashes: bool,
+    /// Whether the network partitions.
+    pub partitions: bool,
+    /// raft's pre-vote.
+    pub pre_vote: bool,
+    /// Whether forwarded proposals (`MsgPropose`) may be duplicated too. Off by default: a
+    /// duplicated proposal is appended twice and its write applied twice (neither raft nor
+    /// etcd's applier deduplicates), which etcd's TCP transport never causes.
+    pub duplicate_proposals: bool,
+}
+
+impl Config {
+    /// A configuration drawn from `seed`.
+    pub fn from_seed(seed: u64) -> Config {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        Config {
+            seed,
+            members: [3, 3, 5][rng.random_range(0..3)],
+            clients: rng.random_range(2..=4),
+            keys: rng.random_range(1..=3),
+            fault_ms: 3000,
+            settle_ms: 5000,
+            drop_per_mille: rng.random_range(0..=100),
+            duplicate_per_mille: rng.random_range(0..=50),
+            max_delay_ms: rng.random_range(1..=20),
+            crashes: rng.random_bool(0.7),
+            partitions: rng.random_bool(0.7),
+            pre_vote: rng.random_bool(0.5),
+            duplicate_proposals: false,
+        }
+    }
+}
+
+/// What a run that kept every invariant did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Hash of every event in order: equal for two runs of one seed.
+    pub trace_hash: u64,
+    /// Events handled.
+    pub events: u64,
+    /// Operations in the checked history.
+    pub history: usize,
+    /// Of those, the ones that completed.
+    pub completed: usize,
+    /// Writes whose outcome stayed unknown (client timeouts).
+    pub unknown: usize,
+    /// The converged applied index.
+    pub applied: u64,
+    /// The converged MVCC revision.
+    pub revision: i64,
+    /// The highest term any member reached.
+    pub term: u64,
+    /// Member crashes.
+    pub crashes: u32,
+    /// Network partitions.
+    pub partitions: u32,
+    /// Virtual milliseconds simulated.
+    pub simulated_ms: u64,
+    /// States the linearizability checker explored.
+    pub checker_states: usize,
+    /// Keys on which the checker hit its budget.
+    pub checker_gave_up: usize,
+}
+
+/// A run that broke an invariant (or could not run).
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The seed that replays it.
+    pub seed: u64,
+    /// What broke.
+    pub message: String,
+    /// The last events before it, oldest first.
+    pub trace: Vec<String>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {}: {}", self.seed, self.message)?;
+        writeln!(f, "last events (virtual ms):")?;
+        for line in &self.trace {
+            writeln!(f, "  {line}")?;
+        }
+        write!(
+            f,
+            "replay: ETCDRS_SIM_SEED={} cargo test -p etcdrs-sim --test seeds",
+            self.seed
+        )
+    }
+}
+
+/// Run the simulation `config` describes.
+pub fn run(config: &Config) -> Result<Report, Failure> {
+    let mut sim = match Sim::new(config.clone()) {
+        Ok(sim) => sim,
+        Err(message) => {
+            return Err(Failure {
+                seed: config.seed,
+                message,
+                trace: Vec::new(),
+            });
+        }
+    };
+    match sim.run() {
+        Ok(report) => Ok(report),
+        Err(message) => Err(Failure {
+            seed: config.seed,
+            message,
+            trace: sim.trace.tail.iter().map(|n| n.to_string()).collect(),
+        }),
+    }
+}
+
+type Step<T = ()> = Result<T, String>;
+
+#[derive(Debug)]
+enum Event {
+    Tick(usize),
+    Deliver { from: u64, msg: Box<Message> },
+    Client { client: usize, generation: u64 },
+    Fault,
+    Crash(usize),
+    Restart(usize),
+    Heal,
+    EndFaults,
+}
+
+struct Scheduled {
+    time: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.time, self.seq) == (other.time, other.seq)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    /// Reversed: the heap pops the earliest event, ties in scheduling order.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.time, other.seq).cmp(&(self.time, self.seq))
+    }
+}
+
+struct Note {
+    time: u64,
+    what: &'static str,
+    a: u64,
+    b: u64,
+    c: u64,
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:>6} {} {} {} {}",
+            self.time, self.what, self.a, self.b, self.c
+        )
+    }
+}
+
+#[derive(Default)]
+struct Trace {
+    hasher: DefaultHasher,
+    tail: VecDeque<Note>,
+    events: u64,
+}
+
+/// One member: its raft node and store while it runs, its durable raft state always.
+struct Member {
+    id: u64,
+    /// The raft log and hard state as persisted: what the WAL holds; survives crashes.
+    storage: MemStorage,
+    node: Option<RawNode<MemStorage>>,
+    kv: Option<KvStore>,
+    db: PathBuf,
+    /// Index of the last entry applied to `kv`.
+    applied: u64,
+    /// Proposals by request id, waiting for their apply on this member: the operation.
+    waiters: BTreeMap<u64, usize>,
+    /// ReadIndex requests by context, waiting for their read state: the operation.
+    reads: BTreeMap<u64, usize>,
+    /// Reads with their read index, waiting for the apply to reach it.
+    read_waits: Vec<(u64, usize)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum OpState {
+    Open,
+    Done,
+    Failed,
+    Abandoned,
+}
+
+struct SimOp {
+    op: Operation,
+    state: OpState,
+}
+
+#[derive(Default)]
+struct Client {
+    busy: Option<usize>,
+    generation: u64,
+}
+
+struct Sim {
+    cfg: Config,
+    rng: StdRng,
+    now: u64,
+    seq: u64,
+    queue: BinaryHeap<Scheduled>,
+    members: Vec<Member>,
+    /// While partitioned, each member's side.
+    groups: Option<Vec<u8>>,
+    faults: bool,
+    clients: Vec<Client>,
+    ops: Vec<SimOp>,
+    /// The history's logical clock: one step per invocation or completion.
+    clock: u64,
+    next_request: u64,
+    next_value: u64,
+    trace: Trace,
+    logger: slog::Logger,
+    /// The leader of each term seen.
+    leaders: BTreeMap<u64, u64>,
+    /// (term, payload hash) of every entry applied anywhere, by index - 1.
+    log: Vec<(u64, u64)>,
+    /// MVCC revision after applying up to each batch-ending index.
+    revisions: BTreeMap<u64, i64>,
+    /// `HashKV` at sampled applied indexes.
+    hashes: BTreeMap<u64, u32>,
+    crashes: u32,
+    partitions: u32,
+    // Dropped last: the stores above live in it.
+    _dir: tempfile::TempDir,
+}
+
+fn raft_config(id: u64, applied: u64, pre_vote: bool) -> raft::Config {
+    // As `raftnode::start` configures raft, with the simulation's tick counts.
+    raft::Config {
+        id,
+        election_tick: ELECTION_TICK,
+        heartbeat_tick: HEARTBEAT_TICK,
+        applied,
+        pre_vote,
+        check_quorum: true,
+        max_size_per_msg: 1024 * 1024,
+        max_inflight_msgs: 256,
+        ..Default::default()
+    }
+}
+
+fn key_bytes(key: u64) -> Vec<u8> {
+    format!("key-{key}").into_bytes()
+}
+
+fn payload_hash(entry: &Entry) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (entry.get_entry_type() as i32).hash(&mut hasher);
+    entry.data.as_ref().hash(&mut hasher);
+    hasher.finish()
+}
+
+impl Sim {
+    fn new(cfg: Config) -> Step<Sim> {
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::Builder::new()
+                .prefix("etcdrs-sim")
+                .tempdir_in(shm)
+        } else {
+            tempfile::Builder::new().prefix("etcdrs-sim").tempdir()
+        }
+        .map_err(|e| format!("temporary directory: {e}"))?;
+        let voters: Vec<u64> = (1..=cfg.members as u64).collect();
+        let members = voters
+            .iter()
+            .map(|&id| Member {
+                id,
+                storage: MemStorage::new_with_conf_state(ConfState::from((
+                    voters.clone(),
+                    Vec::<u64>::new(),
+                ))),
+                node: None,
+                kv: None,
+                db: dir.path().join(format!("member-{id}.redb")),
+                applied: 0,
+                waiters: BTreeMap::new(),
+                reads: BTreeMap::new(),
+                read_waits: Vec::new(),
+            })
+            .collect();
+        let mut sim = Sim {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            members,
+            groups: None,
+            faults: true,
+            clients: (0..cfg.clients).map(|_| Client::default()).collect(),
+            ops: Vec::new(),
+            clock: 0,
+            next_request: 1,
+            next_value: 1,
+            trace: Trace::default(),
+            logger: slog::Logger::root(slog::Discard, slog::o!()),
+            leaders: BTreeMap::new(),
+            log: Vec::new(),
+            revisions: BTreeMap::new(),
+            hashes: BTreeMap::new(),
+            crashes: 0,
+            partitions: 0,
+            _dir: dir,
+            cfg,
+        };
+        for i in 0..sim.members.len() {
+            sim.start_member(i)?;
+            let phase = sim.rng.random_range(1..=TICK_MS);
+            sim.schedule(phase, Event::Tick(i));
+        }
+        for client in 0..sim.clients.len() {
+            let at = sim.rng.random_range(0..20);
+            sim.schedule(
+                at,
+                Event::Client {
+                    client,
+                    generation: 0,
+                },
+            );
+        }
+        if sim.cfg.crashes || sim.cfg.partitions {
+            let at = sim.rng.random_range(100..400);
+            sim.schedule(at, Event::Fault);
+        }
+        sim.schedule(sim.cfg.fault_ms, Event::EndFaults);
+        Ok(sim)
+    }
+
+    fn schedule(&mut self, after: u64, event: Event) {
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            time: self.now + after,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn note(&mut self, what: &'static str, a: u64, b: u64, c: u64) {
+        let note = Note {
+            time: self.now,
+            what,
+            a,
+            b,
+            c,
+        };
+        (note.time, note.what, a, b, c).hash(&mut self.trace.hasher);
+        if self.trace.tail.len() == TRACE_TAIL {
+            self.trace.tail.pop_front();
+        }
+        self.trace.tail.push_back(note);
+    }
+
+    fn per_mille(&mut self, rate: u32) -> bool {
+        rate > 0 && self.rng.random_range(0..1000) < rate
+    }
+
+    fn run(&mut self) -> Step<Report> {
+        let deadline = self.cfg.fault_ms + self.cfg.settle_ms;
+        while let Some(Scheduled { time, event, .. }) = self.queue.pop() {
+            if time > deadline {
+                return Err(format!(
+                    "no convergence {} ms after the faults ended: {}",
+                    self.cfg.settle_ms,
+                    self.convergence()
+                ));
+            }
+            self.now = time;
+            self.trace.events += 1;
+            self.handle(event)?;
+            self.pin_election_timeouts();
+            self.process_readies()?;
+            self.check_leaders()?;
+            if !self.faults && self.converged() {
+                return self.finish();
+            }
+        }
+        Err("the event queue ran dry".into())
+    }
+
+    fn handle(&mut self, event: Event) -> Step {
+        match event {
+            Event::Tick(i) => {
+                if let Some(node) = self.members[i].node.as_mut() {
+                    node.tick();
+                }
+                self.schedule(TICK_MS, Event::Tick(i));
+            }
+            Event::Deliver { from, msg } => self.deliver(from, *msg),
+            Event::Client { client, generation } => self.client_wakes(client, generation)?,
+            Event::Fault => self.fault(),
+            Event::Crash(i) => self.crash(i),
+            Event::Restart(i) => {
+                if self.members[i].node.is_none() {
+                    self.start_member(i)?;
+                }
+            }
+            Event::Heal => {
+                if self.groups.take().is_some() {
+                    self.note("heal", 0, 0, 0);
+                }
+            }
+            Event::EndFaults => {
+                self.faults = false;
+                self.groups = None;
+                self.note("end-faults", 0, 0, 0);
+                for i in 0..self.members.len() {
+                    if self.members[i].node.is_none() {
+                        self.start_member(i)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// raft-rs draws each new election timeout from the thread's RNG; draw it from the seed
+    /// instead wherever raft has just reset its election clock, before the next tick reads it.
+    fn pin_election_timeouts(&mut self) {
+        for i in 0..self.members.len() {
+            let Some(node) = self.members[i].node.as_ref() else {
+                continue;
+            };
+            if node.raft.election_elapsed != 0 {
+                continue;
+            }
+            let timeout = self.rng.random_range(ELECTION_TICK..2 * ELECTION_TICK);
+            if let Some(node) = self.members[i].node.as_mut() {
+                node.raft.set_randomized_election_timeout(timeout);
+            }
+        }
+    }
+
+    // ---- members ----
+
+    /// Start (or restart) member `i` from its raft storage and its backend, as a member
+    /// restarts from its WAL and `member/snap/db`.
+    fn start_member(&mut self, i: usize) -> Step {
+        let member = &mut self.members[i];
+        let mut backend = Backend::open(&member.db).map_err(|e| format!("open backend: {e}"))?;
+        // Nothing becomes durable by the wall clock: only a clean stop makes it so.
+        backend.set_batching(Duration::from_secs(1 << 40), u64::MAX);
+        let kv = KvStore::open(backend, 1).map_err(|e| format!("open store: {e}"))?;
+        let applied = kv.consistent_index();
+        {
+            // As `raftnode` restarts: entries the store applied were committed.
+            let mut core = member.storage.wl();
+            let commit = core.hard_state().commit.max(applied);
+            core.mut_hard_state().commit = commit;
+        }
+        let config = raft_config(member.id, applied, self.cfg.pre_vote);
+        let node = RawNode::new(&config, member.storage.clone(), &self.logger)
+            .map_err(|e| format!("start raft: {e}"))?;
+        member.node = Some(node);
+        member.kv = Some(kv);
+        member.applied = applied;
+        let id = member.id;
+        self.note("start", id, applied, 0);
+        Ok(())
+    }
+
+    fn crash(&mut self, i: usize) {
+        let clean = self.rng.random_bool(0.5);
+        let member = &mut self.members[i];
+        if member.node.take().is_none() {
+            return;
+        }
+        if let Some(kv) = member.kv.take()
+            && clean
+        {
+            // A clean stop: the backend's last commits reach the disk. Otherwise they are
+            // lost as in a crash, and raft replays them from the log.
+            let _ = kv.force_durable();
+        }
+        member.waiters.clear();
+        member.reads.clear();
+        member.read_waits.clear();
+        let id = member.id;
+        self.crashes += 1;
+        self.note("crash", id, u64::from(clean), 0);
+        let after = self.rng.random_range(50..=800);
+        self.schedule(after, Event::Restart(i));
+    }
+
+    fn fault(&mut self) {
+        if !self.faults {
+            return;
+        }
+        match self.rng.random_range(0..4) {
+            0 | 1 if self.cfg.partitions && self.groups.is_none() => {
+                let n = self.members.len();
+                let groups: Vec<u8> = if self.rng.random_bool(0.5) {
+                    let alone = self.rng.random_range(0..n);
+                    (0..n).map(|i| u8::from(i == alone)).collect()
+                } else {
+                    (0..n).map(|_| self.rng.random_range(0..2)).collect()
+                };
+                let mask = groups
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |m, (i, g)| m | (u64::from(*g) << i));
+                self.groups = Some(groups);
+                self.partitions += 1;
+                self.note("partition", mask, 0, 0);
+                let after = self.rng.random_range(100..=1500);
+                self.schedule(after, Event::Heal);
+            }
+            2 if self.cfg.crashes => {
+                let up: Vec<usize> = (0..self.members.len())
+                    .filter(|&i| self.members[i].node.is_some())
+                    .collect();
+                if !up.is_empty() {
+                    let i = up[self.rng.random_range(0..up.len())];
+                    self.schedule(0, Event::Crash(i));
+                }
+            }
+            _ => {}
+        }
+        let after = self.rng.random_range(50..=500);
+        self.schedule(after, Event::Fault);
+    }
+
+    // ---- network ----
+
+    fn send(&mut self, from: u64, messages: Vec<Message>) {
+        for msg in messages {
+            let (kind, to, term, index) = (msg.get_msg_type() as u64, msg.to, msg.term, msg.index);
+            if self.faults && self.per_mille(self.cfg.drop_per_mille) {
+                self.note("drop", kind, from * 100 + to, term);
+                continue;
+            }
+            let may_duplicate =
+                msg.get_msg_type() != MessageType::MsgPropose || self.cfg.duplicate_proposals;
+            let copies =
+                if self.faults && may_duplicate && self.per_mille(self.cfg.duplicate_per_mille) {
+                    2
+                } else {
+                    1
+                };
+            for _ in 0..copies {
+                let delay = if self.faults && self.rng.random_range(0..20) == 0 {
+                    self.rng.random_range(20..=200)
+                } else {
+                    self.rng.random_range(1..=self.cfg.max_delay_ms)
+                };
+                self.note("send", kind, from * 100 + to, term * 1_000_000 + index);
+                self.schedule(
+                    delay,
+                    Event::Deliver {
+                        from,
+                        msg: Box::new(msg.clone()),
+                    },
+                );
+            }
+        }
+    }
+
+    fn deliver(&mut self, from: u64, msg: Message) {
+        let to = msg.to;
+        let kind = msg.get_msg_type() as u64;
+        let Some(i) = (to as usize)
+            .checked_sub(1)
+            .filter(|&i| i < self.members.len())
+        else {
+            return;
+        };
+        let cut = self
+            .groups
+            .as_ref()
+            .is_some_and(|g| g[(from - 1) as usize] != g[i]);
+        if cut {
+            self.note("cut", kind, from * 100 + to, 0);
+            return;
+        }
+        let Some(node) = self.members[i].node.as_mut() else {
+            self.note("to-down", kind, from * 100 + to, 0);
+            return;
+        };
+        let stepped = node.step(msg).is_ok();
+        self.note("deliver", kind, from * 100 + to, u64::from(stepped));
+    }
+
+    // ---- the Ready loop ----
+
+    fn process_readies(&mut self) -> Step {
+        loop {
+            let mut any = false;
+            for i in 0..self.members.len() {
+                any |= self.process(i)?;
+            }
+            self.pin_election_timeouts();
+            if !any {
+                return Ok(());
+            }
+        }
+    }
+
+    fn process(&mut self, i: usize) -> Step<bool> {
+        let Some(mut node) = self.members[i].node.take() else {
+            return Ok(false);
+        };
+        if !node.has_ready() {
+            self.members[i].node = Some(node);
+            return Ok(false);
+        }
+        let result = self.on_ready(i, &mut node);
+        self.members[i].node = Some(node);
+        result.map(|()| true)
+    }
+
+    /// `raftnode`'s `NodeCore::on_ready`, with the storage standing for the WAL.
+    fn on_ready(&mut self, i: usize, node: &mut RawNode<MemStorage>) -> Step {
+        let id = self.members[i].id;
+        let mut ready = node.ready();
+        self.send(id, ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            return Err(format!(
+                "member {id} got a snapshot, but the simulation never compacts the log"
+            ));
+        }
+        self.apply(i, ready.take_committed_entries())?;
+        for state in ready.take_read_states() {
+            let ctx = <[u8; 8]>::try_from(state.request_ctx.as_slice())
+                .map(u64::from_be_bytes)
+                .unwrap_or(u64::MAX);
+            if let Some(op) = self.members[i].reads.remove(&ctx) {
+                self.note("read-index", id, op as u64, state.index);
+                self.members[i].read_waits.push((state.index, op));
+            }
+        }
+        let storage = self.members[i].storage.clone();
+        let entries = ready.take_entries();
+        if !entries.is_empty() {
+            storage
+                .wl()
+                .append(&entries)
+                .map_err(|e| format!("persist entries: {e}"))?;
+        }
+        if let Some(hs) = ready.hs() {
+            storage.wl().set_hardstate(hs.clone());
+        }
+        self.send(id, ready.take_persisted_messages());
+        let mut light = node.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            storage.wl().mut_hard_state().commit = commit;
+        }
+        self.send(id, light.take_messages());
+        self.apply(i, light.take_committed_entries())?;
+        node.advance_apply();
+        self.serve_reads(i)
+    }
+
+    /// `server`'s `apply_batch` for the requests the clients make, with the invariants on
+    /// what was applied.
+    fn apply(&mut self, i: usize, entries: Vec<Entry>) -> Step {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let member = &mut self.members[i];
+        let id = member.id;
+        let Some(kv) = member.kv.as_ref() else {
+            return Err(format!("member {id} applies while stopped"));
+        };
+        let skip_below = kv.consistent_index();
+        let mut batch = kv.write().map_err(|e| format!("write batch: {e}"))?;
+        let mut results = Vec::new();
+        let (mut index, mut term) = (0, 0);
+        for entry in &entries {
+            if entry.index != member.applied + 1 {
+                return Err(format!(
+                    "member {id} applies entry {} after {}",
+                    entry.index, member.applied
+                ));
+            }
+            member.applied = entry.index;
+            index = entry.index;
+            term = entry.term;
+            // The same entry at the same index on every member.
+            let seen = (entry.term, payload_hash(entry));
+            match self.log.get(entry.index as usize - 1) {
+                Some(first) if *first != seen => {
+                    return Err(format!(
+                        "member {id} applies entry {} of term {}, another member applied term {} there (or another payload)",
+                        entry.index, entry.term, first.0
+                    ));
+                }
+                Some(_) => {}
+                None => self.log.push(seen),
+            }
+            if entry.index <= skip_below {
+                continue;
+            }
+            if entry.get_entry_type() != EntryType::EntryNormal {
+                return Err(format!(
+                    "entry {} is a membership change: none is proposed",
+                    entry.index
+                ));
+            }
+            if entry.data.is_empty() {
+                continue;
+            }
+            let request = InternalRaftRequest::decode(entry.data.as_ref())
+                .map_err(|e| format!("decode entry: {e}"))?;
+            let request_id = request.header.as_ref().map_or(request.id, |h| h.id);
+            let mut txn = batch.txn();
+            if let Some(put) = &request.put {
+                txn.put(&put.key, &put.value, 0)
+                    .map_err(|e| format!("put: {e}"))?;
+            } else if let Some(delete) = &request.delete_range {
+                txn.delete_range(KeyRange::new(&delete.key, &delete.range_end))
+                    .map_err(|e| format!("delete: {e}"))?;
+            } else {
+                return Err(format!("entry {} holds no put or delete", entry.index));
+            }
+            let rev = txn.end();
+            results.push((request_id, rev));
+        }
+        if index > skip_below {
+            batch
+                .set_consistent_index(index, term)
+                .map_err(|e| format!("consistent index: {e}"))?;
+        }
+        batch.commit(false).map_err(|e| format!("commit: {e}"))?;
+        let revision = kv.current_rev();
+        let hash = if index % HASH_EVERY == 0 {
+            Some(kv.hash_kv(0).map_err(|e| format!("hash: {e}"))?.hash)
+        } else {
+            None
+        };
+        match self.revisions.get(&index) {
+            Some(&first) if first != revision => {
+                return Err(format!(
+                    "member {id} is at revision {revision} after applying up to {index}, another member was at {first}"
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.revisions.insert(index, revision);
+            }
+        }
+        if let Some(hash) = hash {
+            match self.hashes.get(&index) {
+                Some(&first) if first != hash => {
+                    return Err(format!(
+                        "member {id} has HashKV {hash:08x} at applied index {index}, another member had {first:08x}"
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    self.hashes.insert(index, hash);
+                }
+            }
+        }
+        self.note("apply", id, index, revision as u64);
+        for (request_id, _rev) in results {
+            if let Some(op) = self.members[i].waiters.remove(&request_id) {
+                self.complete(op, None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Linearizable reads whose read index the apply has reached read the store.
+    fn serve_reads(&mut self, i: usize) -> Step {
+        let member = &mut self.members[i];
+        if member.read_waits.is_empty() {
+            return Ok(());
+        }
+        let applied = member.applied;
+        let (ready, waiting): (Vec<_>, Vec<_>) = member
+            .read_waits
+            .drain(..)
+            .partition(|(index, _)| *index <= applied);
+        member.read_waits = waiting;
+        for (_, op) in ready {
+            let key = key_bytes(self.ops[op].op.key);
+            let Some(kv) = self.members[i].kv.as_ref() else {
+                return Err("read on a stopped member".into());
+            };
+            let result = kv
+                .range(KeyRange::new(&key, &[]), RangeParams::default())
+                .map_err(|e| format!("range: {e}"))?;
+            let value = match result.kvs.first() {
+                None => None,
+                Some(kv) => Some(
+                    std::str::from_utf8(&kv.value)
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| format!("a value no client wrote: {:?}", kv.value))?,
+                ),
+            };
+            self.complete(op, Some(value));
+        }
+        Ok(())
+    }
+
+    // ---- invariants ----
+
+    fn check_leaders(&mut self) -> Step {
+        for i in 0..self.members.len() {
+            let Some(node) = self.members[i].node.as_ref() else {
+                continue;
+            };
+            if node.raft.state != StateRole::Leader {
+                continue;
+            }
+            let (id, term) = (node.raft.id, node.raft.term);
+            match self.leaders.get(&term) {
+                Some(&leader) if leader != id => {
+                    return Err(format!("members {leader} and {id} both lead term {term}"));
+                }
+                Some(_) => {}
+                None => {
+                    // Leader completeness: every entry applied anywhere is in its log.
+                    for (at, (entry_term, _)) in self.log.iter().enumerate() {
+                        let index = at as u64 + 1;
+                        let held = node.raft.raft_log.term(index).unwrap_or(0);
+                        if held != *entry_term {
+                            return Err(format!(
+                                "member {id} leads term {term} without entry {index} of term {entry_term} (holds term {held})"
+                            ));
+                        }
+                    }
+                    self.leaders.insert(term, id);
+                    self.note("leader", id, term, 0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn leader(&self) -> Option<&RawNode<MemStorage>> {
+        self.members
+            .iter()
+            .filter_map(|m| m.node.as_ref())
+            .filter(|n| n.raft.state == StateRole::Leader)
+            .max_by_key(|n| n.raft.term)
+    }
+
+    fn converged(&self) -> bool {
+        if self.clients.iter().any(|c| c.busy.is_some()) {
+            return false;
+        }
+        let Some(leader) = self.leader() else {
+            return false;
+        };
+        let commit = leader.raft.raft_log.committed;
+        commit == leader.raft.raft_log.last_index()
+            && self
+                .members
+                .iter()
+                .all(|m| m.node.is_some() && m.applied == commit)
+    }
+
+    fn convergence(&self) -> String {
+        let members: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| match &m.node {
+                None => format!("{}: down", m.id),
+                Some(n) => format!(
+                    "{}: {:?} term {} commit {} applied {}",
+                    m.id, n.raft.state, n.raft.term, n.raft.raft_log.committed, m.applied
+                ),
+            })
+            .collect();
+        let busy = self.clients.iter().filter(|c| c.busy.is_some()).count();
+        format!("{}; {busy} clients waiting", members.join(", "))
+    }
+
+    fn finish(&mut self) -> Step<Report> {
+        let mut first: Option<(u64, i64, u32, u32)> = None;
+        for member in &self.members {
+            let Some(kv) = member.kv.as_ref() else {
+                return Err(format!("member {} is down at the end", member.id));
+            };
+            let hash_kv = kv.hash_kv(0).map_err(|e| format!("hash: {e}"))?;
+            let (hash, _) = kv.hash().map_err(|e| format!("hash: {e}"))?;
+            let here = (member.applied, kv.current_rev(), hash_kv.hash, hash);
+            match first {
+                None => first = Some(here),
+                Some(first) if first != here => {
+                    return Err(format!(
+                        "members diverge at the end: (applied, revision, HashKV, hash) {first:?} and {here:?} on member {}",
+                        member.id
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let (applied, revision, hash_kv, _) = first.unwrap_or_default();
+        self.note("end", applied, revision as u64, u64::from(hash_kv));
+        let history: Vec<Operation> = self
+            .ops
+            .iter()
+            .filter(|o| match o.state {
+                OpState::Done => true,
+                OpState::Open | OpState::Abandoned => !matches!(o.op.kind, Kind::Get(_)),
+                OpState::Failed => false,
+            })
+            .map(|o| o.op.clone())
+            .collect();
+        let summary = Checker::default()
+            .check(&history)
+            .map_err(|violation| format!("the history is not linearizable: {violation}"))?;
+        let term = self
+            .members
+            .iter()
+            .filter_map(|m| m.node.as_ref())
+            .map(|n| n.raft.term)
+            .max()
+            .unwrap_or(0);
+        Ok(Report {
+            seed: self.cfg.seed,
+            trace_hash: self.trace.hasher.finish(),
+            events: self.trace.events,
+            history: history.len(),
+            completed: history.iter().filter(|o| o.complete.is_some()).count(),
+            unknown: history.iter().filter(|o| o.complete.is_none()).count(),
+            applied,
+            revision,
+            term,
+            crashes: self.crashes,
+            partitions: self.partitions,
+            simulated_ms: self.now,
+            checker_states: summary.states,
+            checker_gave_up: summary.gave_up.len(),
+        })
+    }
+
+    // ---- clients ----
+
+    fn client_wakes(&mut self, client: usize, generation: u64) -> Step {
+        if self.clients[client].generation != generation {
+            return Ok(());
+        }
+        if let Some(op) = self.clients[client].busy.take() {
+            // Its deadline passed: the client gives up; a write's outcome stays unknown.
+            if self.ops[op].state == OpState::Open {
+                self.ops[op].state = OpState::Abandoned;
+                self.note("give-up", client as u64, op as u64, 0);
+            }
+        }
+        if self.faults {
+            self.invoke(client)?;
+        }
+        Ok(())
+    }
+
+    fn invoke(&mut self, client: usize) -> Step {
+        let up: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].node.is_some())
+            .collect();
+        self.clients[client].generation += 1;
+        let generation = self.clients[client].generation;
+        if up.is_empty() {
+            self.schedule(10, Event::Client { client, generation });
+            return Ok(());
+        }
+        let i = up[self.rng.random_range(0..up.len())];
+        let key = self.rng.random_range(0..self.cfg.keys);
+        let roll = self.rng.random_range(0..10);
+        let kind = match roll {
+            0..4 => {
+                let value = self.next_value;
+                self.next_value += 1;
+                Kind::Put(value)
+            }
+            4 => Kind::Delete,
+            _ => Kind::Get(None),
+        };
+        self.clock += 1;
+        let op = self.ops.len();
+        self.ops.push(SimOp {
+            op: Operation {
+                client: client as u64,
+                key,
+                kind,
+                invoke: self.clock,
+                complete: None,
+            },
+            state: OpState::Open,
+        });
+        self.clients[client].busy = Some(op);
+        let member = &mut self.members[i];
+        let Some(node) = member.node.as_mut() else {
+            return Err("invoke on a stopped member".into());
+        };
+        let accepted = match kind {
+            Kind::Put(_) | Kind::Delete => {
+                let request_id = self.next_request;
+                self.next_request += 1;
+                let mut request = InternalRaftRequest {
+                    header: Some(RequestHeader {
+                        id: request_id,
+                        ..RequestHeader::default()
+                    }),
+                    ..InternalRaftRequest::default()
+                };
+                match kind {
+                    Kind::Put(value) => {
+                        request.put = Some(PutRequest {
+                            key: key_bytes(key),
+                            value: value.to_string().into_bytes(),
+                            ..PutRequest::default()
+                        })
+                    }
+                    _ => {
+                        request.delete_range = Some(DeleteRangeRequest {
+                            key: key_bytes(key),
+                            ..DeleteRangeRequest::default()
+                        })
+                    }
+                }
+                let accepted = node.propose(Vec::new(), request.encode_to_vec()).is_ok();
+                if accepted {
+                    member.waiters.insert(request_id, op);
+                }
+                accepted
+            }
+            Kind::Get(_) => {
+                // As `raftnode`: without a leader the read is refused at once.
+                if node.raft.leader_id == raft::INVALID_ID {
+                    false
+                } else {
+                    let ctx = op as u64;
+                    node.read_index(ctx.to_be_bytes().to_vec());
+                    member.reads.insert(ctx, op);
+                    true
+                }
+            }
+        };
+        let id = member.id;
+        self.note("invoke", client as u64, op as u64, id);
+        if accepted {
+            self.schedule(CLIENT_TIMEOUT_MS, Event::Client { client, generation });
+        } else {
+            // Refused before it reached the log: it did not happen.
+            self.ops[op].state = OpState::Failed;
+            self.clients[client].busy = None;
+            let after = self.rng.random_range(1..=20);
+            self.schedule(after, Event::Client { client, generation });
+        }
+        Ok(())
+    }
+
+    /// Operation `op` completes now; a read with what it saw.
+    fn complete(&mut self, op: usize, seen: Option<Option<u64>>) {
+        if self.ops[op].state != OpState::Open {
+            return;
+        }
+        self.clock += 1;
+        let entry = &mut self.ops[op];
+        entry.state = OpState::Done;
+        entry.op.complete = Some(self.clock);
+        if let Some(seen) = seen {
+            entry.op.kind = Kind::Get(seen);
+        }
+        let client = entry.op.client as usize;
+        let value = seen.flatten().unwrap_or(0);
+        self.note("complete", client as u64, op as u64, value);
+        if self.clients[client].busy == Some(op) {
+            self.clients[client].busy = None;
+            self.clients[client].generation += 1;
+            let generation = self.clients[client].generation;
+            let after = self.rng.random_range(0..=10);
+            self.schedule(after, Event::Client { client, generation });
+        }
+    }
+}
