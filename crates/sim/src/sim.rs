@@ -93,6 +93,9 @@ pub struct Config {
     /// duplicated proposal is appended twice and its write applied twice (neither raft nor
     /// etcd's applier deduplicates), which etcd's TCP transport never causes.
     pub duplicate_proposals: bool,
+    /// Reads served from the member's own store at once, without ReadIndex (a serializable
+    /// read passed off as linearizable): a planted bug, for tests that the checks catch one.
+    pub local_reads: bool,
 }
 
 impl Config {
@@ -113,6 +116,7 @@ impl Config {
             partitions: rng.random_bool(0.7),
             pre_vote: rng.random_bool(0.5),
             duplicate_proposals: false,
+            local_reads: false,
         }
     }
 }
@@ -170,7 +174,7 @@ impl std::fmt::Display for Failure {
         }
         write!(
             f,
-            "replay: ETCDRS_SIM_SEED={} cargo test -p etcdrs-sim --test seeds",
+            "replay: ETCDRS_SIM_SEED={} cargo test -p etcdrs-sim --test seeds seeds_keep",
             self.seed
         )
     }
@@ -1127,8 +1131,11 @@ impl Sim {
                 accepted
             }
             Kind::Get(_) => {
-                // As `raftnode`: without a leader the read is refused at once.
-                if node.raft.leader_id == raft::INVALID_ID {
+                if self.cfg.local_reads {
+                    member.read_waits.push((0, op));
+                    true
+                } else if node.raft.leader_id == raft::INVALID_ID {
+                    // As `raftnode`: without a leader the read is refused at once.
                     false
                 } else {
                     let ctx = op as u64;
@@ -1140,6 +1147,7 @@ impl Sim {
         };
         let id = member.id;
         self.note("invoke", client as u64, op as u64, id);
+        self.serve_reads(i)?;
         if accepted {
             self.schedule(CLIENT_TIMEOUT_MS, Event::Client { client, generation });
         } else {
