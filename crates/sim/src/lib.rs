@@ -16,4 +16,4 @@ pub mod checker;
 pub mod sim;
 
 pub use checker::{Checker, Kind, Operation, Violation};
-pub use sim::{Config, Failure, Report, run};
+pub use sim::{Config, Failure, Report, run, run_traced};

@@ -182,24 +182,30 @@ impl std::fmt::Display for Failure {
 
 /// Run the simulation `config` describes.
 pub fn run(config: &Config) -> Result<Report, Failure> {
-    let mut sim = match Sim::new(config.clone()) {
+    run_traced(config, TRACE_TAIL).0
+}
+
+/// [`run`], returning also the last `keep` events of the run (to compare two runs).
+pub fn run_traced(config: &Config, keep: usize) -> (Result<Report, Failure>, Vec<String>) {
+    let mut sim = match Sim::new(config.clone(), keep) {
         Ok(sim) => sim,
         Err(message) => {
-            return Err(Failure {
+            let failure = Failure {
                 seed: config.seed,
                 message,
                 trace: Vec::new(),
-            });
+            };
+            return (Err(failure), Vec::new());
         }
     };
-    match sim.run() {
-        Ok(report) => Ok(report),
-        Err(message) => Err(Failure {
-            seed: config.seed,
-            message,
-            trace: sim.trace.tail.iter().map(|n| n.to_string()).collect(),
-        }),
-    }
+    let outcome = sim.run();
+    let trace: Vec<String> = sim.trace.tail.iter().map(|n| n.to_string()).collect();
+    let outcome = outcome.map_err(|message| Failure {
+        seed: config.seed,
+        message,
+        trace: trace[trace.len().saturating_sub(TRACE_TAIL)..].to_vec(),
+    });
+    (outcome, trace)
 }
 
 type Step<T = ()> = Result<T, String>;
@@ -265,6 +271,7 @@ impl std::fmt::Display for Note {
 struct Trace {
     hasher: DefaultHasher,
     tail: VecDeque<Note>,
+    keep: usize,
     events: u64,
 }
 
@@ -364,7 +371,7 @@ fn payload_hash(entry: &Entry) -> u64 {
 }
 
 impl Sim {
-    fn new(cfg: Config) -> Step<Sim> {
+    fn new(cfg: Config, keep: usize) -> Step<Sim> {
         let shm = std::path::Path::new("/dev/shm");
         let dir = if shm.is_dir() {
             tempfile::Builder::new()
@@ -405,7 +412,10 @@ impl Sim {
             clock: 0,
             next_request: 1,
             next_value: 1,
-            trace: Trace::default(),
+            trace: Trace {
+                keep,
+                ..Trace::default()
+            },
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             leaders: BTreeMap::new(),
             log: Vec::new(),
@@ -436,6 +446,8 @@ impl Sim {
             sim.schedule(at, Event::Fault);
         }
         sim.schedule(sim.cfg.fault_ms, Event::EndFaults);
+        // Before the first tick: a tick would move the election clock off zero.
+        sim.pin_election_timeouts();
         Ok(sim)
     }
 
@@ -457,7 +469,7 @@ impl Sim {
             c,
         };
         (note.time, note.what, a, b, c).hash(&mut self.trace.hasher);
-        if self.trace.tail.len() == TRACE_TAIL {
+        if self.trace.tail.len() >= self.trace.keep {
             self.trace.tail.pop_front();
         }
         self.trace.tail.push_back(note);
@@ -568,6 +580,8 @@ impl Sim {
         member.applied = applied;
         let id = member.id;
         self.note("start", id, applied, 0);
+        // raft drew the new node's election timeout from the thread's RNG.
+        self.pin_election_timeouts();
         Ok(())
     }
 

@@ -103,17 +103,23 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
 
 #[test]
 fn a_seed_replays_exactly() {
-    for seed in [1, 2, 77] {
-        let config = Config::from_seed(seed);
-        let first = run(&config).unwrap_or_else(|f| panic!("{f}"));
-        let second = run(&config).unwrap_or_else(|f| panic!("{f}"));
-        assert_eq!(first, second, "seed {seed} ran differently twice");
-        assert!(first.events > 100);
+    // Twice each, side by side on threads (raft-rs's own RNG differs between threads: the
+    // simulator must not let it matter), and a third time alone.
+    let seeds = [1, 2, 5, 9, 13, 77];
+    let first = run_all(&seeds);
+    let second = run_all(&seeds);
+    for (at, seed) in seeds.iter().enumerate() {
+        let a = first[at].as_ref().unwrap_or_else(|f| panic!("{f}"));
+        let b = second[at].as_ref().unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(a, b, "seed {seed} ran differently twice");
+        assert!(a.events > 100);
     }
-    // And a different seed runs differently.
-    let a = run(&Config::from_seed(3)).unwrap_or_else(|f| panic!("{f}"));
-    let b = run(&Config::from_seed(4)).unwrap_or_else(|f| panic!("{f}"));
-    assert_ne!(a.trace_hash, b.trace_hash);
+    let alone = run(&Config::from_seed(seeds[0])).unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(first[0].as_ref().ok(), Some(&alone));
+    // And different seeds run differently.
+    let a = first[0].as_ref().map(|r| r.trace_hash).ok();
+    let b = first[1].as_ref().map(|r| r.trace_hash).ok();
+    assert_ne!(a, b);
 }
 
 /// The checks are not vacuous: with a planted bug, reads served from a member's own store
