@@ -33,11 +33,14 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcdrs_backend::Backend;
+use etcdrs_mvcc::lease::Renewal;
 use etcdrs_mvcc::{KeyRange, KvStore, RangeParams};
-use etcdrs_proto::etcdserverpb::{DeleteRangeRequest, PutRequest};
+use etcdrs_proto::etcdserverpb::{
+    DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest,
+};
 use etcdrs_proto::raft_internal::{InternalRaftRequest, RequestHeader};
 use prost::Message as _;
 use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
@@ -59,6 +62,8 @@ pub const HEARTBEAT_TICK: usize = 1;
 pub const CLIENT_TIMEOUT_MS: u64 = 1500;
 /// `HashKV` is compared whenever a batch ends at a multiple of this index.
 pub const HASH_EVERY: u64 = 4;
+/// The leader looks for expired leases this often (the server's lease-expiry loop).
+pub const LEASE_EXPIRY_MS: u64 = 500;
 /// Events kept for a failure's report.
 const TRACE_TAIL: usize = 80;
 
@@ -96,6 +101,9 @@ pub struct Config {
     /// Reads served from the member's own store at once, without ReadIndex (a serializable
     /// read passed off as linearizable): a planted bug, for tests that the checks catch one.
     pub local_reads: bool,
+    /// The leader looks for expired leases as if its clock ran this many ms ahead: a planted
+    /// bug (0: none), for tests that the lease invariant catches one.
+    pub lease_clock_ahead_ms: u64,
 }
 
 impl Config {
@@ -117,6 +125,7 @@ impl Config {
             pre_vote: rng.random_bool(0.5),
             duplicate_proposals: false,
             local_reads: false,
+            lease_clock_ahead_ms: 0,
         }
     }
 }
@@ -152,6 +161,10 @@ pub struct Report {
     pub checker_states: usize,
     /// Keys on which the checker hit its budget.
     pub checker_gave_up: usize,
+    /// Leases granted.
+    pub leases: i64,
+    /// Leases that expired and were revoked.
+    pub lease_revokes: u32,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -213,6 +226,7 @@ type Step<T = ()> = Result<T, String>;
 #[derive(Debug)]
 enum Event {
     Tick(usize),
+    LeaseExpiry(usize),
     Deliver { from: u64, msg: Box<Message> },
     Client { client: usize, generation: u64 },
     Fault,
@@ -291,6 +305,16 @@ struct Member {
     reads: BTreeMap<u64, usize>,
     /// Reads with their read index, waiting for the apply to reach it.
     read_waits: Vec<(u64, usize)>,
+    /// When its lessor last became primary (virtual ms), while it is.
+    promoted_at: Option<u64>,
+}
+
+/// What the clients did with a lease, for the TTL invariant.
+struct LeaseLog {
+    ttl: i64,
+    granted_at: u64,
+    /// Successful renewals: when, and on which member.
+    renewals: Vec<(u64, usize)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -340,6 +364,11 @@ struct Sim {
     hashes: BTreeMap<u64, u32>,
     crashes: u32,
     partitions: u32,
+    /// The instant virtual time 0 stands for (only differences of instants are used).
+    base: Instant,
+    leases: BTreeMap<i64, LeaseLog>,
+    next_lease: i64,
+    lease_revokes: u32,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -397,6 +426,7 @@ impl Sim {
                 waiters: BTreeMap::new(),
                 reads: BTreeMap::new(),
                 read_waits: Vec::new(),
+                promoted_at: None,
             })
             .collect();
         let mut sim = Sim {
@@ -423,6 +453,13 @@ impl Sim {
             hashes: BTreeMap::new(),
             crashes: 0,
             partitions: 0,
+            // Virtual instants stay behind the wall clock (see `apply`'s grants).
+            base: Instant::now()
+                .checked_sub(Duration::from_secs(1000))
+                .unwrap_or_else(Instant::now),
+            leases: BTreeMap::new(),
+            next_lease: 1,
+            lease_revokes: 0,
             _dir: dir,
             cfg,
         };
@@ -430,6 +467,8 @@ impl Sim {
             sim.start_member(i)?;
             let phase = sim.rng.random_range(1..=TICK_MS);
             sim.schedule(phase, Event::Tick(i));
+            let phase = sim.rng.random_range(1..=LEASE_EXPIRY_MS);
+            sim.schedule(phase, Event::LeaseExpiry(i));
         }
         for client in 0..sim.clients.len() {
             let at = sim.rng.random_range(0..20);
@@ -510,6 +549,10 @@ impl Sim {
                 }
                 self.schedule(TICK_MS, Event::Tick(i));
             }
+            Event::LeaseExpiry(i) => {
+                self.expire_leases(i)?;
+                self.schedule(LEASE_EXPIRY_MS, Event::LeaseExpiry(i));
+            }
             Event::Deliver { from, msg } => self.deliver(from, *msg),
             Event::Client { client, generation } => self.client_wakes(client, generation)?,
             Event::Fault => self.fault(),
@@ -578,6 +621,7 @@ impl Sim {
         member.node = Some(node);
         member.kv = Some(kv);
         member.applied = applied;
+        member.promoted_at = None;
         let id = member.id;
         self.note("start", id, applied, 0);
         // raft drew the new node's election timeout from the thread's RNG.
@@ -601,6 +645,7 @@ impl Sim {
         member.waiters.clear();
         member.reads.clear();
         member.read_waits.clear();
+        member.promoted_at = None;
         let id = member.id;
         self.crashes += 1;
         self.note("crash", id, u64::from(clean), 0);
@@ -744,7 +789,8 @@ impl Sim {
                 "member {id} got a snapshot, but the simulation never compacts the log"
             ));
         }
-        self.apply(i, ready.take_committed_entries())?;
+        let leading = (node.raft.state == StateRole::Leader, node.raft.term);
+        self.apply(i, ready.take_committed_entries(), leading)?;
         for state in ready.take_read_states() {
             let ctx = <[u8; 8]>::try_from(state.request_ctx.as_slice())
                 .map(u64::from_be_bytes)
@@ -771,14 +817,15 @@ impl Sim {
             storage.wl().mut_hard_state().commit = commit;
         }
         self.send(id, light.take_messages());
-        self.apply(i, light.take_committed_entries())?;
+        let leading = (node.raft.state == StateRole::Leader, node.raft.term);
+        self.apply(i, light.take_committed_entries(), leading)?;
         node.advance_apply();
         self.serve_reads(i)
     }
 
     /// `server`'s `apply_batch` for the requests the clients make, with the invariants on
     /// what was applied.
-    fn apply(&mut self, i: usize, entries: Vec<Entry>) -> Step {
+    fn apply(&mut self, i: usize, entries: Vec<Entry>, leading: (bool, u64)) -> Step {
         if entries.is_empty() {
             return Ok(());
         }
@@ -790,6 +837,8 @@ impl Sim {
         let skip_below = kv.consistent_index();
         let mut batch = kv.write().map_err(|e| format!("write batch: {e}"))?;
         let mut results = Vec::new();
+        let mut granted = Vec::new();
+        let mut revoked = Vec::new();
         let (mut index, mut term) = (0, 0);
         for entry in &entries {
             if entry.index != member.applied + 1 {
@@ -828,15 +877,38 @@ impl Sim {
             let request = InternalRaftRequest::decode(entry.data.as_ref())
                 .map_err(|e| format!("decode entry: {e}"))?;
             let request_id = request.header.as_ref().map_or(request.id, |h| h.id);
+            if let Some(grant) = &request.lease_grant {
+                match batch.lease_grant(grant.id, grant.ttl) {
+                    Ok(()) => granted.push(grant.id),
+                    Err(etcdrs_mvcc::Error::LeaseExists(_)) => {}
+                    Err(e) => return Err(format!("lease grant: {e}")),
+                }
+                continue;
+            }
+            if let Some(revoke) = &request.lease_revoke {
+                match batch.lease_revoke(revoke.id) {
+                    Ok(()) => revoked.push(revoke.id),
+                    Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {}
+                    Err(e) => return Err(format!("lease revoke: {e}")),
+                }
+                continue;
+            }
             let mut txn = batch.txn();
             if let Some(put) = &request.put {
-                txn.put(&put.key, &put.value, 0)
-                    .map_err(|e| format!("put: {e}"))?;
+                match txn.put(&put.key, &put.value, put.lease) {
+                    Ok(_) => {}
+                    // etcd answers "requested lease not found"; nothing is written.
+                    Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {}
+                    Err(e) => return Err(format!("put: {e}")),
+                }
             } else if let Some(delete) = &request.delete_range {
                 txn.delete_range(KeyRange::new(&delete.key, &delete.range_end))
                     .map_err(|e| format!("delete: {e}"))?;
             } else {
-                return Err(format!("entry {} holds no put or delete", entry.index));
+                return Err(format!(
+                    "entry {} holds no request the clients make",
+                    entry.index
+                ));
             }
             let rev = txn.end();
             results.push((request_id, rev));
@@ -847,6 +919,29 @@ impl Sim {
                 .map_err(|e| format!("consistent index: {e}"))?;
         }
         batch.commit(false).map_err(|e| format!("commit: {e}"))?;
+        // The server's applier: the leader's lessor becomes primary once it has applied an
+        // entry of its own term, every lease restarting extended by the election timeout;
+        // a member that lost leadership stops expiring leases.
+        let lessor = kv.lessor();
+        let vnow = self.base + Duration::from_millis(self.now);
+        let (is_leader, leader_term) = leading;
+        if is_leader && term == leader_term && !lessor.is_primary() {
+            let election = Duration::from_millis(ELECTION_TICK as u64 * TICK_MS);
+            lessor.promote(vnow, election);
+            member.promoted_at = Some(self.now);
+        } else if !is_leader && lessor.is_primary() {
+            lessor.demote();
+            member.promoted_at = None;
+        }
+        // A grant applied on a primary lessor starts its clock at the wall clock's now
+        // (`WriteBatch::lease_grant` reads `Instant::now()` itself): restart it at the virtual
+        // now, which is what the grant means. Virtual instants are behind the wall clock's,
+        // so the grant is not yet expired and `renew` takes it.
+        for id in granted {
+            if lessor.is_primary() {
+                lessor.renew(id, vnow);
+            }
+        }
         let revision = kv.current_rev();
         let hash = if index % HASH_EVERY == 0 {
             Some(kv.hash_kv(0).map_err(|e| format!("hash: {e}"))?.hash)
@@ -878,6 +973,12 @@ impl Sim {
             }
         }
         self.note("apply", id, index, revision as u64);
+        for lease in revoked {
+            if self.leases.remove(&lease).is_some() {
+                self.lease_revokes += 1;
+                self.note("lease-revoked", id, lease as u64, 0);
+            }
+        }
         for (request_id, _rev) in results {
             if let Some(op) = self.members[i].waiters.remove(&request_id) {
                 self.complete(op, None);
@@ -1051,7 +1152,148 @@ impl Sim {
             simulated_ms: self.now,
             checker_states: summary.states,
             checker_gave_up: summary.gave_up.len(),
+            leases: self.next_lease - 1,
+            lease_revokes: self.lease_revokes,
         })
+    }
+
+    // ---- leases ----
+
+    fn vnow(&self) -> Instant {
+        self.base + Duration::from_millis(self.now)
+    }
+
+    /// The server's lease-expiry loop on member `i`: on the leader, expired leases are
+    /// revoked through raft. Checks first that each has outlived its TTL since its grant and
+    /// every renewal this leader knew of (those made on it, and any made anywhere before it
+    /// took over: renewals are the leader's own, so one made on another member meanwhile is
+    /// not its to honour, as in etcd).
+    fn expire_leases(&mut self, i: usize) -> Step {
+        let vnow = self.vnow() + Duration::from_millis(self.cfg.lease_clock_ahead_ms);
+        let member = &self.members[i];
+        let (Some(node), Some(kv)) = (member.node.as_ref(), member.kv.as_ref()) else {
+            return Ok(());
+        };
+        if node.raft.state != StateRole::Leader {
+            return Ok(());
+        }
+        let expired = kv.lessor().expired(vnow, 500);
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let Some(promoted) = member.promoted_at else {
+            return Err(format!(
+                "member {} expires leases without having been promoted",
+                member.id
+            ));
+        };
+        for id in expired {
+            let Some(log) = self.leases.get(&id) else {
+                continue;
+            };
+            let known = log
+                .renewals
+                .iter()
+                .filter(|(at, on)| *at <= promoted || *on == i)
+                .map(|(at, _)| *at)
+                .max()
+                .unwrap_or(0)
+                .max(log.granted_at);
+            let due = known + log.ttl as u64 * 1000;
+            if self.now < due {
+                return Err(format!(
+                    "member {} expires lease {id} (TTL {} s) at {} ms, before {due} ms: granted at {}, renewed at {:?}, promoted at {promoted}",
+                    self.members[i].id, log.ttl, self.now, log.granted_at, log.renewals
+                ));
+            }
+            let request = InternalRaftRequest {
+                header: Some(RequestHeader {
+                    id: self.next_request,
+                    ..RequestHeader::default()
+                }),
+                lease_revoke: Some(LeaseRevokeRequest { id }),
+                ..InternalRaftRequest::default()
+            };
+            self.next_request += 1;
+            if let Some(node) = self.members[i].node.as_mut() {
+                let _ = node.propose(Vec::new(), request.encode_to_vec());
+            }
+            let member_id = self.members[i].id;
+            self.note("lease-expire", member_id, id as u64, 0);
+        }
+        Ok(())
+    }
+
+    /// A client grants a lease with a key on it, or renews one at the member it takes for
+    /// the leader; neither waits, and neither enters the checked history.
+    fn lease_action(&mut self, i: usize) {
+        let renewable: Vec<i64> = self.leases.keys().copied().collect();
+        if renewable.is_empty() || self.rng.random_bool(0.3) {
+            let id = self.next_lease;
+            self.next_lease += 1;
+            let ttl = self.rng.random_range(1..=2);
+            let grant = InternalRaftRequest {
+                header: Some(RequestHeader {
+                    id: self.next_request,
+                    ..RequestHeader::default()
+                }),
+                lease_grant: Some(LeaseGrantRequest { ttl, id }),
+                ..InternalRaftRequest::default()
+            };
+            let put = InternalRaftRequest {
+                header: Some(RequestHeader {
+                    id: self.next_request + 1,
+                    ..RequestHeader::default()
+                }),
+                put: Some(PutRequest {
+                    key: format!("lease-{id}").into_bytes(),
+                    value: b"held".to_vec(),
+                    lease: id,
+                    ..PutRequest::default()
+                }),
+                ..InternalRaftRequest::default()
+            };
+            self.next_request += 2;
+            let Some(node) = self.members[i].node.as_mut() else {
+                return;
+            };
+            if node.propose(Vec::new(), grant.encode_to_vec()).is_ok() {
+                let _ = node.propose(Vec::new(), put.encode_to_vec());
+                self.leases.insert(
+                    id,
+                    LeaseLog {
+                        ttl,
+                        granted_at: self.now,
+                        renewals: Vec::new(),
+                    },
+                );
+                self.note("lease-grant", i as u64 + 1, id as u64, ttl as u64);
+            }
+            return;
+        }
+        let id = renewable[self.rng.random_range(0..renewable.len())];
+        // A follower forwards a keep-alive to its leader; the renewal happens there.
+        let leader = self.members[i]
+            .node
+            .as_ref()
+            .map(|n| n.raft.leader_id)
+            .unwrap_or(raft::INVALID_ID);
+        let Some(at) = (leader as usize).checked_sub(1) else {
+            return;
+        };
+        if at >= self.members.len() {
+            return;
+        }
+        let vnow = self.vnow();
+        let Some(kv) = self.members[at].kv.as_ref() else {
+            return;
+        };
+        if let Renewal::Renewed(_) = kv.lessor().renew(id, vnow) {
+            if let Some(log) = self.leases.get_mut(&id) {
+                log.renewals.push((self.now, at));
+            }
+            self.note("lease-renew", leader, id as u64, 0);
+        }
     }
 
     // ---- clients ----
@@ -1084,6 +1326,9 @@ impl Sim {
             return Ok(());
         }
         let i = up[self.rng.random_range(0..up.len())];
+        if self.rng.random_range(0..8) == 0 {
+            self.lease_action(i);
+        }
         let key = self.rng.random_range(0..self.cfg.keys);
         let roll = self.rng.random_range(0..10);
         let kind = match roll {

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use etcdrs_sim::{Config, Failure, Report, run};
 
-const DEFAULT_SEEDS: u64 = 500;
+const DEFAULT_SEEDS: u64 = 400;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -70,6 +70,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let (mut ops, mut completed, mut unknown, mut crashes, mut partitions) = (0, 0, 0, 0, 0);
     let mut max_term = 0;
     let mut gave_up = 0;
+    let (mut leases, mut lease_revokes) = (0, 0);
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -79,6 +80,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         partitions += report.partitions;
         max_term = max_term.max(report.term);
         gave_up += report.checker_gave_up;
+        leases += report.leases;
+        lease_revokes += report.lease_revokes;
         assert!(report.applied > 0, "seed {seed} applied nothing");
         if longest
             .as_ref()
@@ -90,14 +93,21 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let longest = longest.expect("at least one seed ran");
     println!(
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes), \
-         {crashes} crashes, {partitions} partitions, highest term {max_term}, {gave_up} keys \
-         beyond the checker's budget",
+         {crashes} crashes, {partitions} partitions, highest term {max_term}, {leases} leases \
+         ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()
     );
     println!("longest history: {longest:?}");
     // The runs did what they are for: clients completed operations through the faults.
     assert!(completed > 0);
+    if seeds.len() >= 50 {
+        assert!(
+            lease_revokes > 0,
+            "no lease expired: the lease invariant went unexercised"
+        );
+        assert!(crashes > 0 && partitions > 0);
+    }
     assert!(longest.history > 0);
 }
 
@@ -166,4 +176,24 @@ fn duplicated_proposals_are_caught() {
     let failure = caught.expect("some seed applies a write twice");
     println!("{}", failure.message);
     assert!(failure.message.contains("not linearizable"), "{failure}");
+}
+
+/// The lease invariant is not vacuous: a leader whose expiry clock runs ahead revokes a
+/// lease before its TTL, and some seed shows it.
+#[test]
+fn early_lease_expiry_is_caught() {
+    let mut caught = None;
+    for seed in 0..60 {
+        let config = Config {
+            lease_clock_ahead_ms: 400,
+            ..Config::from_seed(seed)
+        };
+        if let Err(failure) = run(&config) {
+            caught = Some(failure);
+            break;
+        }
+    }
+    let failure = caught.expect("some seed expires a lease early");
+    println!("{}", failure.message);
+    assert!(failure.message.contains("expires lease"), "{failure}");
 }
