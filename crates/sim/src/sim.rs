@@ -62,6 +62,9 @@ pub const HEARTBEAT_TICK: usize = 1;
 pub const CLIENT_TIMEOUT_MS: u64 = 1500;
 /// `HashKV` is compared whenever a batch ends at a multiple of this index.
 pub const HASH_EVERY: u64 = 4;
+/// The backend commits durably at most this often (etcd's `--backend-batch-interval`); in
+/// between, its commits may be lost in a crash.
+pub const BACKEND_BATCH_MS: u64 = 100;
 /// The leader looks for expired leases this often (the server's lease-expiry loop).
 pub const LEASE_EXPIRY_MS: u64 = 500;
 /// Events kept for a failure's report.
@@ -165,6 +168,8 @@ pub struct Report {
     pub leases: i64,
     /// Leases that expired and were revoked.
     pub lease_revokes: u32,
+    /// Entries applied again after a restart, their backend commits lost in the crash.
+    pub replayed: u64,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -297,6 +302,10 @@ struct Member {
     node: Option<RawNode<MemStorage>>,
     kv: Option<KvStore>,
     db: PathBuf,
+    /// A copy of `db` as of its last durable commit: what a power cut leaves.
+    durable_db: PathBuf,
+    /// When the backend last committed durably (virtual ms).
+    last_durable: u64,
     /// Index of the last entry applied to `kv`.
     applied: u64,
     /// Proposals by request id, waiting for their apply on this member: the operation.
@@ -369,6 +378,7 @@ struct Sim {
     leases: BTreeMap<i64, LeaseLog>,
     next_lease: i64,
     lease_revokes: u32,
+    replayed: u64,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -422,6 +432,8 @@ impl Sim {
                 node: None,
                 kv: None,
                 db: dir.path().join(format!("member-{id}.redb")),
+                durable_db: dir.path().join(format!("member-{id}.durable")),
+                last_durable: 0,
                 applied: 0,
                 waiters: BTreeMap::new(),
                 reads: BTreeMap::new(),
@@ -460,6 +472,7 @@ impl Sim {
             leases: BTreeMap::new(),
             next_lease: 1,
             lease_revokes: 0,
+            replayed: 0,
             _dir: dir,
             cfg,
         };
@@ -608,7 +621,14 @@ impl Sim {
         // Nothing becomes durable by the wall clock: only a clean stop makes it so.
         backend.set_batching(Duration::from_secs(1 << 40), u64::MAX);
         let kv = KvStore::open(backend, 1).map_err(|e| format!("open store: {e}"))?;
+        kv.force_durable()
+            .map_err(|e| format!("durable commit: {e}"))?;
+        std::fs::copy(&member.db, &member.durable_db)
+            .map_err(|e| format!("copy the durable backend: {e}"))?;
+        member.last_durable = self.now;
         let applied = kv.consistent_index();
+        // Entries applied before a crash whose backend commits it lost: raft replays them.
+        self.replayed += member.applied.saturating_sub(applied);
         {
             // As `raftnode` restarts: entries the store applied were committed.
             let mut core = member.storage.wl();
@@ -635,12 +655,17 @@ impl Sim {
         if member.node.take().is_none() {
             return;
         }
-        if let Some(kv) = member.kv.take()
-            && clean
-        {
-            // A clean stop: the backend's last commits reach the disk. Otherwise they are
-            // lost as in a crash, and raft replays them from the log.
-            let _ = kv.force_durable();
+        if let Some(kv) = member.kv.take() {
+            if clean {
+                // A clean stop: the backend's last commits reach the disk.
+                let _ = kv.force_durable();
+            }
+            drop(kv);
+            if !clean {
+                // A power cut: what was committed since the last durable commit is lost, and
+                // raft replays it from the log after the consistent index.
+                let _ = std::fs::copy(&member.durable_db, &member.db);
+            }
         }
         member.waiters.clear();
         member.reads.clear();
@@ -918,7 +943,13 @@ impl Sim {
                 .set_consistent_index(index, term)
                 .map_err(|e| format!("consistent index: {e}"))?;
         }
-        batch.commit(false).map_err(|e| format!("commit: {e}"))?;
+        let durable = self.now >= member.last_durable + BACKEND_BATCH_MS;
+        batch.commit(durable).map_err(|e| format!("commit: {e}"))?;
+        if durable {
+            std::fs::copy(&member.db, &member.durable_db)
+                .map_err(|e| format!("copy the durable backend: {e}"))?;
+            member.last_durable = self.now;
+        }
         // The server's applier: the leader's lessor becomes primary once it has applied an
         // entry of its own term, every lease restarting extended by the election timeout;
         // a member that lost leadership stops expiring leases.
@@ -1154,6 +1185,7 @@ impl Sim {
             checker_gave_up: summary.gave_up.len(),
             leases: self.next_lease - 1,
             lease_revokes: self.lease_revokes,
+            replayed: self.replayed,
         })
     }
 
