@@ -107,6 +107,11 @@ pub struct Config {
     /// The leader looks for expired leases as if its clock ran this many ms ahead: a planted
     /// bug (0: none), for tests that the lease invariant catches one.
     pub lease_clock_ahead_ms: u64,
+    /// Log compaction as `raftnode` does it: after this many applied entries (etcd's
+    /// `--snapshot-count`) and a durable backend commit, the log before the last
+    /// `catch_up` entries goes, so a member that lags further gets a snapshot: the leader's
+    /// backend image (`Backend::snapshot`), installed with `KvStore::install_snapshot`.
+    pub compaction: Option<(u64, u64)>,
 }
 
 impl Config {
@@ -129,6 +134,9 @@ impl Config {
             duplicate_proposals: false,
             local_reads: false,
             lease_clock_ahead_ms: 0,
+            compaction: rng
+                .random_bool(0.5)
+                .then(|| (rng.random_range(5..=40), rng.random_range(1..=10))),
         }
     }
 }
@@ -170,6 +178,9 @@ pub struct Report {
     pub lease_revokes: u32,
     /// Entries applied again after a restart, their backend commits lost in the crash.
     pub replayed: u64,
+    /// Snapshots installed (the leader's backend image, on a member that lagged behind the
+    /// compacted log).
+    pub snapshots: u32,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -232,8 +243,20 @@ type Step<T = ()> = Result<T, String>;
 enum Event {
     Tick(usize),
     LeaseExpiry(usize),
-    Deliver { from: u64, msg: Box<Message> },
-    Client { client: usize, generation: u64 },
+    Deliver {
+        from: u64,
+        msg: Box<Message>,
+        image: Option<PathBuf>,
+    },
+    SnapshotReport {
+        leader: usize,
+        to: u64,
+        ok: bool,
+    },
+    Client {
+        client: usize,
+        generation: u64,
+    },
     Fault,
     Crash(usize),
     Restart(usize),
@@ -294,12 +317,65 @@ struct Trace {
     events: u64,
 }
 
+/// raft-rs's in-memory log standing for the WAL, whose snapshots stand for the state machine's
+/// last applied entry, as `raftnode`'s `NodeStorage` (private to its crate) answers them.
+#[derive(Clone)]
+struct SimStorage {
+    mem: MemStorage,
+    /// (index, term) of the last entry the store applied.
+    applied: std::rc::Rc<std::cell::Cell<(u64, u64)>>,
+    conf_state: ConfState,
+}
+
+impl raft::Storage for SimStorage {
+    fn initial_state(&self) -> raft::Result<raft::RaftState> {
+        self.mem.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: raft::GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<raft::eraftpb::Snapshot> {
+        let (index, term) = self.applied.get();
+        if index == 0 || index < request_index {
+            return Err(raft::Error::Store(
+                raft::StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        let mut snapshot = raft::eraftpb::Snapshot::default();
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.conf_state.clone());
+        Ok(snapshot)
+    }
+}
+
 /// One member: its raft node and store while it runs, its durable raft state always.
 struct Member {
     id: u64,
     /// The raft log and hard state as persisted: what the WAL holds; survives crashes.
-    storage: MemStorage,
-    node: Option<RawNode<MemStorage>>,
+    storage: SimStorage,
+    node: Option<RawNode<SimStorage>>,
     kv: Option<KvStore>,
     db: PathBuf,
     /// A copy of `db` as of its last durable commit: what a power cut leaves.
@@ -316,6 +392,10 @@ struct Member {
     read_waits: Vec<(u64, usize)>,
     /// When its lessor last became primary (virtual ms), while it is.
     promoted_at: Option<u64>,
+    /// Applied index of the last log compaction.
+    last_mark: u64,
+    /// Backend images received with snapshot messages, by snapshot index.
+    images: BTreeMap<u64, PathBuf>,
 }
 
 /// What the clients did with a lease, for the TTL invariant.
@@ -379,6 +459,7 @@ struct Sim {
     next_lease: i64,
     lease_revokes: u32,
     replayed: u64,
+    snapshots: u32,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -425,10 +506,14 @@ impl Sim {
             .iter()
             .map(|&id| Member {
                 id,
-                storage: MemStorage::new_with_conf_state(ConfState::from((
-                    voters.clone(),
-                    Vec::<u64>::new(),
-                ))),
+                storage: SimStorage {
+                    mem: MemStorage::new_with_conf_state(ConfState::from((
+                        voters.clone(),
+                        Vec::<u64>::new(),
+                    ))),
+                    applied: Default::default(),
+                    conf_state: ConfState::from((voters.clone(), Vec::<u64>::new())),
+                },
                 node: None,
                 kv: None,
                 db: dir.path().join(format!("member-{id}.redb")),
@@ -439,6 +524,8 @@ impl Sim {
                 reads: BTreeMap::new(),
                 read_waits: Vec::new(),
                 promoted_at: None,
+                last_mark: 0,
+                images: BTreeMap::new(),
             })
             .collect();
         let mut sim = Sim {
@@ -473,6 +560,7 @@ impl Sim {
             next_lease: 1,
             lease_revokes: 0,
             replayed: 0,
+            snapshots: 0,
             _dir: dir,
             cfg,
         };
@@ -566,7 +654,17 @@ impl Sim {
                 self.expire_leases(i)?;
                 self.schedule(LEASE_EXPIRY_MS, Event::LeaseExpiry(i));
             }
-            Event::Deliver { from, msg } => self.deliver(from, *msg),
+            Event::Deliver { from, msg, image } => self.deliver(from, *msg, image),
+            Event::SnapshotReport { leader, to, ok } => {
+                if let Some(node) = self.members[leader].node.as_mut() {
+                    let status = if ok {
+                        raft::SnapshotStatus::Finish
+                    } else {
+                        raft::SnapshotStatus::Failure
+                    };
+                    node.report_snapshot(to, status);
+                }
+            }
             Event::Client { client, generation } => self.client_wakes(client, generation)?,
             Event::Fault => self.fault(),
             Event::Crash(i) => self.crash(i),
@@ -631,10 +729,13 @@ impl Sim {
         self.replayed += member.applied.saturating_sub(applied);
         {
             // As `raftnode` restarts: entries the store applied were committed.
-            let mut core = member.storage.wl();
+            let mut core = member.storage.mem.wl();
             let commit = core.hard_state().commit.max(applied);
             core.mut_hard_state().commit = commit;
         }
+        let applied_term = raft::Storage::term(&member.storage, applied).unwrap_or(0);
+        member.storage.applied.set((applied, applied_term));
+        member.last_mark = member.last_mark.min(applied);
         let config = raft_config(member.id, applied, self.cfg.pre_vote);
         let node = RawNode::new(&config, member.storage.clone(), &self.logger)
             .map_err(|e| format!("start raft: {e}"))?;
@@ -670,6 +771,7 @@ impl Sim {
         member.waiters.clear();
         member.reads.clear();
         member.read_waits.clear();
+        member.images.clear();
         member.promoted_at = None;
         let id = member.id;
         self.crashes += 1;
@@ -718,11 +820,27 @@ impl Sim {
 
     // ---- network ----
 
-    fn send(&mut self, from: u64, messages: Vec<Message>) {
+    fn send(&mut self, from: u64, messages: Vec<Message>) -> Step {
         for msg in messages {
             let (kind, to, term, index) = (msg.get_msg_type() as u64, msg.to, msg.term, msg.index);
+            let image = if msg.get_msg_type() == MessageType::MsgSnapshot {
+                Some(self.snapshot_image(from, &msg)?)
+            } else {
+                None
+            };
             if self.faults && self.per_mille(self.cfg.drop_per_mille) {
                 self.note("drop", kind, from * 100 + to, term);
+                if image.is_some() {
+                    let leader = (from - 1) as usize;
+                    self.schedule(
+                        1,
+                        Event::SnapshotReport {
+                            leader,
+                            to,
+                            ok: false,
+                        },
+                    );
+                }
                 continue;
             }
             let may_duplicate =
@@ -745,13 +863,40 @@ impl Sim {
                     Event::Deliver {
                         from,
                         msg: Box::new(msg.clone()),
+                        image: image.clone(),
                     },
                 );
             }
         }
+        Ok(())
     }
 
-    fn deliver(&mut self, from: u64, msg: Message) {
+    /// The backend image a snapshot message carries (rafthttp sends the database after the
+    /// message): the sender's last commit, which must not be older than the snapshot.
+    fn snapshot_image(&mut self, from: u64, msg: &Message) -> Step<PathBuf> {
+        let index = msg.get_snapshot().get_metadata().index;
+        let member = &self.members[(from - 1) as usize];
+        let Some(kv) = member.kv.as_ref() else {
+            return Err(format!("stopped member {from} sends a snapshot"));
+        };
+        let consistent = kv.consistent_index();
+        if consistent < index {
+            return Err(format!(
+                "member {from} sends a snapshot at {index} with a backend image at {consistent}"
+            ));
+        }
+        let image = kv
+            .backend()
+            .snapshot()
+            .map_err(|e| format!("backend snapshot: {e}"))?;
+        self.seq += 1;
+        let path = self._dir.path().join(format!("image-{}.redb", self.seq));
+        std::fs::copy(image.path(), &path).map_err(|e| format!("copy image: {e}"))?;
+        self.note("snapshot-sent", from * 100 + msg.to, index, consistent);
+        Ok(path)
+    }
+
+    fn deliver(&mut self, from: u64, msg: Message, image: Option<PathBuf>) {
         let to = msg.to;
         let kind = msg.get_msg_type() as u64;
         let Some(i) = (to as usize)
@@ -764,6 +909,17 @@ impl Sim {
             .groups
             .as_ref()
             .is_some_and(|g| g[(from - 1) as usize] != g[i]);
+        let up = self.members[i].node.is_some();
+        if let Some(image) = image {
+            // The sender learns whether the snapshot arrived.
+            let leader = (from - 1) as usize;
+            let ok = up && !cut;
+            self.schedule(1, Event::SnapshotReport { leader, to, ok });
+            if ok {
+                let index = msg.get_snapshot().get_metadata().index;
+                self.members[i].images.insert(index, image);
+            }
+        }
         if cut {
             self.note("cut", kind, from * 100 + to, 0);
             return;
@@ -805,14 +961,12 @@ impl Sim {
     }
 
     /// `raftnode`'s `NodeCore::on_ready`, with the storage standing for the WAL.
-    fn on_ready(&mut self, i: usize, node: &mut RawNode<MemStorage>) -> Step {
+    fn on_ready(&mut self, i: usize, node: &mut RawNode<SimStorage>) -> Step {
         let id = self.members[i].id;
         let mut ready = node.ready();
-        self.send(id, ready.take_messages());
+        self.send(id, ready.take_messages())?;
         if !ready.snapshot().is_empty() {
-            return Err(format!(
-                "member {id} got a snapshot, but the simulation never compacts the log"
-            ));
+            self.install_snapshot(i, ready.snapshot().clone())?;
         }
         let leading = (node.raft.state == StateRole::Leader, node.raft.term);
         self.apply(i, ready.take_committed_entries(), leading)?;
@@ -825,7 +979,7 @@ impl Sim {
                 self.members[i].read_waits.push((state.index, op));
             }
         }
-        let storage = self.members[i].storage.clone();
+        let storage = self.members[i].storage.mem.clone();
         let entries = ready.take_entries();
         if !entries.is_empty() {
             storage
@@ -836,16 +990,87 @@ impl Sim {
         if let Some(hs) = ready.hs() {
             storage.wl().set_hardstate(hs.clone());
         }
-        self.send(id, ready.take_persisted_messages());
+        self.send(id, ready.take_persisted_messages())?;
         let mut light = node.advance(ready);
         if let Some(commit) = light.commit_index() {
             storage.wl().mut_hard_state().commit = commit;
         }
-        self.send(id, light.take_messages());
+        self.send(id, light.take_messages())?;
         let leading = (node.raft.state == StateRole::Leader, node.raft.term);
         self.apply(i, light.take_committed_entries(), leading)?;
         node.advance_apply();
         self.serve_reads(i)
+    }
+
+    /// `raftnode`'s `install_snapshot` with the server's: the store takes the leader's image,
+    /// then the log restarts after the snapshot.
+    fn install_snapshot(&mut self, i: usize, snapshot: raft::eraftpb::Snapshot) -> Step {
+        let (index, term) = {
+            let meta = snapshot.get_metadata();
+            (meta.index, meta.term)
+        };
+        let member = &mut self.members[i];
+        let id = member.id;
+        let Some(image) = member.images.remove(&index) else {
+            return Err(format!(
+                "member {id} installs snapshot {index} without its image"
+            ));
+        };
+        member.images.retain(|&at, _| at > index);
+        let Some(kv) = member.kv.as_ref() else {
+            return Err(format!("stopped member {id} installs a snapshot"));
+        };
+        kv.install_snapshot(&image, &[])
+            .map_err(|e| format!("install snapshot: {e}"))?;
+        let consistent = kv.consistent_index();
+        if consistent < index {
+            return Err(format!(
+                "member {id} installed snapshot {index} from an image at {consistent}"
+            ));
+        }
+        std::fs::copy(&member.db, &member.durable_db)
+            .map_err(|e| format!("copy the durable backend: {e}"))?;
+        member.last_durable = self.now;
+        member
+            .storage
+            .mem
+            .wl()
+            .apply_snapshot(snapshot)
+            .map_err(|e| format!("raft snapshot: {e}"))?;
+        member.storage.applied.set((index, term));
+        member.applied = index;
+        member.last_mark = index;
+        // Entries up to the image's consistent index are skipped by the applier.
+        let _ = std::fs::remove_file(&image);
+        self.snapshots += 1;
+        self.note("snapshot-installed", id, index, consistent);
+        Ok(())
+    }
+
+    /// `raftnode`'s `on_applied`: with a durable commit, every `snapshot_count` entries, the
+    /// log before the catch-up entries goes.
+    fn maybe_compact(&mut self, i: usize, index: u64, durable: bool) -> Step {
+        let Some((count, catch_up)) = self.cfg.compaction else {
+            return Ok(());
+        };
+        let member = &mut self.members[i];
+        if !durable || index < member.last_mark + count {
+            return Ok(());
+        }
+        member.last_mark = index;
+        let keep_from = index.saturating_sub(catch_up);
+        let first = raft::Storage::first_index(&member.storage).unwrap_or(1);
+        if keep_from > first {
+            member
+                .storage
+                .mem
+                .wl()
+                .compact(keep_from)
+                .map_err(|e| format!("compact: {e}"))?;
+            let id = member.id;
+            self.note("compact", id, keep_from, 0);
+        }
+        Ok(())
     }
 
     /// `server`'s `apply_batch` for the requests the clients make, with the invariants on
@@ -973,13 +1198,17 @@ impl Sim {
                 lessor.renew(id, vnow);
             }
         }
+        member.storage.applied.set((index, term));
         let revision = kv.current_rev();
-        let hash = if index % HASH_EVERY == 0 {
+        // A store whose image came from a snapshot past `index` is compared at its own index.
+        let at_index = kv.consistent_index() == index;
+        let hash = if at_index && index % HASH_EVERY == 0 {
             Some(kv.hash_kv(0).map_err(|e| format!("hash: {e}"))?.hash)
         } else {
             None
         };
         match self.revisions.get(&index) {
+            _ if !at_index => {}
             Some(&first) if first != revision => {
                 return Err(format!(
                     "member {id} is at revision {revision} after applying up to {index}, another member was at {first}"
@@ -1004,6 +1233,7 @@ impl Sim {
             }
         }
         self.note("apply", id, index, revision as u64);
+        self.maybe_compact(i, index, durable)?;
         for lease in revoked {
             if self.leases.remove(&lease).is_some() {
                 self.lease_revokes += 1;
@@ -1072,6 +1302,10 @@ impl Sim {
                     // Leader completeness: every entry applied anywhere is in its log.
                     for (at, (entry_term, _)) in self.log.iter().enumerate() {
                         let index = at as u64 + 1;
+                        // Compacted away: covered by the snapshot it holds.
+                        if index < node.raft.raft_log.first_index() {
+                            continue;
+                        }
                         let held = node.raft.raft_log.term(index).unwrap_or(0);
                         if held != *entry_term {
                             return Err(format!(
@@ -1087,7 +1321,7 @@ impl Sim {
         Ok(())
     }
 
-    fn leader(&self) -> Option<&RawNode<MemStorage>> {
+    fn leader(&self) -> Option<&RawNode<SimStorage>> {
         self.members
             .iter()
             .filter_map(|m| m.node.as_ref())
@@ -1186,6 +1420,7 @@ impl Sim {
             leases: self.next_lease - 1,
             lease_revokes: self.lease_revokes,
             replayed: self.replayed,
+            snapshots: self.snapshots,
         })
     }
 

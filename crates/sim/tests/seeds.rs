@@ -70,7 +70,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let (mut ops, mut completed, mut unknown, mut crashes, mut partitions) = (0, 0, 0, 0, 0);
     let mut max_term = 0;
     let mut gave_up = 0;
-    let (mut leases, mut lease_revokes, mut replayed) = (0, 0, 0);
+    let (mut leases, mut lease_revokes, mut replayed, mut snapshots) = (0, 0, 0, 0);
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -83,6 +83,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         leases += report.leases;
         lease_revokes += report.lease_revokes;
         replayed += report.replayed;
+        snapshots += report.snapshots;
         assert!(report.applied > 0, "seed {seed} applied nothing");
         if longest
             .as_ref()
@@ -94,7 +95,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let longest = longest.expect("at least one seed ran");
     println!(
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes), \
-         {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, highest term {max_term}, {leases} leases \
+         {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()
@@ -107,7 +108,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
             lease_revokes > 0,
             "no lease expired: the lease invariant went unexercised"
         );
-        assert!(crashes > 0 && partitions > 0 && replayed > 0);
+        assert!(crashes > 0 && partitions > 0 && replayed > 0 && snapshots > 0);
     }
     assert!(longest.history > 0);
 }
