@@ -3,22 +3,28 @@
 //! # What is real and what is glue
 //!
 //! - Real: raft-rs's `RawNode` with `raftnode`'s configuration (check quorum, pre-vote as the
-//!   seed picks, the default safe ReadIndex); the MVCC store (`KvStore` over a redb `Backend`,
-//!   its write batches, revisions, `HashKV` and backend hash, its restart from the backend);
-//!   etcd's `InternalRaftRequest` as the entry payload.
-//! - Glue, because the real pieces cannot be driven without threads, tokio or files:
-//!   the Ready handling mirrors `raftnode`'s `NodeCore::on_ready` (messages, committed entries,
-//!   read states, persist, persisted messages, advance, light ready) over raft-rs's
-//!   `MemStorage`, which stands for the WAL (it survives a crash; `raftnode`'s own storage is
-//!   private to its crate); the applier mirrors `server`'s `apply_batch` for Put and
-//!   DeleteRange (skip entries at or below the consistent index, one backend transaction per
-//!   batch, consistent index recorded, commit), since `server::apply` is private too.
+//!   seed picks, the default safe ReadIndex); the MVCC store (`KvStore` over a redb `Backend`:
+//!   write batches, transactions, revisions, the lessor, `HashKV` and the backend hash, restart
+//!   from the backend, `Backend::snapshot` images and `KvStore::install_snapshot`); etcd's
+//!   `InternalRaftRequest` as the entry payload.
+//! - Glue, because the real pieces cannot be driven without threads, tokio or files, or are
+//!   private to their crates: the Ready handling mirrors `raftnode`'s `NodeCore::on_ready`
+//!   (messages, snapshot, committed entries, read states, persist, persisted messages, advance,
+//!   light ready) and its `on_applied` log compaction, over raft-rs's `MemStorage` standing for
+//!   the WAL (it survives a crash) wrapped as `raftnode`'s `NodeStorage` is (snapshots at the
+//!   applied index); the applier mirrors `server`'s `apply_batch` for Put, DeleteRange,
+//!   LeaseGrant and LeaseRevoke (skip entries at or below the consistent index, one backend
+//!   transaction per batch, consistent index recorded, commit, the lessor promoted on the
+//!   leader and demoted elsewhere), and the lease-expiry loop, the server's.
 //!
-//! # Time
+//! # Time and durability
 //!
 //! Virtual milliseconds. A member ticks every [`TICK_MS`]; elections take
 //! [`ELECTION_TICK`]..2x ticks (raft-rs draws that timeout from the thread's RNG, so after every
-//! step the simulator redraws it from the seed wherever raft has just reset it).
+//! step the simulator redraws it from the seed wherever raft has just reset it). The lessor
+//! gets virtual instants. The backend commits durably every [`BACKEND_BATCH_MS`]; a crash is a
+//! clean stop or a power cut, which puts back the database as of its last durable commit (raft's
+//! log is durable at every Ready, as the WAL is), so raft replays what the backend lost.
 //!
 //! # Invariants, checked as the run goes
 //!
@@ -26,6 +32,9 @@
 //! - every member applies the same entry at each index (term and payload), with no gap;
 //! - at equal applied index, equal MVCC revision, and (sampled every [`HASH_EVERY`] entries,
 //!   and at the end) equal `HashKV`;
+//! - a snapshot's backend image is never older than the snapshot;
+//! - no lease is revoked before its TTL has run since its grant and every renewal its leader
+//!   knew of;
 //! - at the end, with the faults over: every member converges to the same applied index,
 //!   revision, `HashKV` and backend hash, and the clients' history is linearizable.
 
