@@ -1,5 +1,5 @@
-//! A linearizability checker for a history of single-key register operations (puts, deletes
-//! and reads of one key each), in the manner of Wing & Gong's search with Lowe's memoization
+//! A linearizability checker for a history of single-key register operations (puts, deletes,
+//! compare-and-sets and reads of one key each), in the manner of Wing & Gong's search with Lowe's memoization
 //! (the algorithm Porcupine implements).
 //!
 //! Keys are independent registers, so the history is checked one key at a time (a history is
@@ -24,6 +24,16 @@ pub enum Kind {
     Delete,
     /// Read the key and saw this value (`None`: no key).
     Get(Option<u64>),
+    /// Wrote `new` if the key held `expect` (`None`: no key): a transaction comparing the
+    /// value. `succeeded` is what it answered; `None` when unknown (no completion).
+    Cas {
+        /// The value compared against.
+        expect: Option<u64>,
+        /// The value written on success.
+        new: u64,
+        /// Whether the comparison held, as answered.
+        succeeded: Option<bool>,
+    },
 }
 
 /// One client operation of the history.
@@ -209,6 +219,15 @@ impl Search<'_> {
                 Kind::Delete => None,
                 Kind::Get(seen) if seen == state => state,
                 Kind::Get(_) => continue,
+                Kind::Cas {
+                    expect,
+                    new,
+                    succeeded,
+                } => match (succeeded, expect == state) {
+                    (Some(true) | None, true) => Some(new),
+                    (Some(false) | None, false) => state,
+                    (Some(true), false) | (Some(false), true) => continue,
+                },
             };
             let completed = op.complete.is_some();
             self.flip(i);
@@ -372,6 +391,59 @@ mod tests {
             .expect_err("stale read on key 2");
         assert_eq!(violation.key, 2);
         assert!(violation.to_string().contains("key 2 has no linearization"));
+    }
+
+    #[test]
+    fn compare_and_set_answers_must_match_the_register() {
+        let cas = |expect, new, succeeded| Kind::Cas {
+            expect,
+            new,
+            succeeded,
+        };
+        let ok = [
+            op(1, Kind::Put(1), 0, Some(1)),
+            op(1, cas(Some(1), 2, Some(true)), 2, Some(3)),
+            op(2, cas(Some(1), 3, Some(false)), 4, Some(5)),
+            op(2, Kind::Get(Some(2)), 6, Some(7)),
+        ];
+        assert!(verdict(&ops_of(&ok)));
+        // A success although the key held another value.
+        let lying = [
+            op(1, Kind::Put(1), 0, Some(1)),
+            op(1, cas(Some(5), 2, Some(true)), 2, Some(3)),
+        ];
+        assert!(!verdict(&lying));
+        // A failure that wrote anyway.
+        let leaky = [
+            op(1, Kind::Put(1), 0, Some(1)),
+            op(1, cas(Some(5), 2, Some(false)), 2, Some(3)),
+            op(2, Kind::Get(Some(2)), 4, Some(5)),
+        ];
+        assert!(!verdict(&leaky));
+        // Two successful compare-and-sets from the same value cannot both have happened.
+        let both = [
+            op(1, Kind::Put(1), 0, Some(1)),
+            op(2, cas(Some(1), 2, Some(true)), 2, Some(10)),
+            op(3, cas(Some(1), 3, Some(true)), 2, Some(10)),
+        ];
+        assert!(!verdict(&both));
+        // One of unknown outcome may have happened, or not.
+        let unknown = [
+            op(1, Kind::Put(1), 0, Some(1)),
+            op(2, cas(Some(1), 2, None), 2, None),
+            op(3, Kind::Get(Some(2)), 4, Some(5)),
+        ];
+        assert!(verdict(&unknown));
+        let unseen = [
+            op(1, Kind::Put(1), 0, Some(1)),
+            op(2, cas(Some(1), 2, None), 2, None),
+            op(3, Kind::Get(Some(1)), 4, Some(5)),
+        ];
+        assert!(verdict(&unseen));
+    }
+
+    fn ops_of(ops: &[Operation]) -> Vec<Operation> {
+        ops.to_vec()
     }
 
     #[test]

@@ -47,8 +47,11 @@ use std::time::{Duration, Instant};
 use etcdrs_backend::Backend;
 use etcdrs_mvcc::lease::Renewal;
 use etcdrs_mvcc::{KeyRange, KvStore, RangeParams};
+use etcdrs_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use etcdrs_proto::etcdserverpb::request_op::Request;
 use etcdrs_proto::etcdserverpb::{
-    DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest,
+    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RequestOp,
+    TxnRequest,
 };
 use etcdrs_proto::raft_internal::{InternalRaftRequest, RequestHeader};
 use prost::Message as _;
@@ -165,6 +168,8 @@ pub struct Report {
     pub completed: usize,
     /// Writes whose outcome stayed unknown (client timeouts).
     pub unknown: usize,
+    /// Compare-and-sets answered (succeeded, failed).
+    pub cas: (usize, usize),
     /// The converged applied index.
     pub applied: u64,
     /// The converged MVCC revision.
@@ -415,6 +420,14 @@ struct LeaseLog {
     renewals: Vec<(u64, usize)>,
 }
 
+/// How an operation completed.
+#[derive(Clone, Copy, Debug)]
+enum Outcome {
+    Written,
+    Read(Option<u64>),
+    Cas(bool),
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum OpState {
     Open,
@@ -468,6 +481,8 @@ struct Sim {
     next_lease: i64,
     lease_revokes: u32,
     replayed: u64,
+    /// The last value a client put (or deleted: `None`) on each key, for compare-and-sets.
+    last_put: BTreeMap<u64, Option<u64>>,
     snapshots: u32,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
@@ -490,6 +505,58 @@ fn raft_config(id: u64, applied: u64, pre_vote: bool) -> raft::Config {
 
 fn key_bytes(key: u64) -> Vec<u8> {
     format!("key-{key}").into_bytes()
+}
+
+/// A compare-and-set as a client writes it: put `new` if the key holds `expect` (if it does
+/// not exist, for `None`).
+fn cas_request(key: u64, expect: Option<u64>, new: u64) -> TxnRequest {
+    let compare = match expect {
+        Some(value) => Compare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Value as i32,
+            key: key_bytes(key),
+            target_union: Some(TargetUnion::Value(value.to_string().into_bytes())),
+            ..Compare::default()
+        },
+        None => Compare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Version as i32,
+            key: key_bytes(key),
+            target_union: Some(TargetUnion::Version(0)),
+            ..Compare::default()
+        },
+    };
+    TxnRequest {
+        compare: vec![compare],
+        success: vec![RequestOp {
+            request: Some(Request::RequestPut(PutRequest {
+                key: key_bytes(key),
+                value: new.to_string().into_bytes(),
+                ..PutRequest::default()
+            })),
+        }],
+        failure: Vec::new(),
+    }
+}
+
+/// Whether a compare-and-set's comparisons hold, read inside its transaction (the server's
+/// `apply::txn_write` compares the same way for these two targets).
+fn cas_holds(txn: &etcdrs_mvcc::Txn<'_, '_>, request: &TxnRequest) -> Step<bool> {
+    for compare in &request.compare {
+        let found = txn
+            .range(KeyRange::new(&compare.key, &[]), RangeParams::default())
+            .map_err(|e| format!("txn range: {e}"))?;
+        let kv = found.kvs.first();
+        let held = match &compare.target_union {
+            Some(TargetUnion::Value(value)) => kv.is_some_and(|kv| kv.value == *value),
+            Some(TargetUnion::Version(version)) => kv.map_or(0, |kv| kv.version) == *version,
+            _ => return Err("a comparison the clients never send".into()),
+        };
+        if !held {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn payload_hash(entry: &Entry) -> u64 {
@@ -569,6 +636,7 @@ impl Sim {
             next_lease: 1,
             lease_revokes: 0,
             replayed: 0,
+            last_put: BTreeMap::new(),
             snapshots: 0,
             _dir: dir,
             cfg,
@@ -1153,7 +1221,25 @@ impl Sim {
                 continue;
             }
             let mut txn = batch.txn();
-            if let Some(put) = &request.put {
+            let mut succeeded = None;
+            if let Some(request) = &request.txn {
+                let held = cas_holds(&txn, request)?;
+                let ops = if held {
+                    &request.success
+                } else {
+                    &request.failure
+                };
+                for op in ops {
+                    match &op.request {
+                        Some(Request::RequestPut(put)) => {
+                            txn.put(&put.key, &put.value, put.lease)
+                                .map_err(|e| format!("txn put: {e}"))?;
+                        }
+                        _ => return Err("a txn op the clients never send".into()),
+                    }
+                }
+                succeeded = Some(held);
+            } else if let Some(put) = &request.put {
                 match txn.put(&put.key, &put.value, put.lease) {
                     Ok(_) => {}
                     // etcd answers "requested lease not found"; nothing is written.
@@ -1169,8 +1255,8 @@ impl Sim {
                     entry.index
                 ));
             }
-            let rev = txn.end();
-            results.push((request_id, rev));
+            txn.end();
+            results.push((request_id, succeeded));
         }
         if index > skip_below {
             batch
@@ -1249,9 +1335,13 @@ impl Sim {
                 self.note("lease-revoked", id, lease as u64, 0);
             }
         }
-        for (request_id, _rev) in results {
+        for (request_id, succeeded) in results {
             if let Some(op) = self.members[i].waiters.remove(&request_id) {
-                self.complete(op, None);
+                let outcome = match succeeded {
+                    Some(held) => Outcome::Cas(held),
+                    None => Outcome::Written,
+                };
+                self.complete(op, outcome);
             }
         }
         Ok(())
@@ -1286,7 +1376,7 @@ impl Sim {
                         .ok_or_else(|| format!("a value no client wrote: {:?}", kv.value))?,
                 ),
             };
-            self.complete(op, Some(value));
+            self.complete(op, Outcome::Read(value));
         }
         Ok(())
     }
@@ -1418,6 +1508,17 @@ impl Sim {
             history: history.len(),
             completed: history.iter().filter(|o| o.complete.is_some()).count(),
             unknown: history.iter().filter(|o| o.complete.is_none()).count(),
+            cas: history.iter().fold((0, 0), |(yes, no), o| match o.kind {
+                Kind::Cas {
+                    succeeded: Some(true),
+                    ..
+                } => (yes + 1, no),
+                Kind::Cas {
+                    succeeded: Some(false),
+                    ..
+                } => (yes, no + 1),
+                _ => (yes, no),
+            }),
             applied,
             revision,
             term,
@@ -1591,6 +1692,11 @@ impl Sim {
         Ok(())
     }
 
+    fn take_value(&mut self) -> u64 {
+        self.next_value += 1;
+        self.next_value - 1
+    }
+
     fn invoke(&mut self, client: usize) -> Step {
         let up: Vec<usize> = (0..self.members.len())
             .filter(|&i| self.members[i].node.is_some())
@@ -1608,14 +1714,29 @@ impl Sim {
         let key = self.rng.random_range(0..self.cfg.keys);
         let roll = self.rng.random_range(0..10);
         let kind = match roll {
-            0..4 => {
-                let value = self.next_value;
-                self.next_value += 1;
-                Kind::Put(value)
-            }
-            4 => Kind::Delete,
+            0..3 => Kind::Put(self.take_value()),
+            3 => Kind::Delete,
+            4 => Kind::Cas {
+                // Often the value last written there, so that some succeed.
+                expect: if self.rng.random_bool(0.8) {
+                    self.last_put.get(&key).copied().flatten()
+                } else {
+                    None
+                },
+                new: self.take_value(),
+                succeeded: None,
+            },
             _ => Kind::Get(None),
         };
+        match kind {
+            Kind::Put(value) => {
+                self.last_put.insert(key, Some(value));
+            }
+            Kind::Delete => {
+                self.last_put.insert(key, None);
+            }
+            _ => {}
+        }
         self.clock += 1;
         let op = self.ops.len();
         self.ops.push(SimOp {
@@ -1634,7 +1755,7 @@ impl Sim {
             return Err("invoke on a stopped member".into());
         };
         let accepted = match kind {
-            Kind::Put(_) | Kind::Delete => {
+            Kind::Put(_) | Kind::Delete | Kind::Cas { .. } => {
                 let request_id = self.next_request;
                 self.next_request += 1;
                 let mut request = InternalRaftRequest {
@@ -1651,6 +1772,9 @@ impl Sim {
                             value: value.to_string().into_bytes(),
                             ..PutRequest::default()
                         })
+                    }
+                    Kind::Cas { expect, new, .. } => {
+                        request.txn = Some(cas_request(key, expect, new))
                     }
                     _ => {
                         request.delete_range = Some(DeleteRangeRequest {
@@ -1695,8 +1819,8 @@ impl Sim {
         Ok(())
     }
 
-    /// Operation `op` completes now; a read with what it saw.
-    fn complete(&mut self, op: usize, seen: Option<Option<u64>>) {
+    /// Operation `op` completes now, with its outcome.
+    fn complete(&mut self, op: usize, outcome: Outcome) {
         if self.ops[op].state != OpState::Open {
             return;
         }
@@ -1704,11 +1828,18 @@ impl Sim {
         let entry = &mut self.ops[op];
         entry.state = OpState::Done;
         entry.op.complete = Some(self.clock);
-        if let Some(seen) = seen {
-            entry.op.kind = Kind::Get(seen);
-        }
+        let value = match (outcome, &mut entry.op.kind) {
+            (Outcome::Read(seen), kind) => {
+                *kind = Kind::Get(seen);
+                seen.unwrap_or(0)
+            }
+            (Outcome::Cas(held), Kind::Cas { succeeded, .. }) => {
+                *succeeded = Some(held);
+                u64::from(held)
+            }
+            _ => 0,
+        };
         let client = entry.op.client as usize;
-        let value = seen.flatten().unwrap_or(0);
         self.note("complete", client as u64, op as u64, value);
         if self.clients[client].busy == Some(op) {
             self.clients[client].busy = None;

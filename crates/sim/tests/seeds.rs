@@ -71,6 +71,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let mut max_term = 0;
     let mut gave_up = 0;
     let (mut leases, mut lease_revokes, mut replayed, mut snapshots) = (0, 0, 0, 0);
+    let (mut cas_held, mut cas_failed) = (0, 0);
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -84,6 +85,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         lease_revokes += report.lease_revokes;
         replayed += report.replayed;
         snapshots += report.snapshots;
+        cas_held += report.cas.0;
+        cas_failed += report.cas.1;
         assert!(report.applied > 0, "seed {seed} applied nothing");
         if longest
             .as_ref()
@@ -94,7 +97,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     }
     let longest = longest.expect("at least one seed ran");
     println!(
-        "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes), \
+        "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes; \
+         compare-and-sets: {cas_held} held, {cas_failed} failed), \
          {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
@@ -109,6 +113,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
             "no lease expired: the lease invariant went unexercised"
         );
         assert!(crashes > 0 && partitions > 0 && replayed > 0 && snapshots > 0);
+        assert!(cas_held > 0 && cas_failed > 0);
     }
     assert!(longest.history > 0);
 }
