@@ -107,6 +107,9 @@ pub struct Config {
     pub crashes: bool,
     /// Whether the network partitions.
     pub partitions: bool,
+    /// Whether members stall (a process paused: no ticks, no messages handled, for a while)
+    /// and leaders are asked to hand over leadership (etcd's MoveLeader).
+    pub pauses: bool,
     /// raft's pre-vote.
     pub pre_vote: bool,
     /// Whether forwarded proposals (`MsgPropose`) may be duplicated too. Off by default: a
@@ -142,6 +145,7 @@ impl Config {
             max_delay_ms: rng.random_range(1..=20),
             crashes: rng.random_bool(0.7),
             partitions: rng.random_bool(0.7),
+            pauses: rng.random_bool(0.5),
             pre_vote: rng.random_bool(0.5),
             duplicate_proposals: false,
             local_reads: false,
@@ -180,6 +184,10 @@ pub struct Report {
     pub crashes: u32,
     /// Network partitions.
     pub partitions: u32,
+    /// Member stalls.
+    pub pauses: u32,
+    /// Leader transfers asked for.
+    pub transfers: u32,
     /// Virtual milliseconds simulated.
     pub simulated_ms: u64,
     /// States the linearizability checker explored.
@@ -408,6 +416,10 @@ struct Member {
     promoted_at: Option<u64>,
     /// Applied index of the last log compaction.
     last_mark: u64,
+    /// Stalled until then (virtual ms): its events wait.
+    paused_until: u64,
+    /// Its tick interval: clocks drift apart a little.
+    tick_ms: u64,
     /// Backend images received with snapshot messages, by snapshot index.
     images: BTreeMap<u64, PathBuf>,
 }
@@ -475,6 +487,8 @@ struct Sim {
     hashes: BTreeMap<u64, u32>,
     crashes: u32,
     partitions: u32,
+    pauses: u32,
+    transfers: u32,
     /// The instant virtual time 0 stands for (only differences of instants are used).
     base: Instant,
     leases: BTreeMap<i64, LeaseLog>,
@@ -602,6 +616,8 @@ impl Sim {
                 promoted_at: None,
                 last_mark: 0,
                 images: BTreeMap::new(),
+                paused_until: 0,
+                tick_ms: TICK_MS,
             })
             .collect();
         let mut sim = Sim {
@@ -628,6 +644,8 @@ impl Sim {
             hashes: BTreeMap::new(),
             crashes: 0,
             partitions: 0,
+            pauses: 0,
+            transfers: 0,
             // Virtual instants stay behind the wall clock (see `apply`'s grants).
             base: Instant::now()
                 .checked_sub(Duration::from_secs(1000))
@@ -642,6 +660,7 @@ impl Sim {
             cfg,
         };
         for i in 0..sim.members.len() {
+            sim.members[i].tick_ms = sim.rng.random_range(TICK_MS - 1..=TICK_MS + 1);
             sim.start_member(i)?;
             let phase = sim.rng.random_range(1..=TICK_MS);
             sim.schedule(phase, Event::Tick(i));
@@ -719,13 +738,32 @@ impl Sim {
         Err("the event queue ran dry".into())
     }
 
+    /// The member an event is for, if it is stalled now.
+    fn stalled(&self, event: &Event) -> Option<u64> {
+        let i = match event {
+            Event::Tick(i) | Event::LeaseExpiry(i) => *i,
+            Event::Deliver { msg, .. } => (msg.to as usize).checked_sub(1)?,
+            Event::SnapshotReport { leader, .. } => *leader,
+            _ => return None,
+        };
+        let until = self.members.get(i)?.paused_until;
+        (until > self.now).then_some(until)
+    }
+
     fn handle(&mut self, event: Event) -> Step {
+        if let Some(until) = self.stalled(&event) {
+            // A stalled process does these once it runs again.
+            let after = until - self.now;
+            self.schedule(after, event);
+            return Ok(());
+        }
         match event {
             Event::Tick(i) => {
                 if let Some(node) = self.members[i].node.as_mut() {
                     node.tick();
                 }
-                self.schedule(TICK_MS, Event::Tick(i));
+                let tick = self.members[i].tick_ms;
+                self.schedule(tick, Event::Tick(i));
             }
             Event::LeaseExpiry(i) => {
                 self.expire_leases(i)?;
@@ -861,7 +899,7 @@ impl Sim {
         if !self.faults {
             return;
         }
-        match self.rng.random_range(0..4) {
+        match self.rng.random_range(0..6) {
             0 | 1 if self.cfg.partitions && self.groups.is_none() => {
                 let n = self.members.len();
                 let groups: Vec<u8> = if self.rng.random_bool(0.5) {
@@ -879,6 +917,33 @@ impl Sim {
                 self.note("partition", mask, 0, 0);
                 let after = self.rng.random_range(100..=1500);
                 self.schedule(after, Event::Heal);
+            }
+            4 if self.cfg.pauses => {
+                let i = self.rng.random_range(0..self.members.len());
+                let pause = self.rng.random_range(50..=600);
+                self.members[i].paused_until = self.now + pause;
+                let id = self.members[i].id;
+                self.pauses += 1;
+                self.note("pause", id, pause, 0);
+            }
+            5 if self.cfg.pauses => {
+                let n = self.members.len() as u64;
+                let to = self.rng.random_range(1..=n);
+                let leader = self.members.iter_mut().find(|m| {
+                    m.paused_until <= self.now
+                        && m.node
+                            .as_ref()
+                            .is_some_and(|n| n.raft.state == StateRole::Leader)
+                });
+                if let Some(member) = leader
+                    && member.id != to
+                    && let Some(node) = member.node.as_mut()
+                {
+                    node.transfer_leader(to);
+                    let id = member.id;
+                    self.transfers += 1;
+                    self.note("transfer-leader", id, to, 0);
+                }
             }
             2 if self.cfg.crashes => {
                 let up: Vec<usize> = (0..self.members.len())
@@ -1524,6 +1589,8 @@ impl Sim {
             term,
             crashes: self.crashes,
             partitions: self.partitions,
+            pauses: self.pauses,
+            transfers: self.transfers,
             simulated_ms: self.now,
             checker_states: summary.states,
             checker_gave_up: summary.gave_up.len(),
@@ -1658,7 +1725,7 @@ impl Sim {
         let Some(at) = (leader as usize).checked_sub(1) else {
             return;
         };
-        if at >= self.members.len() {
+        if at >= self.members.len() || self.members[at].paused_until > self.now {
             return;
         }
         let vnow = self.vnow();
@@ -1698,8 +1765,9 @@ impl Sim {
     }
 
     fn invoke(&mut self, client: usize) -> Step {
+        // A stalled member takes no new requests (its clients time out on it instead).
         let up: Vec<usize> = (0..self.members.len())
-            .filter(|&i| self.members[i].node.is_some())
+            .filter(|&i| self.members[i].node.is_some() && self.members[i].paused_until <= self.now)
             .collect();
         self.clients[client].generation += 1;
         let generation = self.clients[client].generation;

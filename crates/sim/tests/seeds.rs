@@ -72,6 +72,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let mut gave_up = 0;
     let (mut leases, mut lease_revokes, mut replayed, mut snapshots) = (0, 0, 0, 0);
     let (mut cas_held, mut cas_failed) = (0, 0);
+    let (mut pauses, mut transfers) = (0, 0);
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -86,6 +87,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         replayed += report.replayed;
         snapshots += report.snapshots;
         cas_held += report.cas.0;
+        pauses += report.pauses;
+        transfers += report.transfers;
         cas_failed += report.cas.1;
         assert!(report.applied > 0, "seed {seed} applied nothing");
         if longest
@@ -99,7 +102,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     println!(
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes; \
          compare-and-sets: {cas_held} held, {cas_failed} failed), \
-         {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
+         {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, \
+         {pauses} stalls, {transfers} leader transfers, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()
@@ -113,7 +117,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
             "no lease expired: the lease invariant went unexercised"
         );
         assert!(crashes > 0 && partitions > 0 && replayed > 0 && snapshots > 0);
-        assert!(cas_held > 0 && cas_failed > 0);
+        assert!(cas_held > 0 && cas_failed > 0 && pauses > 0 && transfers > 0);
     }
     assert!(longest.history > 0);
 }
