@@ -136,7 +136,7 @@ impl Config {
         Config {
             seed,
             members: [3, 3, 5][rng.random_range(0..3)],
-            clients: rng.random_range(2..=4),
+            clients: rng.random_range(2..=6),
             keys: rng.random_range(1..=3),
             fault_ms: 3000,
             settle_ms: 5000,
