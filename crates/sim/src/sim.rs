@@ -22,7 +22,7 @@
 //! Virtual milliseconds. A member ticks every [`TICK_MS`]; elections take
 //! [`ELECTION_TICK`]..2x ticks (raft-rs draws that timeout from the thread's RNG, so after every
 //! step the simulator redraws it from the seed wherever raft has just reset it). The lessor
-//! gets virtual instants. The backend commits durably every [`BACKEND_BATCH_MS`]; a crash is a
+//! gets virtual instants. The backend commits durably every [`Config::backend_batch_ms`]; a crash is a
 //! clean stop or a power cut, which puts back the database as of its last durable commit (raft's
 //! log is durable at every Ready, as the WAL is), so raft replays what the backend lost.
 //!
@@ -74,9 +74,6 @@ pub const HEARTBEAT_TICK: usize = 1;
 pub const CLIENT_TIMEOUT_MS: u64 = 1500;
 /// `HashKV` is compared whenever a batch ends at a multiple of this index.
 pub const HASH_EVERY: u64 = 4;
-/// The backend commits durably at most this often (etcd's `--backend-batch-interval`); in
-/// between, its commits may be lost in a crash.
-pub const BACKEND_BATCH_MS: u64 = 100;
 /// The leader looks for expired leases this often (the server's lease-expiry loop).
 pub const LEASE_EXPIRY_MS: u64 = 500;
 /// Events kept for a failure's report.
@@ -105,6 +102,9 @@ pub struct Config {
     pub max_delay_ms: u64,
     /// Whether members crash and restart.
     pub crashes: bool,
+    /// The backend commits durably at most this often, virtual ms (etcd's
+    /// `--backend-batch-interval`, 100 ms by default); in between, a power cut loses commits.
+    pub backend_batch_ms: u64,
     /// Whether the network partitions.
     pub partitions: bool,
     /// Whether members stall (a process paused: no ticks, no messages handled, for a while)
@@ -144,6 +144,7 @@ impl Config {
             duplicate_per_mille: rng.random_range(0..=50),
             max_delay_ms: rng.random_range(1..=20),
             crashes: rng.random_bool(0.7),
+            backend_batch_ms: rng.random_range(100..=500),
             partitions: rng.random_bool(0.7),
             pauses: rng.random_bool(0.5),
             pre_vote: rng.random_bool(0.5),
@@ -1328,7 +1329,7 @@ impl Sim {
                 .set_consistent_index(index, term)
                 .map_err(|e| format!("consistent index: {e}"))?;
         }
-        let durable = self.now >= member.last_durable + BACKEND_BATCH_MS;
+        let durable = self.now >= member.last_durable + self.cfg.backend_batch_ms;
         batch.commit(durable).map_err(|e| format!("commit: {e}"))?;
         if durable {
             std::fs::copy(&member.db, &member.durable_db)
