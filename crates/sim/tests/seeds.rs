@@ -165,6 +165,14 @@ fn stale_local_reads_are_caught() {
     let failure = caught.expect("some seed shows a stale read");
     println!("{failure}");
     assert!(!failure.trace.is_empty());
+    // A failing seed replays exactly: the same violation after the same events.
+    let config = Config {
+        local_reads: true,
+        ..Config::from_seed(failure.seed)
+    };
+    let again = run(&config).expect_err("the seed fails again");
+    assert_eq!(again.message, failure.message);
+    assert_eq!(again.trace, failure.trace);
 }
 
 /// A network that duplicates forwarded proposals gets a write applied twice, which the
