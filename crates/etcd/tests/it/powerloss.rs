@@ -9,7 +9,9 @@
 //! The worst cut (nothing unsynced kept) right after a member's first start found the
 //! member's directories unsynced: `data`, `data/member`, `data/member/snap` and the
 //! backend's `db` were made without syncing their parents, so the member came back empty,
-//! as a new member, without the writes it had acknowledged. The same cut after a follower
+//! as a new member, without the writes it had acknowledged; with `--wal-dir` a few levels
+//! deep, the WAL synced only its immediate parent, so the levels above were lost (and the
+//! member, finding applied data and no WAL, refused to start). The same cut after a follower
 //! installed the leader's snapshot brought back the received images (`*.snap.recv`,
 //! `*.snap.from-etcd`) whose removal was not durable: they are removed at start now.
 //!
@@ -171,8 +173,19 @@ async fn a_new_member_survives_a_power_cut_that_keeps_nothing_unsynced() {
     }
     let power = PowerLoss::build().expect("power-loss layer");
     let mut total = Cut::default();
+    // The last round keeps its WAL elsewhere (`--wal-dir`), a few directories deep in a
+    // directory the member did not make.
+    let wal_root = tempfile::Builder::new()
+        .prefix("etcdrs-member-wal-")
+        .tempdir()
+        .expect("WAL root");
     for round in 0..FRESH_ROUNDS {
-        let mut member = Member::start(under(&power, opts()))
+        let mut member_opts = opts();
+        if round == FRESH_ROUNDS - 1 {
+            let wal_dir = wal_root.path().join("deep").join("wal");
+            member_opts = member_opts.arg(format!("--wal-dir={}", wal_dir.display()));
+        }
+        let mut member = Member::start(under(&power, member_opts))
             .await
             .expect("member starts");
         let client = member.client().await.expect("client");
