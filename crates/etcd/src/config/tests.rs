@@ -1,6 +1,13 @@
 //! The configuration parser's tests: etcd's defaults, flags, `ETCD_*` variables, config files
 //! and every error text, each checked against what etcd 3.5 prints.
 
+use std::time::Duration;
+
+use url::Url;
+
+use super::flags::Group;
+use super::model::MODELED;
+use super::validate::ERR_UNSET_ADVERTISE_CLIENT_URLS;
 use super::*;
 
 fn args(list: &[&str]) -> Vec<String> {

@@ -1,0 +1,340 @@
+//! Writing to the store (etcd `server/storage/mvcc/kvstore_txn.go`): a [`WriteBatch`] is
+//! the apply loop's unit of work (one backend transaction over one or more raft entries:
+//! compaction, leases, meta, other buckets), and a [`Txn`] within it is one revision, whose
+//! puts and deletes share that revision and whose reads see its own writes. Reading at a
+//! past revision and opening the store are the parent's.
+
+use super::*;
+
+/// A batch of writes committed together: the apply loop's unit of work, one or more raft
+/// entries. Dropping it without committing aborts the backend transaction, but changes
+/// already made to the index stay: a failed batch is fatal to the server.
+pub struct WriteBatch<'a> {
+    pub(super) store: &'a KvStore,
+    pub(super) state: RwLockWriteGuard<'a, State>,
+    pub(super) tx: WriteTx<'a>,
+    pub(super) changes: Vec<Change>,
+}
+
+impl<'a> WriteBatch<'a> {
+    /// Begin a transaction: all its writes share one revision.
+    pub fn txn(&mut self) -> Txn<'_, 'a> {
+        let main = self.state.current_rev + 1;
+        Txn {
+            batch: self,
+            main,
+            sub: 0,
+            tally: crate::metrics::TxnTally::default(),
+        }
+    }
+
+    /// The current revision as this batch sees it.
+    pub fn current_rev(&self) -> i64 {
+        self.state.current_rev
+    }
+
+    /// The compacted revision.
+    pub fn compact_rev(&self) -> i64 {
+        self.state.compact_rev
+    }
+
+    /// The lessor.
+    pub fn lessor(&self) -> &Lessor {
+        &self.store.lessor
+    }
+
+    /// Compact history at `rev`: values no revision at or after `rev` needs are deleted.
+    pub fn compact(&mut self, rev: i64) -> Result<()> {
+        if rev <= self.state.compact_rev {
+            return Err(Error::Compacted {
+                requested: rev,
+                compacted: self.state.compact_rev,
+            });
+        }
+        if rev > self.state.current_rev {
+            return Err(Error::FutureRevision {
+                requested: rev,
+                current: self.state.current_rev,
+            });
+        }
+        let started = Instant::now();
+        self.tx
+            .put(Bucket::META, META_SCHEDULED_COMPACT, &rev.to_be_bytes())?;
+        let mut dropped = Vec::new();
+        self.state.index.retain(|_, key_index| {
+            dropped.extend(key_index.compact(rev));
+            !key_index.is_empty()
+        });
+        let index_done = Instant::now();
+        crate::metrics::INDEX_COMPACTION_PAUSE_MS
+            .observe((index_done - started).as_secs_f64() * 1000.0);
+        crate::metrics::COMPACTION_KEYS.inc_by(dropped.len() as u64);
+        for (revision, tombstone) in dropped {
+            self.tx.delete(Bucket::KEY, &revision.to_key(tombstone))?;
+        }
+        // Values go in the same batch as the index: the pause and the whole compaction are
+        // the same span here.
+        crate::metrics::DB_COMPACTION_PAUSE_MS.observe(index_done.elapsed().as_secs_f64() * 1000.0);
+        crate::metrics::DB_COMPACTION_TOTAL_MS.observe(started.elapsed().as_secs_f64() * 1000.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        crate::metrics::COMPACTION_LAST.set(i64::try_from(now).unwrap_or(i64::MAX));
+        self.tx
+            .put(Bucket::META, META_FINISHED_COMPACT, &rev.to_be_bytes())?;
+        self.state.compact_rev = rev;
+        Ok(())
+    }
+
+    /// Grant a lease (already validated: id free, TTL within bounds).
+    pub fn lease_grant(&mut self, id: LeaseId, ttl: i64) -> Result<()> {
+        if self.store.lessor.contains(id) {
+            return Err(Error::LeaseExists(id));
+        }
+        let record = LeaseRecord {
+            id,
+            ttl,
+            remaining_ttl: 0,
+        };
+        self.tx
+            .put(Bucket::LEASE, &id.to_be_bytes(), &record.encode_to_vec())?;
+        self.store.lessor.insert(id, ttl, Instant::now());
+        crate::metrics::LEASES_GRANTED.inc();
+        crate::metrics::LEASE_TTLS.observe(ttl as f64);
+        Ok(())
+    }
+
+    /// Revoke a lease: it is removed and every key attached to it is deleted, all in one
+    /// revision.
+    pub fn lease_revoke(&mut self, id: LeaseId) -> Result<()> {
+        let Some(keys) = self.store.lessor.get(id).map(|l| l.keys) else {
+            return Err(Error::LeaseNotFound(id));
+        };
+        let mut txn = self.txn();
+        for key in &keys {
+            txn.delete_range(KeyRange::new(key, &[]))?;
+        }
+        txn.end();
+        self.tx.delete(Bucket::LEASE, &id.to_be_bytes())?;
+        self.store.lessor.remove(id);
+        crate::metrics::LEASES_REVOKED.inc();
+        Ok(())
+    }
+
+    /// Keep a lease's checkpointed remainder in its record (etcd's
+    /// `--experimental-enable-lease-checkpoint-persist`; 0 clears it), so that a restarted
+    /// member goes on from it rather than from the full TTL. A lease that is gone is skipped.
+    pub fn persist_lease_checkpoint(&mut self, id: LeaseId, remaining_ttl: i64) -> Result<()> {
+        let Some(ttl) = self.store.lessor.ttl(id) else {
+            return Ok(());
+        };
+        let record = LeaseRecord {
+            id,
+            ttl,
+            remaining_ttl: remaining_ttl.max(0),
+        };
+        self.tx
+            .put(Bucket::LEASE, &id.to_be_bytes(), &record.encode_to_vec())?;
+        Ok(())
+    }
+
+    /// Write a value to a bucket inside this batch (membership, alarms, meta...).
+    pub fn bucket_put(&mut self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
+        self.tx.put(bucket, key, value)?;
+        Ok(())
+    }
+
+    /// Delete a value from a bucket inside this batch.
+    pub fn bucket_delete(&mut self, bucket: Bucket, key: &[u8]) -> Result<()> {
+        self.tx.delete(bucket, key)?;
+        Ok(())
+    }
+
+    /// Record the raft position this batch brings the store to.
+    pub fn set_consistent_index(&mut self, index: u64, term: u64) -> Result<()> {
+        self.tx
+            .put(Bucket::META, META_CONSISTENT_INDEX, &index.to_be_bytes())?;
+        self.tx.put(Bucket::META, META_TERM, &term.to_be_bytes())?;
+        self.state.consistent_index = index;
+        Ok(())
+    }
+
+    /// Take the changes made so far (for watchers), in revision order.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Commit the batch; `durable` forces an fsync (otherwise the backend decides by time).
+    /// Returns the batch's changes and whether the commit was durable.
+    pub fn commit(self, durable: bool) -> Result<(Vec<Change>, bool)> {
+        let WriteBatch {
+            state, tx, changes, ..
+        } = self;
+        let durable = tx.commit(durable)?;
+        // The index lock is released only now: readers never see uncommitted revisions.
+        drop(state);
+        Ok((changes, durable))
+    }
+
+    pub(super) fn commit_meta_only(self, durable: bool) -> Result<()> {
+        self.commit(durable).map(|_| ())
+    }
+}
+
+/// A transaction inside a batch: every write gets the same main revision. Reads see the
+/// transaction's own earlier writes.
+pub struct Txn<'b, 'a> {
+    batch: &'b mut WriteBatch<'a>,
+    main: i64,
+    sub: i64,
+    /// Its operations, counted when it ends (dropped).
+    tally: crate::metrics::TxnTally,
+}
+
+impl Drop for Txn<'_, '_> {
+    fn drop(&mut self) {
+        self.tally.end();
+    }
+}
+
+impl Txn<'_, '_> {
+    /// The revision the transaction's writes get.
+    pub fn rev(&self) -> i64 {
+        self.main
+    }
+
+    /// Whether this transaction has written anything.
+    pub fn has_changes(&self) -> bool {
+        self.sub > 0
+    }
+
+    /// Read a range as this transaction sees it.
+    pub fn range(&self, range: KeyRange<'_>, params: RangeParams) -> Result<RangeResult> {
+        self.tally.ranges.set(self.tally.ranges.get() + 1);
+        let state = &self.batch.state;
+        let read_rev = if self.sub > 0 {
+            self.main
+        } else {
+            state.current_rev
+        };
+        let rev = if params.rev <= 0 {
+            read_rev
+        } else if params.rev > read_rev {
+            return Err(Error::FutureRevision {
+                requested: params.rev,
+                current: read_rev,
+            });
+        } else if params.rev < state.compact_rev {
+            return Err(Error::Compacted {
+                requested: params.rev,
+                compacted: state.compact_rev,
+            });
+        } else {
+            params.rev
+        };
+        let limit = if params.count_only { 1 } else { params.limit };
+        let (revs, count) = state.visible(range, rev, limit);
+        let mut kvs = Vec::new();
+        if !params.count_only {
+            for rev in revs {
+                let Some(bytes) = self.batch.tx.get(Bucket::KEY, &rev.to_bytes())? else {
+                    return Err(Error::Corrupt(format!("revision {rev:?} missing")));
+                };
+                kvs.push(decode_kv(&bytes)?);
+            }
+        }
+        Ok(RangeResult {
+            kvs,
+            rev: read_rev,
+            count,
+        })
+    }
+
+    /// Put `key` = `value` attached to `lease` (0 for none). The lease must exist.
+    pub fn put(&mut self, key: &[u8], value: &[u8], lease: LeaseId) -> Result<KeyValue> {
+        if lease != NO_LEASE && !self.batch.store.lessor.contains(lease) {
+            return Err(Error::LeaseNotFound(lease));
+        }
+        self.tally.puts += 1;
+        self.tally.put_bytes += (key.len() + value.len()) as u64;
+        let rev = Revision::new(self.main, self.sub);
+        let key_index = self.batch.state.index.entry(key.to_vec()).or_default();
+        let (create_revision, version) = match key_index.get(i64::MAX) {
+            Some(found) => (found.created.main, found.version + 1),
+            None => (self.main, 1),
+        };
+        let kv = KeyValue {
+            key: key.to_vec(),
+            create_revision,
+            mod_revision: self.main,
+            version,
+            value: value.to_vec(),
+            lease,
+        };
+        self.batch
+            .tx
+            .put(Bucket::KEY, &rev.to_bytes(), &kv.encode_to_vec())?;
+        key_index.put(rev);
+        let lessor = &self.batch.store.lessor;
+        let old_lease = lessor.lease_of(key);
+        if old_lease != lease {
+            lessor.detach(key);
+        }
+        if lease != NO_LEASE {
+            lessor.attach(lease, key);
+        }
+        self.sub += 1;
+        self.batch.changes.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv.clone()),
+            prev_kv: None,
+        });
+        Ok(kv)
+    }
+
+    /// Delete every key in `range`; returns the deleted keys, in key order.
+    pub fn delete_range(&mut self, range: KeyRange<'_>) -> Result<Vec<Vec<u8>>> {
+        self.tally.deletes += 1;
+        let Some(bounds) = range.bounds() else {
+            return Ok(Vec::new());
+        };
+        let live: Vec<Vec<u8>> = self
+            .batch
+            .state
+            .index
+            .range::<[u8], _>(bounds)
+            .filter(|(_, key_index)| key_index.is_live())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &live {
+            let rev = Revision::new(self.main, self.sub);
+            let tombstone = KeyValue {
+                key: key.clone(),
+                mod_revision: self.main,
+                ..KeyValue::default()
+            };
+            self.batch
+                .tx
+                .put(Bucket::KEY, &rev.to_key(true), &tombstone.encode_to_vec())?;
+            if let Some(key_index) = self.batch.state.index.get_mut(key) {
+                key_index.tombstone(rev);
+            }
+            self.batch.store.lessor.detach(key);
+            self.sub += 1;
+            self.batch.changes.push(Event {
+                r#type: EventType::Delete as i32,
+                kv: Some(tombstone),
+                prev_kv: None,
+            });
+        }
+        Ok(live)
+    }
+
+    /// End the transaction: the store's revision advances if anything was written.
+    pub fn end(self) -> i64 {
+        if self.sub > 0 {
+            self.batch.state.current_rev = self.main;
+        }
+        self.batch.state.current_rev
+    }
+}

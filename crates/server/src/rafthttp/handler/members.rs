@@ -1,0 +1,274 @@
+//! The peer port's member-to-member calls besides raft (etcd `etcdhttp/peer.go`,
+//! `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`): `/members` and
+//! `/members/promote/`, `/members/hashkv`, and `/leases` and `/leases/internal`, with the
+//! JSON and protobuf bodies etcd's members send (shared with `calls`, which makes the calls).
+
+use super::*;
+
+/// A member as etcd's `/members` lists it (Go's JSON of `membership.Member`).
+#[derive(Serialize, Deserialize)]
+pub struct MemberJson {
+    /// Member id (a JSON number).
+    pub id: u64,
+    /// Peer URLs.
+    #[serde(rename = "peerURLs", default)]
+    pub peer_urls: Vec<String>,
+    /// Whether the member is a learner.
+    #[serde(
+        rename = "isLearner",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub is_learner: bool,
+    /// Name, once published.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Client URLs, once published.
+    #[serde(rename = "clientURLs", default, skip_serializing_if = "Vec::is_empty")]
+    pub client_urls: Vec<String>,
+}
+
+fn members_json(server: &EtcdServer) -> String {
+    let mut members: Vec<MemberJson> = server
+        .members()
+        .into_iter()
+        .map(|m| MemberJson {
+            id: m.id,
+            peer_urls: m.peer_urls,
+            is_learner: m.is_learner,
+            name: m.name,
+            client_urls: m.client_urls,
+        })
+        .collect();
+    members.sort_by_key(|m| m.id);
+    let mut body = serde_json::to_string(&members).unwrap_or_else(|_| "[]".to_owned());
+    body.push('\n');
+    body
+}
+
+/// `GET /members`: the cluster as this member knows it, with the cluster id in a header
+/// (joining members use it; no cluster check, since they do not know the id yet).
+pub(super) async fn members(State(server): State<EtcdServer>, request: Request) -> Response {
+    if request.method() != Method::GET {
+        return method_not_allowed(Some("GET"));
+    }
+    let response = if request.uri().path() != "/members" {
+        go_error(StatusCode::BAD_REQUEST, "bad path")
+    } else {
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            members_json(&server),
+        )
+            .into_response()
+    };
+    with_cluster_id(response, &server)
+}
+
+/// `POST /members/promote/<id>` (etcd 3.4's learner promotion forwarded to the leader).
+pub(super) async fn promote(State(server): State<EtcdServer>, request: Request) -> Response {
+    if request.method() != Method::POST {
+        return method_not_allowed(Some("POST"));
+    }
+    let id_text = request
+        .uri()
+        .path()
+        .trim_start_matches("/members/promote/")
+        .to_owned();
+    let response = match id_text.parse::<u64>() {
+        Err(_) => go_error(
+            StatusCode::NOT_FOUND,
+            &format!("member {id_text} not found in cluster"),
+        ),
+        Ok(id) => match server.promote_member(id).await {
+            Ok(()) => (
+                [(header::CONTENT_TYPE, "application/json")],
+                members_json(&server),
+            )
+                .into_response(),
+            Err(crate::ServerError::Etcd(e))
+                if std::ptr::eq(e, &etcdrs_proto::rpctypes::MEMBER_NOT_FOUND) =>
+            {
+                go_error(StatusCode::NOT_FOUND, "membership: ID not found")
+            }
+            Err(crate::ServerError::Etcd(e))
+                if std::ptr::eq(e, &etcdrs_proto::rpctypes::MEMBER_NOT_LEARNER) =>
+            {
+                go_error(
+                    StatusCode::PRECONDITION_FAILED,
+                    "membership: can only promote a learner member",
+                )
+            }
+            Err(crate::ServerError::Etcd(e))
+                if std::ptr::eq(e, &etcdrs_proto::rpctypes::LEARNER_NOT_READY) =>
+            {
+                go_error(StatusCode::PRECONDITION_FAILED, e.message)
+            }
+            Err(e) => go_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        },
+    };
+    with_cluster_id(response, &server)
+}
+
+/// etcd's `pb.HashKVRequest` in Go's JSON.
+#[derive(Serialize, Deserialize, Default)]
+pub struct HashKvRequestJson {
+    /// The revision to hash at (0: the current one).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub revision: i64,
+}
+
+/// etcd's `pb.HashKVResponse` in Go's JSON (`omitempty` everywhere).
+#[derive(Serialize, Deserialize, Default)]
+pub struct HashKvResponseJson {
+    /// Only the revision is set, as etcd does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<HeaderJson>,
+    /// The hash.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub hash: u32,
+    /// The compacted revision when hashed.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub compact_revision: i64,
+    /// The revision hashed at (etcd 3.5).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub hash_revision: i64,
+}
+
+/// etcd's `pb.ResponseHeader` in Go's JSON, as the hash answer carries it.
+#[derive(Serialize, Deserialize, Default)]
+pub struct HeaderJson {
+    /// The store's revision.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub revision: i64,
+}
+
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// `GET /members/hashkv` with a JSON `HashKVRequest` body (etcd's `hashKVHandler`).
+pub(super) async fn hash_kv(State(server): State<EtcdServer>, request: Request) -> Response {
+    if request.method() != Method::GET {
+        return method_not_allowed(Some("GET"));
+    }
+    let Ok(bytes) = axum::body::to_bytes(request.into_body(), MAX_BODY).await else {
+        return go_error(StatusCode::BAD_REQUEST, "error reading body");
+    };
+    let Ok(req) = serde_json::from_slice::<HashKvRequestJson>(&bytes) else {
+        tracing::warn!("failed to unmarshal request");
+        return go_error(StatusCode::BAD_REQUEST, "error unmarshalling request");
+    };
+    let hashed = match crate::corrupt::local_hash(&server, req.revision).await {
+        Ok(hashed) => hashed,
+        Err(e) => {
+            tracing::warn!(requested_revision = req.revision, error = %e, "failed to get hashKV");
+            return go_error(StatusCode::BAD_REQUEST, &e.to_string());
+        }
+    };
+    let resp = HashKvResponseJson {
+        header: Some(HeaderJson {
+            revision: hashed.header.as_ref().map_or(0, |h| h.revision),
+        }),
+        hash: hashed.hash,
+        compact_revision: hashed.compact_revision,
+        hash_revision: hashed.hash_revision,
+    };
+    let body = serde_json::to_string(&resp).unwrap_or_default();
+    with_cluster_id(
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        &server,
+    )
+}
+
+/// etcd's `leasepb.LeaseInternalRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseInternalRequest {
+    /// The request forwarded.
+    #[prost(message, optional, tag = "1")]
+    pub lease_time_to_live_request: Option<LeaseTimeToLiveRequest>,
+}
+
+/// etcd's `leasepb.LeaseInternalResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseInternalResponse {
+    /// The leader's answer.
+    #[prost(message, optional, tag = "1")]
+    pub lease_time_to_live_response: Option<LeaseTimeToLiveResponse>,
+}
+
+fn protobuf(bytes: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/protobuf")], bytes).into_response()
+}
+
+/// `POST /leases` (renew on the leader) and `POST /leases/internal` (time to live), with
+/// protobuf bodies (etcd's `leasehttp`).
+pub(super) async fn leases(State(server): State<EtcdServer>, request: Request) -> Response {
+    if request.method() != Method::POST {
+        return go_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+    }
+    let path = request.uri().path().to_owned();
+    let Ok(bytes) = axum::body::to_bytes(request.into_body(), MAX_BODY).await else {
+        return go_error(StatusCode::BAD_REQUEST, "error reading body");
+    };
+    if path == "/leases" {
+        let Ok(req) = LeaseKeepAliveRequest::decode(bytes.as_ref()) else {
+            return go_error(StatusCode::BAD_REQUEST, "error unmarshalling request");
+        };
+        if !server.raft_status().is_leader {
+            return go_error(StatusCode::BAD_REQUEST, "not a primary lessor");
+        }
+        return match crate::rpc::lease::renew(&server, req.id).await {
+            Ok(0) => go_error(StatusCode::NOT_FOUND, "lease not found"),
+            Ok(ttl) => protobuf(
+                LeaseKeepAliveResponse {
+                    header: None,
+                    id: req.id,
+                    ttl,
+                }
+                .encode_to_vec(),
+            ),
+            Err(e) => go_error(StatusCode::BAD_REQUEST, &e.to_string()),
+        };
+    }
+    let Ok(req) = LeaseInternalRequest::decode(bytes.as_ref()) else {
+        return go_error(StatusCode::BAD_REQUEST, "error unmarshalling request");
+    };
+    let req = req.lease_time_to_live_request.unwrap_or_default();
+    match crate::rpc::lease::time_to_live_local(&server, req).await {
+        Ok(resp) if resp.ttl == -1 => go_error(StatusCode::NOT_FOUND, "lease not found"),
+        Ok(resp) => protobuf(
+            LeaseInternalResponse {
+                lease_time_to_live_response: Some(LeaseTimeToLiveResponse {
+                    header: Some(Default::default()),
+                    ..resp
+                }),
+            }
+            .encode_to_vec(),
+        ),
+        Err(e) => go_error(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_json_has_gos_field_names_and_omissions() {
+        let m = MemberJson {
+            id: 10,
+            peer_urls: vec!["http://a:2380".into()],
+            is_learner: false,
+            name: String::new(),
+            client_urls: Vec::new(),
+        };
+        assert_eq!(
+            serde_json::to_string(&m).expect("json"),
+            r#"{"id":10,"peerURLs":["http://a:2380"]}"#
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! `POST /raft/snapshot` (etcd `rafthttp/http.go`'s `snapshotHandler`): a leader's snapshot
+//! streamed to disk and handed to raft. Beyond etcd, the upload is accepted only from a
+//! member and only up to twice the backend quota, within idle and total deadlines, and a
+//! refused upload leaves no file behind (`PartialFile`).
+
+use super::*;
+
+/// How long a snapshot upload may go without a chunk.
+const SNAPSHOT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a snapshot upload may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub(super) fn snapshot_too_large(limit: u64) -> Response {
+    tracing::warn!(
+        limit,
+        "rejected a snapshot larger than twice the backend quota"
+    );
+    go_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("etcdserver: snapshot larger than {limit} bytes (twice the backend quota)"),
+    )
+}
+
+/// A snapshot being received, removed unless it arrived whole.
+struct PartialFile(Option<std::path::PathBuf>);
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// `POST /raft/snapshot` (etcd's `snapshotHandler`): the raft snapshot message framed as on
+/// the `message` stream, then the database image.
+pub(super) async fn snapshot(server: &EtcdServer, request: Request) -> Response {
+    if request.method() != Method::POST {
+        return method_not_allowed(Some("POST"));
+    }
+    // A member, or a peer this member has a link to: a member that joined an existing
+    // cluster knows its peers (from `/members`) before any membership has applied, and the
+    // leader's snapshot is what brings that membership.
+    let from = request
+        .headers()
+        .get(FROM_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|from| {
+            member_label(server, from).or_else(|| {
+                let id = u64::from_str_radix(from, 16).ok()?;
+                server.transport().has_peer(id).then(|| id_hex(id))
+            })
+        });
+    let label = from
+        .clone()
+        .unwrap_or_else(|| "UNKNOWN_SNAPSHOT_SENDER".to_owned());
+    let labels = [label.as_str()];
+    let started = std::time::Instant::now();
+    let response = match from {
+        // Only a member may replace this member's data (the leader sends snapshots). Not
+        // 403: etcd's sender reads a 403 as its own removal and stops.
+        None => {
+            tracing::warn!("rejected a snapshot from a member not in the cluster");
+            go_error(
+                StatusCode::PRECONDITION_FAILED,
+                "etcdserver: snapshot from a member not in the cluster",
+            )
+        }
+        Some(_) => {
+            if let Err(text) = check_compatibility(server, request.headers()) {
+                go_error(StatusCode::PRECONDITION_FAILED, text)
+            } else {
+                let inflight =
+                    crate::metrics::SNAPSHOT_RECEIVE_INFLIGHTS.with_label_values(&labels);
+                inflight.inc();
+                let received = receive_snapshot(server, request).await;
+                inflight.dec();
+                received
+            }
+        }
+    };
+    if response.status() == StatusCode::NO_CONTENT {
+        crate::metrics::SNAPSHOT_RECEIVE_SUCCESS
+            .with_label_values(&labels)
+            .inc();
+        crate::metrics::SNAPSHOT_RECEIVE_SECONDS
+            .with_label_values(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    } else {
+        crate::metrics::SNAPSHOT_RECEIVE_FAILURES
+            .with_label_values(&labels)
+            .inc();
+    }
+    with_cluster_id(response, server)
+}
+
+pub(super) async fn receive_snapshot(server: &EtcdServer, request: Request) -> Response {
+    let mut body = request.into_body().into_data_stream();
+    // Bounds: a leader's database stays within its quota (the NOSPACE alarm stops writes at
+    // it), so an image over twice the quota is not one; and an upload that stalls or drags
+    // on is dropped rather than holding the file.
+    let limit = server.config().quota_bytes().saturating_mul(2);
+    let deadline = tokio::time::Instant::now() + SNAPSHOT_TIMEOUT;
+    let mut buf = BytesMut::new();
+    let idle = || deadline.min(tokio::time::Instant::now() + SNAPSHOT_IDLE_TIMEOUT);
+    // The raft message first.
+    let message = loop {
+        match codec::decode_frame(&mut buf, limit) {
+            Ok(Some(message)) => break message,
+            Ok(None) => {}
+            Err(e) => {
+                return go_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("failed to decode raft message ({e})"),
+                );
+            }
+        }
+        match tokio::time::timeout_at(idle(), body.next()).await {
+            Ok(Some(Ok(data))) => buf.extend_from_slice(&data),
+            Ok(Some(Err(e))) => {
+                return go_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("failed to decode raft message ({e})"),
+                );
+            }
+            Ok(None) => {
+                return go_error(
+                    StatusCode::BAD_REQUEST,
+                    "failed to decode raft message (unexpected EOF)",
+                );
+            }
+            Err(_) => {
+                return go_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "etcdserver: snapshot upload timed out",
+                );
+            }
+        }
+    };
+    if message.get_msg_type() != MessageType::MsgSnapshot {
+        tracing::warn!(message_type = ?message.get_msg_type(), "unexpected Raft message type");
+        return go_error(StatusCode::BAD_REQUEST, "wrong raft message type");
+    }
+    let index = message.get_snapshot().get_metadata().index;
+    tracing::info!(
+        local_member_id = %id_hex(server.member_id()),
+        remote_snapshot_sender_id = %id_hex(message.from),
+        incoming_snapshot_index = index,
+        "receiving database snapshot"
+    );
+    let saving = std::time::Instant::now();
+    let path = server.snapshot_receive_path(index);
+    let save_error = |e: &dyn std::fmt::Display| {
+        go_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("failed to save KV snapshot ({e})"),
+        )
+    };
+    let mut file = match tokio::fs::File::create(&path).await {
+        Ok(file) => file,
+        Err(e) => return save_error(&e),
+    };
+    // From here on a failed upload leaves no file behind.
+    let mut partial = PartialFile(Some(path.clone()));
+    let mut received = buf.len() as u64;
+    if received > limit {
+        return snapshot_too_large(limit);
+    }
+    if let Err(e) = file.write_all(&buf).await {
+        return save_error(&e);
+    }
+    loop {
+        let data = match tokio::time::timeout_at(idle(), body.next()).await {
+            Ok(Some(Ok(data))) => data,
+            Ok(Some(Err(e))) => return save_error(&e),
+            Ok(None) => break,
+            Err(_) => {
+                return go_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "etcdserver: snapshot upload timed out",
+                );
+            }
+        };
+        received += data.len() as u64;
+        if received > limit {
+            return snapshot_too_large(limit);
+        }
+        if let Err(e) = file.write_all(&data).await {
+            return save_error(&e);
+        }
+    }
+    let syncing = std::time::Instant::now();
+    if let Err(e) = file.sync_all().await {
+        return save_error(&e);
+    }
+    crate::metrics::SNAP_DB_FSYNC_SECONDS.observe(syncing.elapsed().as_secs_f64());
+    drop(file);
+    crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
+    tracing::info!(
+        local_member_id = %id_hex(server.member_id()),
+        incoming_snapshot_index = index,
+        incoming_snapshot_size_bytes = received,
+        "received and saved database snapshot"
+    );
+    partial.0 = None;
+    server.snapshot_received(index, path);
+    match process(server, message).await {
+        Ok(response) => response,
+        Err(response) => response,
+    }
+}
