@@ -14,7 +14,7 @@ pub enum Error {
     /// The storage engine panicked on a database file: redb trusts its files, and a damaged
     /// one (an image restored with `--skip-hash-check`, a file from elsewhere) can make it
     /// panic rather than return an error.
-    #[error("database file {} is damaged: {reason}", .path.display())]
+    #[error("database file `{}` is damaged: {reason}", .path.display())]
     Damaged {
         /// The file.
         path: std::path::PathBuf,

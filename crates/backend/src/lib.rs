@@ -14,6 +14,16 @@
 //! That is safe because the raft WAL is the source of truth: on restart the server replays
 //! every entry after the consistent index recorded in the last durable commit.
 //!
+//! # Integrity
+//!
+//! The file is opened with redb's integrity check: every page of the committed trees is
+//! read and checked against its checksum, so a file damaged on the disk is refused
+//! ([`Error::Damaged`], naming it) instead of read as data. What it costs at start, on top of
+//! a plain open of a file that was closed cleanly (redb 4.6, release build): about 40 ms for
+//! a 34 MiB file (100,000 values of 256 bytes) and 1.2 s for 272 MiB (1,000,000), with the
+//! file in the page cache; 0.1 s and 2 to 4.6 s from a cold cache. A start after a crash
+//! pays it anyway: redb's recovery verifies the same checksums.
+//!
 //! # Hashes and snapshots
 //!
 //! [`ReadTx::hash`] is etcd's backend hash (CRC-32C, [`crc32c`], over every bucket's name and
@@ -25,6 +35,7 @@
 
 /// CRC-32C, re-exported for the backend's users (mvcc's hashes).
 pub use etcdrs_crc32c as crc32c;
+mod dirsync;
 mod error;
 #[cfg(test)]
 mod fuzz;
@@ -41,6 +52,7 @@ use redb::{
     TableHandle,
 };
 
+pub use dirsync::{create_dir_all_synced, sync_dir};
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
@@ -136,24 +148,42 @@ fn contain_engine_panics<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Resul
 }
 
 impl Backend {
-    /// Open (or create) the database at `path` and make sure every bucket exists. Every key
-    /// is read once (the logical size), so a file redb cannot read is [`Error::Damaged`] here
-    /// rather than a panic later.
+    /// Open (or create) the database at `path` and make sure every bucket exists. The file
+    /// passes redb's integrity check (every page's checksum) and every key is read once (the
+    /// logical size), so a damaged file is [`Error::Damaged`] here rather than wrong data or
+    /// a panic later.
     pub fn open(path: &Path) -> Result<Backend> {
         contain_engine_panics(path, || Backend::open_unguarded(path))
     }
 
     fn open_unguarded(path: &Path) -> Result<Backend> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(Error::Io)?;
-        }
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        create_dir_all_synced(parent).map_err(Error::Io)?;
         snapshot::remove_stale(path);
         // redb caches pages in memory, 1 GiB by default; the OS page cache serves what does not
         // fit, so a small cache keeps the server's memory lean at little cost.
+        // Every page of the committed trees is checked against its checksum on open, so a
+        // file damaged since it was written (a flipped bit on the disk) is refused here rather
+        // than read as data; an unclean shutdown costs the same full read anyway.
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
+            .set_check_integrity_on_open(true)
             .create(path)
-            .map_err(Error::storage)?;
+            .map_err(|e| match e {
+                redb::DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => {
+                    Error::Damaged {
+                        path: path.to_path_buf(),
+                        reason: format!("failed the integrity check ({reason})"),
+                    }
+                }
+                e => Error::storage(e),
+            })?;
+        // The file's name is durable from here on (also one a crash left unsynced), before
+        // the first durable commit relies on it.
+        sync_dir(parent).map_err(Error::Io)?;
         let backend = Backend {
             db: RwLock::new(db),
             path: path.to_path_buf(),
@@ -570,6 +600,59 @@ impl ReadTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flips one bit in every copy of `needle` in the file at `path`; returns how many.
+    fn flip_every(path: &Path, needle: &[u8]) -> usize {
+        let mut bytes = std::fs::read(path).unwrap();
+        let mut flipped = 0;
+        let mut at = 0;
+        while let Some(found) = bytes[at..].windows(needle.len()).position(|w| w == needle) {
+            bytes[at + found + needle.len() / 2] ^= 0x10;
+            flipped += 1;
+            at += found + needle.len();
+        }
+        std::fs::write(path, bytes).unwrap();
+        flipped
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_page_fails_the_integrity_check_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let needle = b"a value that the test finds in the file";
+        {
+            let backend = Backend::open(&path).unwrap();
+            let tx = backend.write().unwrap();
+            for i in 0..100u32 {
+                tx.put(Bucket::KEY, &i.to_be_bytes(), needle).unwrap();
+            }
+            tx.commit(true).unwrap();
+        }
+        let clean = dir.path().join("clean");
+        std::fs::copy(&path, &clean).unwrap();
+        assert!(flip_every(&path, needle) > 0);
+        let Err(err) = Backend::open(&path) else {
+            panic!("a damaged file opened");
+        };
+        assert!(matches!(err, Error::Damaged { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "database file `{}` is damaged: failed the integrity check",
+                path.display()
+            )),
+            "{message}"
+        );
+        // The untouched copy opens, with its data.
+        let backend = Backend::open(&clean).unwrap();
+        let read = backend.read().unwrap();
+        assert_eq!(
+            read.get(Bucket::KEY, &7u32.to_be_bytes())
+                .unwrap()
+                .as_deref(),
+            Some(&needle[..])
+        );
+    }
 
     #[test]
     fn commits_become_durable_by_batch_interval_and_limit() {

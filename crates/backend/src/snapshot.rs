@@ -317,9 +317,11 @@ pub fn restore_image(image: &Path, db_path: &Path, check: HashCheck) -> Result<u
     } else {
         image_len
     };
-    if let Some(parent) = db_path.parent() {
-        std::fs::create_dir_all(parent).map_err(Error::Io)?;
-    }
+    let parent = db_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    crate::create_dir_all_synced(parent).map_err(Error::Io)?;
     let mut target = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -360,6 +362,7 @@ pub fn restore_image(image: &Path, db_path: &Path, check: HashCheck) -> Result<u
     };
     target.set_len(len).map_err(Error::Io)?;
     target.sync_all().map_err(Error::Io)?;
+    crate::sync_dir(parent).map_err(Error::Io)?;
     Ok(len)
 }
 

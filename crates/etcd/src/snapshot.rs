@@ -267,6 +267,8 @@ fn write_db(args: &RestoreArgs, db_path: &Path) -> anyhow::Result<()> {
         }
         ImageFormat::Redb => {
             std::fs::rename(&copy, db_path).context("move the database into place")?;
+            // The new name must survive a power cut as the file's contents do.
+            etcdrs_backend::sync_dir(snap_dir).context("sync the snap directory")?;
             Backend::open(db_path).context("open restored database")?
         }
     };

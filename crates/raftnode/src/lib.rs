@@ -25,16 +25,17 @@ mod error;
 mod logger;
 pub mod metrics;
 mod node_loop;
+mod storage;
 
 use confchange::{ChangeKind, EtcdConfChange};
 use node_loop::NodeCore;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcdrs_wal::{EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
+use etcdrs_wal::{SnapshotMark, Wal};
 use parking_lot::RwLock;
 use protobuf::Message as _;
 use raft::eraftpb::{
@@ -47,6 +48,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::{Error, Result};
 pub use raft::eraftpb;
+use storage::{NodeStorage, decode_entry, persist, save_snapshot_mark};
+pub use storage::{read_log, write_imported_log};
 
 /// How the node runs.
 #[derive(Clone, Debug)]
@@ -117,6 +120,20 @@ pub struct Apply {
     pub entries: Vec<Entry>,
     /// Membership after the batch's configuration changes, if it had any.
     pub conf_state: Option<ConfState>,
+    /// Raft's view as the batch is handed over: the state machine needs no status read back
+    /// from the node (which would be a turn old).
+    pub raft: RaftView,
+}
+
+/// Raft's role, term and leader as the raft thread sees them at a moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftView {
+    /// Whether this member leads.
+    pub is_leader: bool,
+    /// The current term (which may be ahead of the entries' own).
+    pub term: u64,
+    /// The leader this member knows of, 0 for none.
+    pub leader: u64,
 }
 
 /// What the state machine reports after applying a batch.
@@ -156,19 +173,6 @@ pub trait StateMachine: Send + 'static {
         term: u64,
         conf_state: &ConfState,
     ) -> std::result::Result<(), String>;
-}
-
-/// Starts the node's loop once the state machine exists (the server needs the node's handle
-/// to build its state machine).
-pub struct NodeStarter {
-    tx: oneshot::Sender<Box<dyn StateMachine>>,
-}
-
-impl NodeStarter {
-    /// Run the node with `state_machine`.
-    pub fn start(self, state_machine: Box<dyn StateMachine>) {
-        let _ = self.tx.send(state_machine);
-    }
 }
 
 /// Sends raft messages to peers. The cluster issue supplies a network transport.
@@ -395,16 +399,17 @@ fn standalone_removals(
     Ok(removals)
 }
 
-/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop on a
-/// thread of its own, represented on `tasks`. The loop waits for its state machine, given
-/// through the returned [`NodeStarter`].
+/// Start the node: opens or creates the WAL, restores raft from it and spawns the loop, which
+/// applies committed entries to `state_machine`, on a thread of its own, represented on
+/// `tasks`.
 pub fn start(
     config: NodeConfig,
     start: Start,
     transport: Arc<dyn Transport>,
+    state_machine: Box<dyn StateMachine>,
     tasks: &mut tokio::task::JoinSet<task::TaskResult>,
     shutdown: CancellationToken,
-) -> Result<(RaftNodeHandle, NodeStarter)> {
+) -> Result<RaftNodeHandle> {
     let storage = MemStorage::new();
     let (wal, applied) = match start {
         Start::New { metadata, peers } => {
@@ -546,14 +551,13 @@ pub fn start(
     }));
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
     let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);
-    let (starter_tx, starter_rx) = oneshot::channel::<Box<dyn StateMachine>>();
     let core = NodeCore {
         config,
         node,
         wal,
         transport,
         status: status.clone(),
-        state_machine: None,
+        state_machine,
         pending_reads: HashMap::new(),
         next_read: 0,
         last_mark: applied,
@@ -570,17 +574,7 @@ pub fn start(
     std::thread::Builder::new()
         .name("raft".into())
         .spawn(move || {
-            let result = runtime.block_on(async move {
-                let mut core = core;
-                tokio::select! {
-                    machine = starter_rx => match machine {
-                        Ok(machine) => core.state_machine = Some(machine),
-                        Err(_) => return Ok(()),
-                    },
-                    _ = shutdown.cancelled() => return Ok(()),
-                }
-                core.run(rx, peer_rx, shutdown).await
-            });
+            let result = runtime.block_on(core.run(rx, peer_rx, shutdown));
             let _ = done_tx.send(result);
         })
         .map_err(|e| Error::Corrupt(format!("cannot start the raft thread: {e}")))?;
@@ -591,190 +585,17 @@ pub fn start(
         }
         ("raft node", result.map_err(|e| e.to_string()))
     });
-    Ok((
-        RaftNodeHandle {
-            tx,
-            peer_tx,
-            status,
-        },
-        NodeStarter { tx: starter_tx },
-    ))
+    Ok(RaftNodeHandle {
+        tx,
+        peer_tx,
+        status,
+    })
 }
 
 /// What a named task returns to its owner's `JoinSet`: its name and its outcome.
 pub mod task {
     /// A task's name and outcome (Err carries the fatal error's text).
     pub type TaskResult = (&'static str, Result<(), String>);
-}
-
-/// raft-rs' in-memory log, whose snapshots stand for the state machine's last applied entry:
-/// a snapshot sent to a follower is the state machine's image taken after that entry, so the
-/// image is never older than the snapshot's index (the follower skips what it already holds).
-#[derive(Clone)]
-struct NodeStorage {
-    mem: MemStorage,
-    /// (index, term) of the last entry the state machine applied.
-    applied: Arc<parking_lot::Mutex<(u64, u64)>>,
-    /// The membership raft is using (raft-rs leaves keeping it to the application).
-    conf_state: Arc<parking_lot::Mutex<ConfState>>,
-}
-
-impl raft::Storage for NodeStorage {
-    fn initial_state(&self) -> raft::Result<raft::RaftState> {
-        self.mem.initial_state()
-    }
-
-    fn entries(
-        &self,
-        low: u64,
-        high: u64,
-        max_size: impl Into<Option<u64>>,
-        context: raft::GetEntriesContext,
-    ) -> raft::Result<Vec<Entry>> {
-        self.mem.entries(low, high, max_size, context)
-    }
-
-    fn term(&self, idx: u64) -> raft::Result<u64> {
-        self.mem.term(idx)
-    }
-
-    fn first_index(&self) -> raft::Result<u64> {
-        self.mem.first_index()
-    }
-
-    fn last_index(&self) -> raft::Result<u64> {
-        self.mem.last_index()
-    }
-
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<raft::eraftpb::Snapshot> {
-        let (index, term) = *self.applied.lock();
-        if index == 0 || index < request_index {
-            return Err(raft::Error::Store(
-                raft::StorageError::SnapshotTemporarilyUnavailable,
-            ));
-        }
-        let mut snapshot = raft::eraftpb::Snapshot::default();
-        let meta = snapshot.mut_metadata();
-        meta.index = index;
-        meta.term = term;
-        meta.set_conf_state(self.conf_state.lock().clone());
-        Ok(snapshot)
-    }
-}
-
-/// Write a new WAL in `wal_dir` for a raft log that comes from elsewhere (an etcd member's,
-/// translated into our entries, by the server's data-directory conversion): `metadata` (node
-/// and cluster id, opaque here), a snapshot mark at `snapshot` (index, term) when past 0, then
-/// `entries` (all after the mark) and `hard_state`, with one fsync. A member then starts from
-/// it with [`Start::Restart`], as from its own log.
-pub fn write_imported_log(
-    wal_dir: &Path,
-    metadata: &[u8],
-    snapshot: (u64, u64),
-    hard_state: &HardState,
-    entries: &[Entry],
-) -> Result<()> {
-    if let Some(entry) = entries.first()
-        && entry.index != snapshot.0 + 1
-    {
-        return Err(Error::Corrupt(format!(
-            "imported log starts at index {} after a snapshot at {}",
-            entry.index, snapshot.0
-        )));
-    }
-    let mut wal = Wal::create(wal_dir, metadata)?;
-    if snapshot.0 > 0 {
-        wal.save_snapshot_mark(SnapshotMark {
-            index: snapshot.0,
-            term: snapshot.1,
-        })?;
-    }
-    let records = entry_records(entries)?;
-    let hard_state = WalHardState {
-        term: hard_state.term,
-        vote: hard_state.vote,
-        commit: hard_state.commit,
-    };
-    wal.save(Some(hard_state), &records)?;
-    Ok(())
-}
-
-/// Every entry of the WAL in `wal_dir` after its last snapshot mark, as raft entries: a stopped
-/// member's log, for tools and tests that look at what a member wrote.
-pub fn read_log(wal_dir: &Path) -> Result<Vec<Entry>> {
-    let (_, state) = Wal::open(wal_dir)?;
-    state.entries.iter().map(decode_entry).collect()
-}
-
-/// Entries as the WAL stores them.
-fn entry_records(entries: &[Entry]) -> Result<Vec<EntryRecord>> {
-    entries
-        .iter()
-        .map(|e| {
-            Ok(EntryRecord {
-                index: e.index,
-                term: e.term,
-                data: e
-                    .write_to_bytes()
-                    .map_err(|err| Error::Corrupt(err.to_string()))?,
-            })
-        })
-        .collect()
-}
-
-fn decode_entry(record: &EntryRecord) -> Result<Entry> {
-    let mut entry = Entry::default();
-    entry
-        .merge_from_bytes(&record.data)
-        .map_err(|e| Error::Corrupt(e.to_string()))?;
-    Ok(entry)
-}
-
-fn persist(
-    wal: &mut Wal,
-    storage: &MemStorage,
-    hard_state: Option<&HardState>,
-    entries: &[Entry],
-) -> Result<()> {
-    let records = entry_records(entries)?;
-    let wal_hard_state = hard_state.map(|hs| WalHardState {
-        term: hs.term,
-        vote: hs.vote,
-        commit: hs.commit,
-    });
-    let before = wal.write_stats();
-    wal.save(wal_hard_state, &records)?;
-    let after = wal.write_stats();
-    if after.bytes_written > before.bytes_written {
-        metrics::WAL_WRITE_BYTES.add((after.bytes_written - before.bytes_written) as f64);
-        metrics::WAL_WRITE_SECONDS.observe(after.last_write.as_secs_f64());
-        // As etcd: without an fsync there is no fsync duration to record.
-        if !wal.options().unsafe_no_fsync {
-            metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
-        }
-    }
-    let mut core = storage.wl();
-    if !entries.is_empty() {
-        core.append(entries)?;
-    }
-    if let Some(hs) = hard_state {
-        core.set_hardstate(hs.clone());
-    }
-    Ok(())
-}
-
-/// Record a snapshot in the WAL: our counterpart of etcd's `.snap` file save (the mark is
-/// what etcd's snapshot file holds besides the conf state), timed as etcd times that save.
-fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
-    let started = std::time::Instant::now();
-    wal.save_snapshot_mark(mark)?;
-    metrics::SNAP_SAVE_SECONDS.observe(started.elapsed().as_secs_f64());
-    if !wal.options().unsafe_no_fsync {
-        metrics::SNAP_FSYNC_SECONDS.observe(wal.write_stats().last_sync.as_secs_f64());
-    }
-    // The mark is a fixed-size record: encoding it is the whole of the marshalling cost.
-    metrics::SNAP_MARSHALLING_SECONDS.observe(wal.write_stats().last_write.as_secs_f64());
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ pub(crate) struct NodeCore {
     pub(crate) wal: Wal,
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) status: Arc<RwLock<NodeStatus>>,
-    pub(crate) state_machine: Option<Box<dyn StateMachine>>,
+    pub(crate) state_machine: Box<dyn StateMachine>,
     pub(crate) pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
     pub(crate) next_read: u64,
     pub(crate) last_mark: u64,
@@ -260,9 +260,7 @@ impl NodeCore {
                     if !chunk.is_empty() {
                         self.apply_chunk(std::mem::take(&mut chunk), conf_state.take())?;
                     }
-                    let Some(machine) = self.state_machine.as_mut() else {
-                        return Err(Error::Stopped);
-                    };
+                    let machine = &mut self.state_machine;
                     if !machine.conf_change_allowed(entry.index, &change) {
                         None
                     } else {
@@ -301,13 +299,18 @@ impl NodeCore {
             return Ok(());
         };
         let last_index = last.index;
-        let Some(machine) = self.state_machine.as_mut() else {
-            return Err(Error::Stopped);
+        let raft = &self.node.raft;
+        let raft_view = RaftView {
+            is_leader: raft.state == StateRole::Leader,
+            term: raft.term,
+            leader: raft.leader_id,
         };
+        let machine = &mut self.state_machine;
         let applied = machine
             .apply(Apply {
                 entries,
                 conf_state,
+                raft: raft_view,
             })
             .map_err(Error::Apply)?;
         self.status.write().applied = last_index;
@@ -321,9 +324,7 @@ impl NodeCore {
     fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<()> {
         let meta = snapshot.get_metadata();
         let (index, term) = (meta.index, meta.term);
-        let Some(machine) = self.state_machine.as_mut() else {
-            return Err(Error::Stopped);
-        };
+        let machine = &mut self.state_machine;
         metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(1);
         let restored = machine.restore(index, term, meta.get_conf_state());
         metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(0);

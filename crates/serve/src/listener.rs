@@ -16,6 +16,9 @@
 //! and closed at once (so the kernel's queue does not fill), with a warning at most once per
 //! [`ACCEPT_BACKOFF`] burst.
 //!
+//! Connections come from an [`Incoming`]: a bound [`TcpListener`] in the member and the proxy,
+//! or [`pipes`], in-memory connections a test dials without a socket.
+//!
 //! What differs between listeners stays with the caller's handler: hyper's settings, the
 //! executor of a connection's streams, the router, and what a client certificate means.
 
@@ -27,7 +30,7 @@ use std::time::Duration;
 
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +92,67 @@ impl Drop for Slot {
     }
 }
 
+/// Where a listener's connections come from.
+pub trait Incoming: Send + 'static {
+    /// One connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection and its remote address.
+    fn accept(&mut self) -> impl Future<Output = std::io::Result<(Self::Io, SocketAddr)>> + Send;
+}
+
+impl Incoming for TcpListener {
+    type Io = TcpStream;
+
+    async fn accept(&mut self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        let (tcp, addr) = TcpListener::accept(self).await?;
+        // Best effort: a socket that refuses the option still works, only slower.
+        let _ = tcp.set_nodelay(true);
+        Ok((tcp, addr))
+    }
+}
+
+/// In-memory connections: what [`PipeDialer::dial`] opens, [`PipeListener`] accepts.
+pub fn pipes(backlog: usize) -> (PipeDialer, PipeListener) {
+    let (tx, rx) = tokio::sync::mpsc::channel(backlog.max(1));
+    (PipeDialer { tx }, PipeListener { rx })
+}
+
+/// Bytes buffered in each direction of a pipe.
+const PIPE_BUFFER: usize = 64 * 1024;
+
+/// Opens in-memory connections to a [`PipeListener`].
+#[derive(Clone)]
+pub struct PipeDialer {
+    tx: tokio::sync::mpsc::Sender<(tokio::io::DuplexStream, SocketAddr)>,
+}
+
+impl PipeDialer {
+    /// A connection that the listener sees as coming from `from`; `None` once the listener
+    /// is gone.
+    pub async fn dial(&self, from: SocketAddr) -> Option<tokio::io::DuplexStream> {
+        let (client, server) = tokio::io::duplex(PIPE_BUFFER);
+        self.tx.send((server, from)).await.ok()?;
+        Some(client)
+    }
+}
+
+/// Accepts what its [`PipeDialer`]s open; with every dialer gone it waits for shutdown.
+pub struct PipeListener {
+    rx: tokio::sync::mpsc::Receiver<(tokio::io::DuplexStream, SocketAddr)>,
+}
+
+impl Incoming for PipeListener {
+    type Io = tokio::io::DuplexStream;
+
+    async fn accept(&mut self) -> std::io::Result<(tokio::io::DuplexStream, SocketAddr)> {
+        match self.rx.recv().await {
+            Some(conn) => Ok(conn),
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Where a TLS listener gets the acceptor for a new connection.
 pub trait Acceptor: Send + Sync + 'static {
     /// The acceptor for a connection accepted now. A source that reloads its certificates
@@ -135,10 +199,10 @@ pub enum Admission {
     Uncapped,
 }
 
-/// Accepts connections on `listener` and serves each with a clone of `handler`, over TLS
+/// Accepts connections from `listener` and serves each with a clone of `handler`, over TLS
 /// when `tls` is given, until `shutdown` (see the module docs).
-pub async fn serve<H: Handler>(
-    listener: TcpListener,
+pub async fn serve<L: Incoming, H: Handler>(
+    mut listener: L,
     tls: Option<Arc<dyn Acceptor>>,
     handler: H,
     admission: Admission,
@@ -152,7 +216,7 @@ pub async fn serve<H: Handler>(
             _ = shutdown.cancelled() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let (tcp, addr) = match accepted {
+                let (conn, addr) = match accepted {
                     Ok(conn) => conn,
                     Err(e) => {
                         tracing::warn!(error = %e, "failed to accept client connection");
@@ -174,12 +238,10 @@ pub async fn serve<H: Handler>(
                         );
                         last_refusal = Some(now);
                     }
-                    drop(tcp);
+                    drop(conn);
                     continue;
                 };
                 tracing::debug!(remote_addr = %addr, "accepted connection");
-                // Best effort: a socket that refuses the option still works, only slower.
-                let _ = tcp.set_nodelay(true);
                 let handler = handler.clone();
                 let watcher = graceful.watcher();
                 let tls = tls.clone();
@@ -189,10 +251,10 @@ pub async fn serve<H: Handler>(
                     let _slot = slot;
                     let Some(tls) = tls else {
                         let peer = Peer { addr, certificate: None };
-                        handler.serve(LenientAuthority::new(tcp), peer, watcher).await;
+                        handler.serve(LenientAuthority::new(conn), peer, watcher).await;
                         return;
                     };
-                    let handshake = tls.acceptor().accept(tcp);
+                    let handshake = tls.acceptor().accept(conn);
                     let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(e)) => {
@@ -225,7 +287,6 @@ pub async fn serve<H: Handler>(
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
 
     use super::*;
 
@@ -266,5 +327,31 @@ mod tests {
         shutdown.cancel();
         server.await.unwrap();
         assert!(TcpStream::connect(addr).await.is_err(), "listener closed");
+    }
+
+    #[tokio::test]
+    async fn serves_in_memory_connections_as_tcp_ones() {
+        let (dialer, listener) = pipes(4);
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            None,
+            EchoPeer,
+            Admission::Capped,
+            shutdown.clone(),
+        ));
+        for port in [1000, 1001] {
+            let from: SocketAddr = ([127, 0, 0, 2], port).into();
+            let mut client = dialer.dial(from).await.expect("the listener is up");
+            let mut answer = String::new();
+            client.read_to_string(&mut answer).await.unwrap();
+            assert_eq!(answer, format!("{from} false"));
+        }
+        shutdown.cancel();
+        server.await.unwrap();
+        assert!(
+            dialer.dial(([127, 0, 0, 2], 1002).into()).await.is_none(),
+            "the listener is gone after shutdown"
+        );
     }
 }

@@ -149,7 +149,8 @@ fn sync_dir(dir: &Path) -> Result<()> {
 
 fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<()> {
     let snap_dir = root.join("member").join("snap");
-    std::fs::create_dir_all(&snap_dir).map_err(|e| fatal(format!("create {root:?}: {e}")))?;
+    etcdrs_backend::create_dir_all_synced(&snap_dir)
+        .map_err(|e| fatal(format!("create {root:?}: {e}")))?;
     // etcd 3.4/3.5 start from a received snapshot's database (`<index>.snap.db`) when `db`'s
     // consistent index is behind that snapshot (`recoverSnapshotBackend`).
     let open = |path: &Path| {

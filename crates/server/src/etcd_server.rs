@@ -4,7 +4,10 @@
 //! leases and runs auto-compaction.
 //!
 //! This file holds the server's state, its start (which wires storage, raft, the transport
-//! and the tasks together) and its accessors; the rest lives by seam in submodules:
+//! and the tasks together) and its accessors. The state is in two halves: `Inner`, what the
+//! applier writes and requests read, and `Core`, the request side's own (the raft handle):
+//! the applier is built from the first and handed to the raft node, so nothing on the raft
+//! thread calls back into raft; the rest lives by seam in submodules:
 //! `bootstrap` (new cluster, join, what a restart loads), `propose` (proposals and their
 //! waiters, the ReadIndex barrier, the quota), `members` (membership changes), `applier` (what
 //! the raft thread runs for committed entries and snapshots) and `loops` (the background
@@ -123,15 +126,16 @@ pub(crate) const META_CLUSTER_VERSION: &[u8] = b"clusterVersion";
 /// bucket under `downgrade`); absent or disabled when there is none.
 pub(crate) const META_DOWNGRADE: &[u8] = b"downgrade";
 
+/// The member's state: what the applier (the one writer, on the raft thread) changes as
+/// entries apply and the server reads to answer requests. It holds no raft handle: the
+/// applier never calls back into the node that calls it.
 struct Inner {
     config: ServerConfig,
     member_id: u64,
     cluster_id: u64,
     store: Arc<KvStore>,
-    raft: RaftNodeHandle,
     waiters: Mutex<HashMap<u64, Waiter>>,
     applied: watch::Sender<u64>,
-    ids: IdGenerator,
     members: RwLock<BTreeMap<u64, Member>>,
     /// The cluster version as applied (etcd 3.4 and 3.5 set it through a v2 request, 3.6
     /// through `cluster_version_set`), `None` until the leader decides one; it picks the form
@@ -142,11 +146,7 @@ struct Inner {
     /// Set when a lowered cluster version applies: the raft log up to it raised the version
     /// above what members of the lowered version accept, so it goes (they get a snapshot).
     compact_log: AtomicBool,
-    /// Held while the cluster version is decided and proposed, so that the monitor and a
-    /// leader's publish do not both propose it.
-    version_decision: tokio::sync::Mutex<()>,
     alarms: RwLock<Vec<AlarmMember>>,
-    published: AtomicBool,
     /// Set when this member's removal is applied: it must stop serving.
     removed: AtomicBool,
     /// Ids of members removed from the cluster: their peer messages are refused, which tells
@@ -164,17 +164,68 @@ struct Inner {
     /// in response headers and `Status`), which does not move with elections that commit
     /// nothing.
     applied_term: AtomicU64,
+    /// Users, roles, permissions and tokens.
+    auth: crate::auth::AuthStore,
+}
+
+impl Inner {
+    /// The member's state as `store` holds it: membership, alarms, auth, versions.
+    fn load(
+        config: ServerConfig,
+        member_id: u64,
+        cluster_id: u64,
+        store: Arc<KvStore>,
+        transport: Arc<PeerTransport>,
+    ) -> Result<Inner> {
+        let (applied, _) = watch::channel(store.consistent_index());
+        Ok(Inner {
+            auth: crate::auth::AuthStore::load(&store, config.auth.clone())?,
+            config,
+            member_id,
+            cluster_id,
+            waiters: Mutex::new(HashMap::new()),
+            applied,
+            members: RwLock::new(load_members(&store)?),
+            cluster_version: RwLock::new(load_cluster_version(&store)?),
+            downgrade: RwLock::new(load_downgrade(&store)?),
+            compact_log: AtomicBool::new(false),
+            alarms: RwLock::new(load_alarms(&store)?),
+            removed: AtomicBool::new(false),
+            removed_members: RwLock::new(load_removed(&store)?),
+            removed_notify: tokio::sync::Notify::new(),
+            watch_hub: WatchHub::new(store.current_rev()),
+            transport,
+            pending_snapshot: Mutex::new(None),
+            watch_sync: tokio::sync::Notify::new(),
+            leader_changes: AtomicU64::new(0),
+            applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
+            store,
+        })
+    }
+
+    fn has_alarm(&self, alarm: AlarmType) -> bool {
+        self.alarms.read().iter().any(|a| a.alarm == alarm as i32)
+    }
+}
+
+/// What only the request side uses: the raft node's handle and the proposal machinery.
+struct Core {
+    raft: RaftNodeHandle,
+    ids: IdGenerator,
+    /// Held while the cluster version is decided and proposed, so that the monitor and a
+    /// leader's publish do not both propose it.
+    version_decision: tokio::sync::Mutex<()>,
+    published: AtomicBool,
     /// Changes when require-leader streams must end (see `leader`).
     leader_losses: tokio::sync::watch::Receiver<u64>,
     request_timeout: Duration,
-    /// Users, roles, permissions and tokens.
-    auth: crate::auth::AuthStore,
 }
 
 /// The member's core. Cheap to clone.
 #[derive(Clone)]
 pub struct EtcdServer {
     inner: Arc<Inner>,
+    core: Arc<Core>,
 }
 
 impl EtcdServer {
@@ -186,16 +237,34 @@ impl EtcdServer {
     ) -> Result<EtcdServer> {
         let fatal =
             |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| fatal("create data dir", &e))?;
+        etcdrs_backend::create_dir_all_synced(&config.data_dir)
+            .map_err(|e| fatal("create data dir", &e))?;
         crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
         let mut backend =
             Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
+        remove_received_snapshots(&config.backend_path());
         backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
         tracing::info!(path = %config.backend_path().display(), "opened backend db");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
 
         let wal_dir = config.wal_dir();
         let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
+        // A backend that applied entries has a WAL they came from; without it (an operator
+        // removed `member/wal`) bootstrapping would start a new member's log over the old
+        // data, whose consistent index then hides the new entries. etcd 3.5 starts anyway;
+        // we refuse, as etcd refuses a WAL without its database file. A restored snapshot
+        // (`etcd snapshot restore`) has no consistent index and bootstraps as before.
+        if !wal_exists && store.consistent_index() > 0 {
+            return Err(ServerError::Fatal(format!(
+                "database file ({} index {}) holds applied entries but the WAL directory ({}) has no WAL; \
+                 refusing to start a new member over them (put the WAL back, or remove the data directory {} \
+                 to join the cluster as a new member)",
+                config.backend_path().display(),
+                store.consistent_index(),
+                wal_dir.display(),
+                config.data_dir.display()
+            )));
+        }
         let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);
@@ -223,8 +292,6 @@ impl EtcdServer {
             (member_id, cluster_id, start)
         };
         let start_members = load_members(&store)?;
-        let alarms = load_alarms(&store)?;
-        let auth = crate::auth::AuthStore::load(&store, config.auth.clone())?;
         let transport = PeerTransport::new(
             member_id,
             cluster_id,
@@ -269,51 +336,43 @@ impl EtcdServer {
             catch_up_entries: config.snapshot_catchup_entries.max(1),
             unsafe_no_fsync: config.unsafe_no_fsync,
         };
-        let (raft, starter) = etcdrs_raftnode::start(
-            node_config,
-            start,
-            transport.clone(),
-            tasks,
-            shutdown.clone(),
-        )?;
         let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
         let config_election_timeout = config.election_timeout;
         let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
-        let (applied, _) = watch::channel(store.consistent_index());
+        let inner = Arc::new(Inner::load(
+            config,
+            member_id,
+            cluster_id,
+            store.clone(),
+            transport.clone(),
+        )?);
+        // The one writer is the raft thread itself: committed entries are applied inline.
+        let applier = Applier {
+            inner: inner.clone(),
+            last_leader: 0,
+        };
+        let raft = etcdrs_raftnode::start(
+            node_config,
+            start,
+            transport.clone(),
+            Box::new(applier),
+            tasks,
+            shutdown.clone(),
+        )?;
         let server = EtcdServer {
-            inner: Arc::new(Inner {
-                config,
-                member_id,
-                cluster_id,
-                store: store.clone(),
+            inner,
+            core: Arc::new(Core {
                 raft,
-                waiters: Mutex::new(HashMap::new()),
-                applied,
                 ids: IdGenerator::new(member_id),
-                members: RwLock::new(start_members),
-                cluster_version: RwLock::new(load_cluster_version(&store)?),
-                downgrade: RwLock::new(load_downgrade(&store)?),
-                compact_log: AtomicBool::new(false),
                 version_decision: tokio::sync::Mutex::new(()),
-                alarms: RwLock::new(alarms),
                 published: AtomicBool::new(false),
-                removed: AtomicBool::new(false),
-                removed_members: RwLock::new(load_removed(&store)?),
-                removed_notify: tokio::sync::Notify::new(),
-                watch_hub: WatchHub::new(store.current_rev()),
-                transport: transport.clone(),
-                pending_snapshot: Mutex::new(None),
-                watch_sync: tokio::sync::Notify::new(),
-                leader_changes: AtomicU64::new(0),
-                applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
                 leader_losses: leader_loss.subscribe(),
                 request_timeout,
-                auth,
             }),
         };
 
         let removed = CancellationToken::new();
-        transport.set_snapshot_source(store.clone(), server.inner.raft.clone(), removed.clone());
+        transport.set_snapshot_source(store.clone(), server.core.raft.clone(), removed.clone());
         let told = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -326,11 +385,6 @@ impl EtcdServer {
             }
             ("removal notice", Ok(()))
         });
-        // The one writer is the raft thread itself: committed entries are applied inline.
-        starter.start(Box::new(Applier {
-            server: server.clone(),
-            last_leader: 0,
-        }));
         let lessor = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -420,7 +474,7 @@ impl EtcdServer {
 
     /// The raft node's status.
     pub fn raft_status(&self) -> etcdrs_raftnode::NodeStatus {
-        self.inner.raft.status()
+        self.core.raft.status()
     }
 
     /// Members, by id.
@@ -520,7 +574,7 @@ impl EtcdServer {
     /// Wait until this member has published itself and can serve clients.
     pub async fn wait_ready(&self) -> Result<()> {
         let mut applied = self.inner.applied.subscribe();
-        while !self.inner.published.load(AtomicOrdering::Acquire) {
+        while !self.core.published.load(AtomicOrdering::Acquire) {
             if applied.changed().await.is_err() {
                 return Err(ServerError::Stopped);
             }
@@ -567,7 +621,7 @@ impl EtcdServer {
             cluster_id = %membership::id_hex(self.inner.cluster_id),
             "published local member to cluster through raft"
         );
-        self.inner.published.store(true, AtomicOrdering::Release);
+        self.core.published.store(true, AtomicOrdering::Release);
         self.inner.applied.send_modify(|_| {});
         if let Some(version) = self.cluster_version() {
             tracing::info!(
@@ -610,11 +664,7 @@ impl EtcdServer {
     }
 
     fn has_alarm(&self, alarm: AlarmType) -> bool {
-        self.inner
-            .alarms
-            .read()
-            .iter()
-            .any(|a| a.alarm == alarm as i32)
+        self.inner.has_alarm(alarm)
     }
 
     /// The auth store.
@@ -625,7 +675,7 @@ impl EtcdServer {
     /// A fresh lease id (etcd picks one when the client asks for 0).
     pub fn new_lease_id(&self) -> i64 {
         loop {
-            let id = (self.inner.ids.next() & (i64::MAX as u64)) as i64;
+            let id = (self.core.ids.next() & (i64::MAX as u64)) as i64;
             if id != 0 && !self.inner.store.lessor().contains(id) {
                 return id;
             }
@@ -650,7 +700,7 @@ impl EtcdServer {
 
     /// Hand a raft message from a peer to the raft node.
     pub async fn raft_step(&self, message: etcdrs_raftnode::eraftpb::Message) -> Result<()> {
-        Ok(self.inner.raft.step(message).await?)
+        Ok(self.core.raft.step(message).await?)
     }
 
     /// The peer transport (links to the other members, and what their calls need).
@@ -666,6 +716,33 @@ impl EtcdServer {
     /// Ask the watch sync task to run a round soon.
     pub fn wake_watch_sync(&self) {
         self.inner.watch_sync.notify_one();
+    }
+}
+
+/// Removes the snapshot images a previous process received beside the backend
+/// (`*.snap.recv`, and `*.snap.from-etcd` read from an etcd leader's): the image waiting for
+/// raft lives only in memory (`pending_snapshot`), so such a file is never installed after a
+/// restart, and a power cut can bring back one whose removal was not yet durable.
+fn remove_received_snapshots(backend_path: &std::path::Path) {
+    let Some(dir) = backend_path.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".snap.recv") || name.ends_with(".snap.from-etcd") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed a snapshot image left by an earlier start")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove a snapshot image left by an earlier start")
+                }
+            }
+        }
     }
 }
 
@@ -697,10 +774,10 @@ pub fn url_string(url: &url::Url) -> String {
 
 impl etcdrs_serve::leader::LeaderSource for EtcdServer {
     fn has_leader(&self) -> bool {
-        self.inner.raft.status().leader != 0
+        self.core.raft.status().leader != 0
     }
 
     fn losses(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.leader_losses.clone()
+        self.core.leader_losses.clone()
     }
 }

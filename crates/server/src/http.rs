@@ -52,26 +52,50 @@ pub fn router(server: EtcdServer) -> Router {
     client_router(server, Serves::Both)
 }
 
+/// The gRPC services of `rpc`: etcd's `v3rpc.Server` (KV, Lease, Cluster, Auth, Watch,
+/// Maintenance, health) and, with `recipes`, the v3lock and v3election services that etcd
+/// registers on its client listeners only.
+fn grpc_routes(rpc: Rpc, recipes: bool) -> Router {
+    let max = rpc.server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    drop(health_reporter);
+    let mut routes =
+        tonic::service::Routes::new(KvServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(AuthServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max));
+    if recipes {
+        routes = routes
+            .add_service(LockServer::new(rpc.clone()).max_decoding_message_size(max))
+            .add_service(ElectionServer::new(rpc.clone()).max_decoding_message_size(max));
+    }
+    routes
+        .add_service(MaintenanceServer::new(rpc).max_decoding_message_size(max))
+        .add_service(health_service)
+        .prepare()
+        .into_axum_router()
+}
+
+/// The layers every listener's routes get: leader checks and gRPC's size errors.
+fn with_common_layers(routes: Router, server: EtcdServer) -> Router {
+    routes
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(server) as Arc<dyn LeaderSource>,
+            etcdrs_serve::leader::require_leader,
+        ))
+        .layer(axum::middleware::map_response(
+            etcdrs_serve::grpc_size::grpc_size_error,
+        ))
+}
+
 /// The router of a client listener serving `serves`.
 pub fn client_router(server: EtcdServer, serves: Serves) -> Router {
     let rpc = Rpc::new(server.clone());
     let gateway = crate::gateway::router(rpc.clone());
     let v2keys = crate::v2keys::router(server.clone());
-    let max = server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    drop(health_reporter);
-    let grpc =
-        tonic::service::Routes::new(KvServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(AuthServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(LockServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(ElectionServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(MaintenanceServer::new(rpc).max_decoding_message_size(max))
-            .add_service(health_service)
-            .prepare()
-            .into_axum_router();
+    let grpc = grpc_routes(rpc, true);
     let mut http = probe_routes(Router::new())
         .route("/health", any(health))
         .route("/version", get(version))
@@ -93,15 +117,7 @@ pub fn client_router(server: EtcdServer, serves: Serves) -> Router {
         Serves::Grpc => grpc,
         Serves::Http => http,
     };
-    routes
-        .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(server) as Arc<dyn LeaderSource>,
-            etcdrs_serve::leader::require_leader,
-        ))
-        .layer(axum::middleware::map_response(
-            etcdrs_serve::grpc_size::grpc_size_error,
-        ))
+    with_common_layers(routes, server)
 }
 
 /// Serve clients on `listener` until `shutdown`: HTTP/1.1 and HTTP/2 (gRPC) on one port,
@@ -150,13 +166,15 @@ pub async fn serve_http(
     serve_router(client_router(server, Serves::Http), listener, tls, shutdown).await
 }
 
-/// The router of the peer port: etcd's peer handlers (`rafthttp::handler`) and `/version`;
-/// like etcd's, it serves no `/health`.
+/// The router of the peer port: etcd's peer handlers (`rafthttp::handler`) and `/version`
+/// (like etcd's, no `/health`), and, as etcd serves them there too, the v3 gRPC services
+/// (without lock and election, and without the JSON gateway).
 pub fn peer_router(server: EtcdServer) -> Router {
-    crate::rafthttp::handler::routes()
+    let peer = crate::rafthttp::handler::routes()
         .route("/version", get(version))
-        .fallback(not_found)
-        .with_state(server)
+        .with_state(server.clone());
+    let grpc = grpc_routes(Rpc::new(server.clone()), false);
+    with_common_layers(grpc.merge(peer), server)
 }
 
 /// The router of `--listen-metrics-urls`: `/metrics` and the health endpoints (`/health`,

@@ -15,7 +15,9 @@
 //!
 //! # Layout
 //!
-//! - `wal`: the [`Wal`] handle: create, open and replay, save, cut, release.
+//! - `wal`: the [`Wal`] handle: create, save, cut, release; `wal::replay` reads the
+//!   segments back on open (torn-tail rule), `wal::dir` locks and durably creates the
+//!   directory.
 //! - `record`: record framing, encode and decode.
 //! - `segment`: segment file names, listing, atomic creation.
 //! - `error`: [`Error`], [`CorruptReason`].

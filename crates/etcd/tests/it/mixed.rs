@@ -83,10 +83,16 @@ struct Writes {
     endpoints: Vec<String>,
     acked: Vec<(String, String)>,
     errors: Vec<String>,
+    /// Linearizable reads, each through another member than the put it follows.
+    reads: usize,
+    read_errors: Vec<String>,
+    /// Reads that did not see a put acknowledged before they began.
+    stale: Vec<String>,
 }
 
 /// Puts `mixed/<n>` one at a time on the live endpoints (the next one on an error) until
-/// `stop`.
+/// `stop`; after each acknowledged put, reads the key back (linearizable) through the next
+/// endpoint, which must see it.
 fn writer(state: Arc<Mutex<Writes>>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut clients: BTreeMap<String, Client> = BTreeMap::new();
@@ -111,8 +117,20 @@ fn writer(state: Arc<Mutex<Writes>>, stop: Arc<AtomicBool>) -> tokio::task::Join
             let put = client.put(key.clone(), value.clone(), None);
             match tokio::time::timeout(Duration::from_secs(10), put).await {
                 Ok(Ok(_)) => {
-                    state.lock().expect("lock").acked.push((key, value));
+                    state
+                        .lock()
+                        .expect("lock")
+                        .acked
+                        .push((key.clone(), value.clone()));
                     n += 1;
+                    // Through the next member that is up (a killed one stays listed
+                    // until it is back).
+                    for step in 1..endpoints.len().max(2) {
+                        let other = &endpoints[(turn + step) % endpoints.len()];
+                        if read_back(&mut clients, other, &key, &value, &state).await {
+                            break;
+                        }
+                    }
                 }
                 Ok(Err(e)) => {
                     state.lock().expect("lock").errors.push(e.to_string());
@@ -131,6 +149,53 @@ fn writer(state: Arc<Mutex<Writes>>, stop: Arc<AtomicBool>) -> tokio::task::Join
             }
         }
     })
+}
+
+/// Reads `key` through `endpoint` and records whether it held the acknowledged `value`;
+/// false, recording nothing, when nothing listens there (a member that is down).
+async fn read_back(
+    clients: &mut BTreeMap<String, Client>,
+    endpoint: &str,
+    key: &str,
+    value: &str,
+    state: &Mutex<Writes>,
+) -> bool {
+    if !clients.contains_key(endpoint) {
+        match Client::connect([endpoint], None).await {
+            Ok(client) => {
+                clients.insert(endpoint.to_owned(), client);
+            }
+            Err(_) => return false,
+        }
+    }
+    let client = clients.get_mut(endpoint).expect("connected");
+    let got = tokio::time::timeout(Duration::from_secs(10), client.get(key, None)).await;
+    if matches!(&got, Ok(Err(e)) if e.to_string().contains("tcp connect error")) {
+        clients.remove(endpoint);
+        return false;
+    }
+    let mut state = state.lock().expect("lock");
+    match got {
+        Ok(Ok(resp)) => {
+            let seen = resp.kvs().first().map(|kv| kv.value().to_vec());
+            if seen.as_deref() == Some(value.as_bytes()) {
+                state.reads += 1;
+            } else {
+                state
+                    .stale
+                    .push(format!("{key} through {endpoint}: {seen:?}"));
+            }
+        }
+        Ok(Err(e)) => {
+            state.read_errors.push(e.to_string());
+            clients.remove(endpoint);
+        }
+        Err(_) => {
+            state.read_errors.push("timeout".to_owned());
+            clients.remove(endpoint);
+        }
+    }
+    true
 }
 
 /// Waits until every node reports the same `hashkv` at the revision one of them is at now.
@@ -386,10 +451,19 @@ async fn downgrade_to_34(nodes: &[Node]) {
 /// Every acknowledged put of the writer is on every node, and the nodes agree on `hashkv`.
 async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
     eprintln!(
-        "{} puts acknowledged across {replacements} replacements; errors: {:?}",
+        "{} puts acknowledged across {replacements} replacements; errors: {:?}; \
+         {} linearizable reads through another member; read errors: {:?}",
         writes.acked.len(),
-        writes.errors
+        writes.errors,
+        writes.reads,
+        writes.read_errors
     );
+    assert!(
+        writes.stale.is_empty(),
+        "reads that missed an acknowledged put: {:?}",
+        writes.stale
+    );
+    assert!(writes.reads > 50, "{} reads", writes.reads);
     assert!(
         writes.acked.len() > 50,
         "{} acknowledged",
@@ -403,19 +477,24 @@ async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
         "etcdserver: request timed out",
         "etcdserver: leader changed",
         "transport error",
+        // A member that is down (killed or removed) while the endpoint list still names it,
+        // or stopping as it is removed.
+        "tcp connect error",
+        "etcdserver: server stopped",
     ];
-    for error in &writes.errors {
+    for errors in [&writes.errors, &writes.read_errors] {
+        for error in errors {
+            assert!(
+                RETRIABLE.iter().any(|r| error.contains(r)),
+                "a client error beyond leader-change retries: {error}"
+            );
+        }
         assert!(
-            RETRIABLE.iter().any(|r| error.contains(r)),
-            "a client error beyond leader-change retries: {error}"
+            errors.len() <= 2 * replacements + 4,
+            "{} errors over {replacements} replacements: {errors:?}",
+            errors.len(),
         );
     }
-    assert!(
-        writes.errors.len() <= 2 * replacements + 4,
-        "{} errors over {replacements} replacements: {:?}",
-        writes.errors.len(),
-        writes.errors
-    );
     for node in nodes {
         let mut c = node.member.client().await.expect("client");
         let stored: BTreeMap<String, String> = pairs(

@@ -605,3 +605,35 @@ async fn refusals_of_known_and_removed_peers_as_etcd_34s() {
     assert_eq!(ours[0].2, "to field mismatch\n");
     assert_eq!((ours[1].0, ours[1].2.as_str()), (410, "removed member\n"));
 }
+
+/// etcd serves its v3 gRPC API on the peer port too (`servePeers` puts `v3rpc.Server` behind
+/// cmux), without the lock and election services: etcdctl pointed at the peer URL prints
+/// the same against both.
+#[tokio::test]
+async fn the_peer_port_serves_the_v3_api_as_etcd_34s() {
+    let mut outputs = Vec::new();
+    for bin in [etcd34(), etcdrs()] {
+        let m = single(&bin, "p").await;
+        let ctl = etcdrs_testkit::Etcdctl::new(m.peer_url());
+        let mut out = vec![
+            ctl.ok(&["put", "k", "v"]).await,
+            ctl.ok(&["get", "k"]).await,
+            ctl.ok(&["member", "list", "-w", "json"])
+                .await
+                .contains(&m.peer_url())
+                .to_string(),
+        ];
+        // The v3lock service (which etcdctl's lock, a client-side recipe, does not use).
+        let mut client = etcd_client::Client::connect([m.peer_url()], None)
+            .await
+            .expect("connect to the peer port");
+        let lock = client.lock("l", None).await.expect_err("no lock service");
+        out.push(format!("{lock}"));
+        // And the client port still holds what went in through the peer port.
+        out.push(m.etcdctl().ok(&["get", "k", "--print-value-only"]).await);
+        outputs.push(out);
+    }
+    assert_eq!(outputs[0][0], "OK\n");
+    assert_eq!(outputs[0][1], "k\nv\n");
+    assert_eq!(outputs[1], outputs[0]);
+}

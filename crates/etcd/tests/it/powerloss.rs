@@ -1,9 +1,19 @@
 //! Power cuts (issue 20, item 1): members run under the testkit's power-loss layer
 //! (`testkit::powerloss`: every write to a member's files that no fsync covered is undone
-//! at the cut, but for a seeded-random prefix per file), a writer puts keys as fast as it
+//! at the cut, and every directory entry change that no fsync of its directory covered, but
+//! for a seeded-random prefix per file and per directory), a writer puts keys as fast as it
 //! is acknowledged, and at a seeded-random point every member is SIGKILLed and the power
 //! cut. Each member must start again on what the disk kept with every acknowledged write,
 //! and the members of a cluster must agree (`endpoint hashkv`).
+//!
+//! The worst cut (nothing unsynced kept) right after a member's first start found the
+//! member's directories unsynced: `data`, `data/member`, `data/member/snap` and the
+//! backend's `db` were made without syncing their parents, so the member came back empty,
+//! as a new member, without the writes it had acknowledged; with `--wal-dir` a few levels
+//! deep, the WAL synced only its immediate parent, so the levels above were lost (and the
+//! member, finding applied data and no WAL, refused to start). The same cut after a follower
+//! installed the leader's snapshot brought back the received images (`*.snap.recv`,
+//! `*.snap.from-etcd`) whose removal was not durable: they are removed at start now.
 //!
 //! `--no-capture` prints each round's seed and what its cut undid. The layer's own check:
 //! with `--unsafe-no-fsync`, one cut loses acknowledged writes (and the member, finding its
@@ -21,9 +31,11 @@ use crate::{bin, opts, ours, pairs};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// Power cuts of the single member.
-const MEMBER_ROUNDS: u64 = 8;
+const MEMBER_ROUNDS: u64 = 16;
+/// New members cut right after their first start (the worst cut).
+const FRESH_ROUNDS: u64 = 3;
 /// Power cuts of the whole 3-member cluster.
-const CLUSTER_ROUNDS: u64 = 3;
+const CLUSTER_ROUNDS: u64 = 6;
 
 /// The seed of round `round` of test `salt`, and the number of acknowledgements to wait for
 /// before cutting (20 to 169).
@@ -153,6 +165,59 @@ async fn a_member_survives_power_cuts_under_a_writer() {
 }
 
 #[tokio::test]
+async fn a_new_member_survives_a_power_cut_that_keeps_nothing_unsynced() {
+    // The worst cut right after the first start: every file, directory and name the member
+    // created without syncing it (and its directory) is gone, so each missing fsync shows.
+    if !ours() {
+        return;
+    }
+    let power = PowerLoss::build().expect("power-loss layer");
+    let mut total = Cut::default();
+    // The last round keeps its WAL elsewhere (`--wal-dir`), a few directories deep in a
+    // directory the member did not make.
+    let wal_root = tempfile::Builder::new()
+        .prefix("etcdrs-member-wal-")
+        .tempdir()
+        .expect("WAL root");
+    for round in 0..FRESH_ROUNDS {
+        let mut member_opts = opts();
+        if round == FRESH_ROUNDS - 1 {
+            let wal_dir = wal_root.path().join("deep").join("wal");
+            member_opts = member_opts.arg(format!("--wal-dir={}", wal_dir.display()));
+        }
+        let mut member = Member::start(under(&power, member_opts))
+            .await
+            .expect("member starts");
+        let client = member.client().await.expect("client");
+        let (acked, task) = writer(client, format!("fresh/{round}/"));
+        wait_acks(&acked, 1 + 20 * round as usize).await;
+        member.kill9().expect("SIGKILL");
+        task.await.expect("writer");
+        let acked = acked.lock().expect("lock").len();
+        let cut = power.cut_everything().expect("power cut");
+        eprintln!("new member {round}: {acked} acknowledged, cut {cut:?}");
+        total += cut;
+        member.restart().await.unwrap_or_else(|e| {
+            panic!(
+                "restart of new member {round} after the cut: {e:#}\n{}",
+                member.log_tail(20)
+            )
+        });
+        let mut client = member.client().await.expect("client");
+        check_round(
+            &format!("new member {round}"),
+            &stored(&mut client, &format!("fresh/{round}/")).await,
+            acked,
+        );
+    }
+    eprintln!("{FRESH_ROUNDS} cuts of new members: {total:?}");
+    assert!(
+        total.entries_kept > 0,
+        "the layer saw no directory change: {total:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_cluster_survives_power_cuts_of_every_member_at_once() {
     if !ours() {
         return;
@@ -175,7 +240,13 @@ async fn a_cluster_survives_power_cuts_of_every_member_at_once() {
         c.kill9_all().expect("SIGKILL all");
         task.await.expect("writer");
         let acked = acked.lock().expect("lock").len();
-        let cut = power.cut(seed).expect("power cut");
+        // The first cut, of new members, is the worst one (nothing unsynced kept).
+        let cut = if round == 0 {
+            power.cut_everything()
+        } else {
+            power.cut(seed)
+        }
+        .expect("power cut");
         eprintln!("cluster round {round}: seed {seed}, {acked} acknowledged, cut {cut:?}");
         total += cut;
         c.restart_all().await.unwrap_or_else(|e| {
@@ -226,6 +297,100 @@ async fn a_cluster_survives_power_cuts_of_every_member_at_once() {
     }
     eprintln!("{CLUSTER_ROUNDS} power cuts of a 3-member cluster: {total:?}");
     assert!(total.undone > 0, "the cuts undid nothing: {total:?}");
+}
+
+/// Puts `n` keys `<prefix><i>` through `client`, 8 at a time.
+async fn put_many(client: &Client, prefix: &str, n: usize) {
+    let mut workers = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let mut client = client.clone();
+        let prefix = prefix.to_owned();
+        workers.spawn(async move {
+            for i in (worker..n).step_by(8) {
+                client
+                    .put(format!("{prefix}{i:06}"), format!("v{i}"), None)
+                    .await
+                    .unwrap_or_else(|e| panic!("put {i}: {e}"));
+            }
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done.expect("put worker");
+    }
+}
+
+#[tokio::test]
+async fn a_member_that_installed_a_snapshot_survives_the_worst_power_cut() {
+    // A follower that was down while the leader compacted its log catches up from the
+    // leader's database snapshot (received into a file beside its backend, installed, then
+    // removed); then every member loses its power with nothing unsynced kept.
+    if !ours() {
+        return;
+    }
+    let power = PowerLoss::build().expect("power-loss layer");
+    let mut cluster_opts = ClusterOpts::new(&bin()).args([
+        "--snapshot-count",
+        "200",
+        "--experimental-snapshot-catchup-entries",
+        "100",
+    ]);
+    for (key, value) in power.env() {
+        cluster_opts = cluster_opts.env(key, value);
+    }
+    let mut c = Cluster::start(3, cluster_opts)
+        .await
+        .expect("cluster starts");
+    let leader = c.leader().await.expect("leader");
+    let follower = (leader + 1) % 3;
+    c.kill9(follower).expect("kill the follower");
+    const PUTS: usize = 600;
+    let client = c.member(leader).client().await.expect("client");
+    put_many(&client, "plsnap/", PUTS).await;
+    c.restart(follower)
+        .await
+        .unwrap_or_else(|e| panic!("restart: {e:#}\n{}", c.log_tails()));
+    let on_follower = c.member(follower).client().await.expect("client");
+    poll_until(WAIT, || {
+        let mut on_follower = on_follower.clone();
+        async move {
+            match stored(&mut on_follower, "plsnap/").await.len() {
+                PUTS => Ok(()),
+                got => Err(format!("the follower has {got} of {PUTS}")),
+            }
+        }
+    })
+    .await
+    .expect("the follower catches up");
+    assert!(
+        c.member(follower)
+            .current_log()
+            .contains("received and saved database snapshot"),
+        "the follower caught up without a snapshot:\n{}",
+        c.member(follower).log_tail(20)
+    );
+
+    c.kill9_all().expect("SIGKILL all");
+    let cut = power.cut_everything().expect("power cut");
+    eprintln!("cut after a snapshot install: {cut:?}");
+    c.restart_all()
+        .await
+        .unwrap_or_else(|e| panic!("restart after the cut: {e:#}\n{}", c.log_tails()));
+    for m in 0..3 {
+        let mut client = c.member(m).client().await.expect("client");
+        check_round(
+            &format!("m{m}"),
+            &stored(&mut client, "plsnap/").await,
+            PUTS,
+        );
+    }
+    // What the snapshot left beside the backend is gone once the member is back.
+    let snap_dir = c.member(follower).data_dir().join("member/snap");
+    let left: Vec<String> = std::fs::read_dir(&snap_dir)
+        .expect("snap dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "db")
+        .collect();
+    assert!(left.is_empty(), "left in {}: {left:?}", snap_dir.display());
 }
 
 #[tokio::test]

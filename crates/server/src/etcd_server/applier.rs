@@ -2,7 +2,15 @@
 
 use super::*;
 
-impl EtcdServer {
+/// The server's state machine, called by the raft thread: it owns the writes to the member's
+/// state ([`Inner`]) and reaches nothing of the server's request side, the raft node's handle
+/// least of all; what it needs of raft comes with each batch.
+pub(super) struct Applier {
+    pub(super) inner: Arc<Inner>,
+    pub(super) last_leader: u64,
+}
+
+impl Applier {
     /// Replace the store with the leader's snapshot image for `index` (called by raft).
     pub(super) fn install_snapshot(
         &self,
@@ -83,13 +91,13 @@ impl EtcdServer {
     }
 
     /// Apply one batch of committed entries and wake everyone waiting on it.
-    pub(super) fn apply_committed(&self, batch: Apply, last_leader: &mut u64) -> Result<Applied> {
+    pub(super) fn apply_committed(&mut self, batch: Apply) -> Result<Applied> {
         tracing::debug!(entries = batch.entries.len(), "applying batch");
+        let status = batch.raft;
         let (index, term, durable, results) = self.apply_batch(batch)?;
         // etcd promotes the lessor once the leader has applied an entry of its own term
         // (so every earlier term is applied): every lease restarts, extended by the
         // election timeout. A member that loses leadership stops expiring leases.
-        let status = self.inner.raft.status();
         let lessor = self.inner.store.lessor();
         if status.is_leader && term == status.term && !lessor.is_primary() {
             lessor.promote(Instant::now(), self.inner.config.election_timeout);
@@ -111,11 +119,11 @@ impl EtcdServer {
             self.inner.applied_term.store(term, AtomicOrdering::Relaxed);
         }
         self.inner.applied.send_replace(index);
-        if status.leader != *last_leader && status.leader != 0 {
+        if status.leader != self.last_leader && status.leader != 0 {
             self.inner
                 .leader_changes
                 .fetch_add(1, AtomicOrdering::Relaxed);
-            *last_leader = status.leader;
+            self.last_leader = status.leader;
         }
         Ok(Applied {
             index,
@@ -387,7 +395,7 @@ impl EtcdServer {
     }
 
     pub(super) fn capped(&self) -> bool {
-        self.has_alarm(AlarmType::Nospace)
+        self.inner.has_alarm(AlarmType::Nospace)
     }
 
     pub(super) fn apply_op(
@@ -414,7 +422,7 @@ impl EtcdServer {
             Err(op) => op,
         };
         // etcd's corrupt applier: while a CORRUPT alarm stands, no write is applied.
-        if self.has_alarm(AlarmType::Corrupt)
+        if self.inner.has_alarm(AlarmType::Corrupt)
             && matches!(
                 op,
                 Op::Put(_)
@@ -660,19 +668,13 @@ impl EtcdServer {
     }
 }
 
-/// The server's state machine, called by the raft thread.
-pub(super) struct Applier {
-    pub(super) server: EtcdServer,
-    pub(super) last_leader: u64,
-}
-
 impl StateMachine for Applier {
     fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool {
         // Entries the store applied already (replayed after a restart) were judged then.
-        if index <= self.server.inner.store.consistent_index() {
+        if index <= self.inner.store.consistent_index() {
             return true;
         }
-        match self.server.validate_conf_change(change) {
+        match self.validate_conf_change(change) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, member_id = %membership::id_hex(change.node_id), "refused a membership change");
@@ -682,9 +684,7 @@ impl StateMachine for Applier {
     }
 
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
-        self.server
-            .apply_committed(batch, &mut self.last_leader)
-            .map_err(|e| e.to_string())
+        self.apply_committed(batch).map_err(|e| e.to_string())
     }
 
     fn restore(
@@ -693,13 +693,9 @@ impl StateMachine for Applier {
         term: u64,
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
     ) -> std::result::Result<(), String> {
-        self.server
-            .install_snapshot(index, conf_state)
+        self.install_snapshot(index, conf_state)
             .map_err(|e| e.to_string())?;
-        self.server
-            .inner
-            .applied_term
-            .store(term, AtomicOrdering::Relaxed);
+        self.inner.applied_term.store(term, AtomicOrdering::Relaxed);
         Ok(())
     }
 }
@@ -760,3 +756,6 @@ pub(super) fn auth_change(op: Op) -> std::result::Result<crate::auth::AuthChange
         other => return Err(other),
     })
 }
+
+#[cfg(test)]
+mod tests;

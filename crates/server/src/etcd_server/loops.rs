@@ -70,7 +70,7 @@ impl EtcdServer {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            if !self.inner.raft.status().is_leader {
+            if !self.core.raft.status().is_leader {
                 continue;
             }
             let expired = self.inner.store.lessor().expired(Instant::now(), 500);
@@ -116,7 +116,7 @@ impl EtcdServer {
             let Some(revision) = plan.tick(Instant::now(), self.inner.store.current_rev()) else {
                 continue;
             };
-            if !self.inner.raft.status().is_leader {
+            if !self.core.raft.status().is_leader {
                 continue;
             }
             tracing::info!(revision, "starting auto {mode} compaction");

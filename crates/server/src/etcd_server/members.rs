@@ -21,7 +21,7 @@ impl EtcdServer {
         // One membership change at a time: a joint configuration (which etcd-rs no longer
         // enters, but a log may hold) must be left first.
         self.wait_not_joint().await?;
-        let id = self.inner.ids.next();
+        let id = self.core.ids.next();
         let change = EtcdConfChange {
             id,
             kind,
@@ -32,9 +32,9 @@ impl EtcdServer {
         self.inner.waiters.lock().insert(id, done);
         // The raft thread may hold the proposal back until the previous change is done; the
         // whole wait is bounded by the request timeout (a proposal given up is not made).
-        let deadline = tokio::time::Instant::now() + self.inner.request_timeout;
+        let deadline = tokio::time::Instant::now() + self.core.request_timeout;
         let proposed =
-            tokio::time::timeout_at(deadline, self.inner.raft.propose_conf_change(change)).await;
+            tokio::time::timeout_at(deadline, self.core.raft.propose_conf_change(change)).await;
         let failed = match proposed {
             Ok(Ok(())) => None,
             Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) => {
@@ -59,8 +59,8 @@ impl EtcdServer {
 
     /// Wait until the configuration is not joint (bounded by the request timeout).
     pub(super) async fn wait_not_joint(&self) -> Result<()> {
-        let deadline = Instant::now() + self.inner.request_timeout;
-        while self.inner.raft.status().joint {
+        let deadline = Instant::now() + self.core.request_timeout;
+        while self.core.raft.status().joint {
             if Instant::now() >= deadline {
                 return Err(ServerError::Etcd(&rpctypes::TIMEOUT));
             }
@@ -180,7 +180,7 @@ impl EtcdServer {
         if !member.is_learner {
             return Err(ServerError::Etcd(&rpctypes::MEMBER_NOT_LEARNER));
         }
-        let status = self.inner.raft.status();
+        let status = self.core.raft.status();
         if status.is_leader {
             // etcd's readiness rule: the learner's log matches at least 90% of the leader's.
             let leader_match = status.commit;
@@ -241,17 +241,17 @@ impl EtcdServer {
 
     /// Ask raft to move leadership to `to` (etcd's MoveLeader).
     pub async fn move_leader(&self, to: u64) -> Result<()> {
-        let status = self.inner.raft.status();
+        let status = self.core.raft.status();
         if !status.is_leader {
             return Err(ServerError::Etcd(&rpctypes::NOT_LEADER));
         }
         if !status.voters.contains(&to) {
             return Err(ServerError::Etcd(&rpctypes::BAD_LEADER_TRANSFEREE));
         }
-        self.inner.raft.transfer_leader(to).await?;
-        let deadline = Instant::now() + self.inner.request_timeout;
+        self.core.raft.transfer_leader(to).await?;
+        let deadline = Instant::now() + self.core.request_timeout;
         while Instant::now() < deadline {
-            if self.inner.raft.status().leader == to {
+            if self.core.raft.status().leader == to {
                 return Ok(());
             }
             tokio::time::sleep(self.inner.config.heartbeat_interval).await;

@@ -73,10 +73,9 @@ impl EtcdServer {
     pub async fn linearizable_barrier(&self) -> Result<()> {
         // raft silently drops a read index that a new leader cannot serve yet; etcd retries
         // every 500 ms (`readIndexRetryTime`), and so do we, within the request timeout.
-        let deadline = Instant::now() + self.inner.request_timeout;
+        let deadline = Instant::now() + self.core.request_timeout;
         loop {
-            let attempt =
-                tokio::time::timeout(READ_INDEX_RETRY, self.inner.raft.read_index()).await;
+            let attempt = tokio::time::timeout(READ_INDEX_RETRY, self.core.raft.read_index()).await;
             match attempt {
                 Ok(Ok(index)) => return self.wait_applied(index).await,
                 Ok(Err(etcdrs_raftnode::Error::ProposalDropped)) | Err(_) => {
@@ -103,7 +102,7 @@ impl EtcdServer {
     pub(super) async fn wait_applied(&self, index: u64) -> Result<()> {
         let mut applied = self.inner.applied.subscribe();
         let wait = applied.wait_for(|applied| *applied >= index);
-        match tokio::time::timeout(self.inner.request_timeout, wait).await {
+        match tokio::time::timeout(self.core.request_timeout, wait).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(ServerError::Stopped),
             Err(_) => Err(ServerError::Etcd(&rpctypes::TIMEOUT)),
@@ -176,11 +175,11 @@ impl EtcdServer {
         op: Op,
         auth: Option<&crate::auth::AuthInfo>,
     ) -> Result<ApplyOutput> {
-        let status = self.inner.raft.status();
+        let status = self.core.raft.status();
         if status.commit > status.applied + MAX_GAP_APPLY_COMMIT {
             return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
         }
-        let id = self.inner.ids.next();
+        let id = self.core.ids.next();
         let proposer = auth.map(|info| crate::request::Proposer {
             username: info.username.clone(),
             auth_revision: info.revision,
@@ -229,13 +228,13 @@ impl EtcdServer {
             }
         };
         // The raft status is published after each apply: the applied term may be ahead of it.
-        let term = self.inner.raft.status().term.max(self.applied_term());
-        if let Err(e) = self.inner.raft.propose(data, on_refused).await {
+        let term = self.core.raft.status().term.max(self.applied_term());
+        if let Err(e) = self.core.raft.propose(data, on_refused).await {
             self.inner.waiters.lock().remove(&id);
             return Err(e.into());
         }
         let outcome = tokio::select! {
-            answered = tokio::time::timeout(self.inner.request_timeout, result) => answered.ok(),
+            answered = tokio::time::timeout(self.core.request_timeout, result) => answered.ok(),
             () = self.leader_lost_proposal(term) => None,
         };
         match outcome {

@@ -109,7 +109,7 @@ impl EtcdServer {
     /// etcd's `UpdateClusterVersionIfNeeded` and `CancelDowngradeIfNeeded`, on the leader.
     pub(super) async fn update_cluster_version_if_needed(&self) {
         // One decision at a time, each on what the previous one applied.
-        let _deciding = self.inner.version_decision.lock().await;
+        let _deciding = self.core.version_decision.lock().await;
         let versions = self.members_versions().await;
         let minimal = versions
             .as_ref()

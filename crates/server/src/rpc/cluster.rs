@@ -12,6 +12,15 @@ use tonic::{Request, Response, Status};
 use super::Rpc;
 
 impl Rpc {
+    /// A membership change needs the root role (with auth on) and a voter to take it, as
+    /// etcd's member handlers check before proposing.
+    fn check_membership_change<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        self.server
+            .auth()
+            .check_admin(self.auth_info(request)?.as_ref())?;
+        Ok(self.server.check_not_learner()?)
+    }
+
     fn member_pbs(&self) -> Vec<Member> {
         self.server.members().into_iter().map(member_pb).collect()
     }
@@ -44,10 +53,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
-        self.server.check_not_learner()?;
+        self.check_membership_change(&request)?;
         let req = request.into_inner();
         let urls = check_urls(&req.peer_ur_ls)?;
         let member = self.server.add_member(urls, req.is_learner).await?;
@@ -62,10 +68,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
-        self.server.check_not_learner()?;
+        self.check_membership_change(&request)?;
         self.server.remove_member(request.into_inner().id).await?;
         Ok(Response::new(MemberRemoveResponse {
             header: Some(self.server.cluster_header()),
@@ -77,10 +80,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
-        self.server.check_not_learner()?;
+        self.check_membership_change(&request)?;
         let req = request.into_inner();
         let urls = check_urls(&req.peer_ur_ls)?;
         self.server.update_member(req.id, urls).await?;
@@ -108,10 +108,7 @@ impl Cluster for Rpc {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        self.server
-            .auth()
-            .check_admin(self.auth_info(&request)?.as_ref())?;
-        self.server.check_not_learner()?;
+        self.check_membership_change(&request)?;
         self.server.promote_member(request.into_inner().id).await?;
         Ok(Response::new(MemberPromoteResponse {
             header: Some(self.server.cluster_header()),

@@ -1,0 +1,186 @@
+//! The raft log's storage: raft-rs's in-memory log, which answers raft (`NodeStorage`), and
+//! the WAL under it, to which every `Ready`'s entries and hard state are persisted with one
+//! fsync before they count (`persist`), plus snapshot marks and the log import and export the
+//! server's conversion and tests use. Entries are stored as their `eraftpb` encoding: the
+//! WAL knows nothing of raft types.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use etcdrs_wal::{EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState};
+use raft::storage::MemStorage;
+
+use crate::error::{Error, Result};
+use crate::metrics;
+
+/// raft-rs' in-memory log, whose snapshots stand for the state machine's last applied entry:
+/// a snapshot sent to a follower is the state machine's image taken after that entry, so the
+/// image is never older than the snapshot's index (the follower skips what it already holds).
+#[derive(Clone)]
+pub(crate) struct NodeStorage {
+    pub(crate) mem: MemStorage,
+    /// (index, term) of the last entry the state machine applied.
+    pub(crate) applied: Arc<parking_lot::Mutex<(u64, u64)>>,
+    /// The membership raft is using (raft-rs leaves keeping it to the application).
+    pub(crate) conf_state: Arc<parking_lot::Mutex<ConfState>>,
+}
+
+impl raft::Storage for NodeStorage {
+    fn initial_state(&self) -> raft::Result<raft::RaftState> {
+        self.mem.initial_state()
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        context: raft::GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        self.mem.entries(low, high, max_size, context)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        self.mem.term(idx)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        self.mem.first_index()
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.mem.last_index()
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<raft::eraftpb::Snapshot> {
+        let (index, term) = *self.applied.lock();
+        if index == 0 || index < request_index {
+            return Err(raft::Error::Store(
+                raft::StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        let mut snapshot = raft::eraftpb::Snapshot::default();
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.conf_state.lock().clone());
+        Ok(snapshot)
+    }
+}
+
+/// Write a new WAL in `wal_dir` for a raft log that comes from elsewhere (an etcd member's,
+/// translated into our entries, by the server's data-directory conversion): `metadata` (node
+/// and cluster id, opaque here), a snapshot mark at `snapshot` (index, term) when past 0, then
+/// `entries` (all after the mark) and `hard_state`, with one fsync. A member then starts from
+/// it with [`Start::Restart`], as from its own log.
+pub fn write_imported_log(
+    wal_dir: &Path,
+    metadata: &[u8],
+    snapshot: (u64, u64),
+    hard_state: &HardState,
+    entries: &[Entry],
+) -> Result<()> {
+    if let Some(entry) = entries.first()
+        && entry.index != snapshot.0 + 1
+    {
+        return Err(Error::Corrupt(format!(
+            "imported log starts at index {} after a snapshot at {}",
+            entry.index, snapshot.0
+        )));
+    }
+    let mut wal = Wal::create(wal_dir, metadata)?;
+    if snapshot.0 > 0 {
+        wal.save_snapshot_mark(SnapshotMark {
+            index: snapshot.0,
+            term: snapshot.1,
+        })?;
+    }
+    let records = entry_records(entries)?;
+    let hard_state = WalHardState {
+        term: hard_state.term,
+        vote: hard_state.vote,
+        commit: hard_state.commit,
+    };
+    wal.save(Some(hard_state), &records)?;
+    Ok(())
+}
+
+/// Every entry of the WAL in `wal_dir` after its last snapshot mark, as raft entries: a stopped
+/// member's log, for tools and tests that look at what a member wrote.
+pub fn read_log(wal_dir: &Path) -> Result<Vec<Entry>> {
+    let (_, state) = Wal::open(wal_dir)?;
+    state.entries.iter().map(decode_entry).collect()
+}
+
+/// Entries as the WAL stores them.
+pub(crate) fn entry_records(entries: &[Entry]) -> Result<Vec<EntryRecord>> {
+    entries
+        .iter()
+        .map(|e| {
+            Ok(EntryRecord {
+                index: e.index,
+                term: e.term,
+                data: e
+                    .write_to_bytes()
+                    .map_err(|err| Error::Corrupt(err.to_string()))?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn decode_entry(record: &EntryRecord) -> Result<Entry> {
+    let mut entry = Entry::default();
+    entry
+        .merge_from_bytes(&record.data)
+        .map_err(|e| Error::Corrupt(e.to_string()))?;
+    Ok(entry)
+}
+
+pub(crate) fn persist(
+    wal: &mut Wal,
+    storage: &MemStorage,
+    hard_state: Option<&HardState>,
+    entries: &[Entry],
+) -> Result<()> {
+    let records = entry_records(entries)?;
+    let wal_hard_state = hard_state.map(|hs| WalHardState {
+        term: hs.term,
+        vote: hs.vote,
+        commit: hs.commit,
+    });
+    let before = wal.write_stats();
+    wal.save(wal_hard_state, &records)?;
+    let after = wal.write_stats();
+    if after.bytes_written > before.bytes_written {
+        metrics::WAL_WRITE_BYTES.add((after.bytes_written - before.bytes_written) as f64);
+        metrics::WAL_WRITE_SECONDS.observe(after.last_write.as_secs_f64());
+        // As etcd: without an fsync there is no fsync duration to record.
+        if !wal.options().unsafe_no_fsync {
+            metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
+        }
+    }
+    let mut core = storage.wl();
+    if !entries.is_empty() {
+        core.append(entries)?;
+    }
+    if let Some(hs) = hard_state {
+        core.set_hardstate(hs.clone());
+    }
+    Ok(())
+}
+
+/// Record a snapshot in the WAL: our counterpart of etcd's `.snap` file save (the mark is
+/// what etcd's snapshot file holds besides the conf state), timed as etcd times that save.
+pub(crate) fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
+    let started = std::time::Instant::now();
+    wal.save_snapshot_mark(mark)?;
+    metrics::SNAP_SAVE_SECONDS.observe(started.elapsed().as_secs_f64());
+    if !wal.options().unsafe_no_fsync {
+        metrics::SNAP_FSYNC_SECONDS.observe(wal.write_stats().last_sync.as_secs_f64());
+    }
+    // The mark is a fixed-size record: encoding it is the whole of the marshalling cost.
+    metrics::SNAP_MARSHALLING_SECONDS.observe(wal.write_stats().last_write.as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! The raft node through its public API, with a state machine that records what it is given:
+//! a member of one over a real WAL in a temporary directory, driven through `start`,
+//! `propose`, `read_index` and a restart. What the node promises its state machine: entries
+//! in log order, each once, with raft's view of the moment, and after a restart only what
+//! the state machine had not applied.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcdrs_raftnode::confchange::EtcdConfChange;
+use etcdrs_raftnode::eraftpb::{ConfState, EntryType};
+use etcdrs_raftnode::task::TaskResult;
+use etcdrs_raftnode::{
+    Applied, Apply, NoPeers, NodeConfig, RaftNodeHandle, RaftView, Start, StateMachine,
+};
+use parking_lot::Mutex;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// What the recording state machine saw: (index, term, data) of every normal entry with
+/// data, and the view each batch came with.
+#[derive(Default)]
+struct Seen {
+    entries: Vec<(u64, u64, Vec<u8>)>,
+    views: Vec<RaftView>,
+    conf_changes: Vec<u64>,
+}
+
+struct Recorder(Arc<Mutex<Seen>>);
+
+impl StateMachine for Recorder {
+    fn apply(&mut self, batch: Apply) -> Result<Applied, String> {
+        let mut seen = self.0.lock();
+        seen.views.push(batch.raft);
+        let (mut index, mut term) = (0, 0);
+        for entry in &batch.entries {
+            if let Some((last, _, _)) = seen.entries.last() {
+                assert!(entry.index > *last, "entries in log order, each once");
+            }
+            (index, term) = (entry.index, entry.term);
+            match entry.get_entry_type() {
+                EntryType::EntryNormal if !entry.data.is_empty() => {
+                    seen.entries
+                        .push((entry.index, entry.term, entry.data.to_vec()));
+                }
+                EntryType::EntryConfChange => seen.conf_changes.push(entry.index),
+                _ => {}
+            }
+        }
+        Ok(Applied {
+            index,
+            term,
+            durable: true,
+            compact_log: false,
+        })
+    }
+
+    fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
+        true
+    }
+
+    fn restore(&mut self, _index: u64, _term: u64, _conf: &ConfState) -> Result<(), String> {
+        Err("a member of one gets no snapshot".into())
+    }
+}
+
+fn config(dir: &std::path::Path) -> NodeConfig {
+    NodeConfig {
+        id: 1,
+        wal_dir: dir.join("wal"),
+        tick_interval: Duration::from_millis(10),
+        election_tick: 10,
+        heartbeat_tick: 1,
+        pre_vote: true,
+        snapshot_count: 10_000,
+        catch_up_entries: 100,
+        unsafe_no_fsync: false,
+    }
+}
+
+struct Running {
+    raft: RaftNodeHandle,
+    seen: Arc<Mutex<Seen>>,
+    tasks: JoinSet<TaskResult>,
+    shutdown: CancellationToken,
+}
+
+fn run(dir: &std::path::Path, start: Start) -> Running {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut tasks = JoinSet::new();
+    let shutdown = CancellationToken::new();
+    let raft = etcdrs_raftnode::start(
+        config(dir),
+        start,
+        Arc::new(NoPeers),
+        Box::new(Recorder(seen.clone())),
+        &mut tasks,
+        shutdown.clone(),
+    )
+    .expect("start the node");
+    Running {
+        raft,
+        seen,
+        tasks,
+        shutdown,
+    }
+}
+
+impl Running {
+    async fn until(&self, what: &str, done: impl Fn(&Seen) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done(&self.seen.lock()) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn leader(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.raft.status().is_leader {
+            assert!(Instant::now() < deadline, "no leader");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        while let Some(done) = self.tasks.join_next().await {
+            let (name, result) = done.expect("task");
+            assert_eq!(result, Ok(()), "{name} stopped cleanly");
+        }
+    }
+}
+
+fn new_member() -> Start {
+    Start::New {
+        metadata: b"member 1".to_vec(),
+        peers: vec![(1, br#"{"id":1}"#.to_vec())],
+    }
+}
+
+#[tokio::test]
+async fn a_member_of_one_applies_its_proposals_in_order_with_raft_s_view() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let node = run(dir.path(), new_member());
+    node.leader().await;
+    for n in 0..5u8 {
+        node.raft
+            .propose(vec![b'p', n], |e| panic!("refused: {e}"))
+            .await
+            .expect("propose");
+    }
+    node.until("five entries", |s| s.entries.len() == 5).await;
+    let (entries, conf_changes, last) = {
+        let seen = node.seen.lock();
+        let last = *seen.views.last().expect("a view");
+        (seen.entries.clone(), seen.conf_changes.clone(), last)
+    };
+    let data: Vec<Vec<u8>> = entries.iter().map(|e| e.2.clone()).collect();
+    assert_eq!(data, (0..5u8).map(|n| vec![b'p', n]).collect::<Vec<_>>());
+    // The bootstrap AddNode is entry 1; the leader's empty entry follows it.
+    assert_eq!(conf_changes, [1]);
+    let term = node.raft.status().term;
+    assert!(entries.iter().all(|e| e.1 == term));
+    // Each batch of the leader's own entries came with the view that it leads in that term.
+    assert_eq!(
+        last,
+        RaftView {
+            is_leader: true,
+            term,
+            leader: 1
+        }
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_read_index_covers_every_write_applied_before_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let node = run(dir.path(), new_member());
+    node.leader().await;
+    node.raft
+        .propose(b"w".to_vec(), |e| panic!("refused: {e}"))
+        .await
+        .expect("propose");
+    node.until("the write", |s| s.entries.len() == 1).await;
+    let written = node.seen.lock().entries[0].0;
+    let read = node.raft.read_index().await.expect("read index");
+    assert!(
+        read >= written,
+        "read index {read} before the write at {written}"
+    );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_replays_only_what_the_state_machine_had_not_applied() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let node = run(dir.path(), new_member());
+    node.leader().await;
+    for n in 0..4u8 {
+        node.raft
+            .propose(vec![n], |e| panic!("refused: {e}"))
+            .await
+            .expect("propose");
+    }
+    node.until("four entries", |s| s.entries.len() == 4).await;
+    let first_run: Vec<(u64, u64, Vec<u8>)> = node.seen.lock().entries.clone();
+    node.stop().await;
+
+    // The state machine says it had applied up to the second write durably.
+    let applied = first_run[1].0;
+    let restarted = run(
+        dir.path(),
+        Start::Restart {
+            applied,
+            conf_state: ConfState {
+                voters: vec![1],
+                ..Default::default()
+            },
+            force_new_cluster: false,
+        },
+    );
+    restarted
+        .until("the replayed tail", |s| s.entries.len() >= 2)
+        .await;
+    let replayed = restarted.seen.lock().entries.clone();
+    assert_eq!(replayed, first_run[2..]);
+    restarted.leader().await;
+    restarted
+        .raft
+        .propose(b"after".to_vec(), |e| panic!("refused: {e}"))
+        .await
+        .expect("propose");
+    restarted
+        .until("a new write", |s| s.entries.len() == 3)
+        .await;
+    assert_eq!(restarted.seen.lock().entries[2].2, b"after");
+    restarted.stop().await;
+}
