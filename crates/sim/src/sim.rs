@@ -28,7 +28,8 @@
 //!
 //! # Invariants, checked as the run goes
 //!
-//! - at most one leader per term, and a new leader's log holds every entry applied anywhere;
+//! - at most one leader per term, and a new leader's log holds every entry applied anywhere
+//!   while the cluster's highest term was below its own (leader completeness);
 //! - every member applies the same entry at each index (term and payload), with no gap;
 //! - at equal applied index, equal MVCC revision, and (sampled every [`HASH_EVERY`] entries,
 //!   and at the end) equal `HashKV`;
@@ -482,6 +483,13 @@ struct Sim {
     leaders: BTreeMap<u64, u64>,
     /// (term, payload hash) of every entry applied anywhere, by index - 1.
     log: Vec<(u64, u64)>,
+    /// For each of those, the highest term any member had reached when it was first applied:
+    /// it was committed in that term or an earlier one, so every leader of a later term holds
+    /// it (raft's leader completeness; a leader of an earlier term may still appear late, its
+    /// votes delayed, and lack it).
+    eras: Vec<u64>,
+    /// The highest term any member has reached.
+    max_term: u64,
     /// MVCC revision after applying up to each batch-ending index.
     revisions: BTreeMap<u64, i64>,
     /// `HashKV` at sampled applied indexes.
@@ -641,6 +649,8 @@ impl Sim {
             logger: slog::Logger::root(slog::Discard, slog::o!()),
             leaders: BTreeMap::new(),
             log: Vec::new(),
+            eras: Vec::new(),
+            max_term: 0,
             revisions: BTreeMap::new(),
             hashes: BTreeMap::new(),
             crashes: 0,
@@ -1253,7 +1263,10 @@ impl Sim {
                     ));
                 }
                 Some(_) => {}
-                None => self.log.push(seen),
+                None => {
+                    self.log.push(seen);
+                    self.eras.push(self.max_term.max(leading.1));
+                }
             }
             if entry.index <= skip_below {
                 continue;
@@ -1450,6 +1463,11 @@ impl Sim {
     // ---- invariants ----
 
     fn check_leaders(&mut self) -> Step {
+        for member in &self.members {
+            if let Some(node) = member.node.as_ref() {
+                self.max_term = self.max_term.max(node.raft.term);
+            }
+        }
         for i in 0..self.members.len() {
             let Some(node) = self.members[i].node.as_ref() else {
                 continue;
@@ -1464,9 +1482,12 @@ impl Sim {
                 }
                 Some(_) => {}
                 None => {
-                    // Leader completeness: every entry applied anywhere is in its log.
+                    // Leader completeness: every entry committed before its term is in its log.
                     for (at, (entry_term, _)) in self.log.iter().enumerate() {
                         let index = at as u64 + 1;
+                        if self.eras[at] >= term {
+                            continue;
+                        }
                         // Compacted away: covered by the snapshot it holds.
                         if index < node.raft.raft_log.first_index() {
                             continue;
