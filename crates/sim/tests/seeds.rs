@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use etcdrs_sim::{Config, Failure, Report, run};
 
-const DEFAULT_SEEDS: u64 = 150;
+const DEFAULT_SEEDS: u64 = 2000;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())

@@ -213,6 +213,17 @@ const RULES: &[Rule] = &[
         why: "bench is a client only: it never depends on our server crates",
     },
     Rule {
+        krate: "etcdrs-sim",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-server",
+            "etcdrs-raftnode",
+            "etcdrs-wal",
+            "etcdrs-serve",
+        ]),
+        why: "sim drives raft-rs and the store itself, in one thread: it links no server, raftnode or wal",
+    },
+    Rule {
         krate: "etcdrs-etcddir",
         reach: Reach::Transitive,
         forbid: Forbid::Crates(&[
