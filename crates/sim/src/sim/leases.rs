@@ -1,0 +1,142 @@
+//! Leases on the virtual clock: the leader's expiry loop and the clients' grants and keep-alives.
+
+use super::*;
+
+impl Sim {
+    pub(super) fn vnow(&self) -> Instant {
+        self.base + Duration::from_millis(self.now)
+    }
+
+    /// The server's lease-expiry loop on member `i`: on the leader, expired leases are
+    /// revoked through raft. Checks first that each has outlived its TTL since its grant and
+    /// every renewal this leader knew of (those made on it, and any made anywhere before it
+    /// took over: renewals are the leader's own, so one made on another member meanwhile is
+    /// not its to honour, as in etcd).
+    pub(super) fn expire_leases(&mut self, i: usize) -> Step {
+        let vnow = self.vnow() + Duration::from_millis(self.cfg.lease_clock_ahead_ms);
+        let member = &self.members[i];
+        let (Some(node), Some(kv)) = (member.node.as_ref(), member.kv.as_ref()) else {
+            return Ok(());
+        };
+        if node.raft.state != StateRole::Leader {
+            return Ok(());
+        }
+        let expired = kv.lessor().expired(vnow, 500);
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let Some(promoted) = member.promoted_at else {
+            return Err(format!(
+                "member {} expires leases without having been promoted",
+                member.id
+            ));
+        };
+        for id in expired {
+            let Some(log) = self.leases.get(&id) else {
+                continue;
+            };
+            let known = log
+                .renewals
+                .iter()
+                .filter(|(at, on)| *at <= promoted || *on == i)
+                .map(|(at, _)| *at)
+                .max()
+                .unwrap_or(0)
+                .max(log.granted_at);
+            let due = known + log.ttl as u64 * 1000;
+            if self.now < due {
+                return Err(format!(
+                    "member {} expires lease {id} (TTL {} s) at {} ms, before {due} ms: granted at {}, renewed at {:?}, promoted at {promoted}",
+                    self.members[i].id, log.ttl, self.now, log.granted_at, log.renewals
+                ));
+            }
+            let request = InternalRaftRequest {
+                header: Some(RequestHeader {
+                    id: self.next_request,
+                    ..RequestHeader::default()
+                }),
+                lease_revoke: Some(LeaseRevokeRequest { id }),
+                ..InternalRaftRequest::default()
+            };
+            self.next_request += 1;
+            if let Some(node) = self.members[i].node.as_mut() {
+                let _ = node.propose(Vec::new(), request.encode_to_vec());
+            }
+            let member_id = self.members[i].id;
+            self.note("lease-expire", member_id, id as u64, 0);
+        }
+        Ok(())
+    }
+
+    /// A client grants a lease with a key on it, or renews one at the member it takes for
+    /// the leader; neither waits, and neither enters the checked history.
+    pub(super) fn lease_action(&mut self, i: usize) {
+        let renewable: Vec<i64> = self.leases.keys().copied().collect();
+        if renewable.is_empty() || self.rng.random_bool(0.3) {
+            let id = self.next_lease;
+            self.next_lease += 1;
+            let ttl = self.rng.random_range(1..=2);
+            let grant = InternalRaftRequest {
+                header: Some(RequestHeader {
+                    id: self.next_request,
+                    ..RequestHeader::default()
+                }),
+                lease_grant: Some(LeaseGrantRequest { ttl, id }),
+                ..InternalRaftRequest::default()
+            };
+            let put = InternalRaftRequest {
+                header: Some(RequestHeader {
+                    id: self.next_request + 1,
+                    ..RequestHeader::default()
+                }),
+                put: Some(PutRequest {
+                    key: format!("lease-{id}").into_bytes(),
+                    value: b"held".to_vec(),
+                    lease: id,
+                    ..PutRequest::default()
+                }),
+                ..InternalRaftRequest::default()
+            };
+            self.next_request += 2;
+            let Some(node) = self.members[i].node.as_mut() else {
+                return;
+            };
+            if node.propose(Vec::new(), grant.encode_to_vec()).is_ok() {
+                let _ = node.propose(Vec::new(), put.encode_to_vec());
+                self.leases.insert(
+                    id,
+                    LeaseLog {
+                        ttl,
+                        granted_at: self.now,
+                        renewals: Vec::new(),
+                    },
+                );
+                self.note("lease-grant", i as u64 + 1, id as u64, ttl as u64);
+            }
+            return;
+        }
+        let id = renewable[self.rng.random_range(0..renewable.len())];
+        // A follower forwards a keep-alive to its leader; the renewal happens there.
+        let leader = self.members[i]
+            .node
+            .as_ref()
+            .map(|n| n.raft.leader_id)
+            .unwrap_or(raft::INVALID_ID);
+        let Some(at) = (leader as usize).checked_sub(1) else {
+            return;
+        };
+        if at >= self.members.len() || self.members[at].paused_until > self.now {
+            return;
+        }
+        let vnow = self.vnow();
+        let Some(kv) = self.members[at].kv.as_ref() else {
+            return;
+        };
+        if let Renewal::Renewed(_) = kv.lessor().renew(id, vnow) {
+            if let Some(log) = self.leases.get_mut(&id) {
+                log.renewals.push((self.now, at));
+            }
+            self.note("lease-renew", leader, id as u64, 0);
+        }
+    }
+}
