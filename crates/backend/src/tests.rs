@@ -1,0 +1,212 @@
+//! The backend's unit tests: the integrity check on open, batched durability, reads, writes and
+//! reopening, defragmentation, snapshot readers and hashes.
+
+use super::*;
+
+/// Flips one bit in every copy of `needle` in the file at `path`; returns how many.
+fn flip_every(path: &Path, needle: &[u8]) -> usize {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mut flipped = 0;
+    let mut at = 0;
+    while let Some(found) = bytes[at..].windows(needle.len()).position(|w| w == needle) {
+        bytes[at + found + needle.len() / 2] ^= 0x10;
+        flipped += 1;
+        at += found + needle.len();
+    }
+    std::fs::write(path, bytes).unwrap();
+    flipped
+}
+
+#[test]
+fn a_flipped_bit_in_a_page_fails_the_integrity_check_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let needle = b"a value that the test finds in the file";
+    {
+        let backend = Backend::open(&path).unwrap();
+        let tx = backend.write().unwrap();
+        for i in 0..100u32 {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), needle).unwrap();
+        }
+        tx.commit(true).unwrap();
+    }
+    let clean = dir.path().join("clean");
+    std::fs::copy(&path, &clean).unwrap();
+    assert!(flip_every(&path, needle) > 0);
+    let Err(err) = Backend::open(&path) else {
+        panic!("a damaged file opened");
+    };
+    assert!(matches!(err, Error::Damaged { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "database file `{}` is damaged: failed the integrity check",
+            path.display()
+        )),
+        "{message}"
+    );
+    // The untouched copy opens, with its data.
+    let backend = Backend::open(&clean).unwrap();
+    let read = backend.read().unwrap();
+    assert_eq!(
+        read.get(Bucket::KEY, &7u32.to_be_bytes())
+            .unwrap()
+            .as_deref(),
+        Some(&needle[..])
+    );
+}
+
+#[test]
+fn commits_become_durable_by_batch_interval_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = Backend::open(&dir.path().join("db")).unwrap();
+    // A long interval: only the limit (3 writes waiting) makes a commit durable.
+    backend.set_batching(Duration::from_secs(3600), 3);
+    fn commit_keys(backend: &Backend, keys: &[u8]) -> bool {
+        let tx = backend.write().unwrap();
+        for k in keys {
+            tx.put(Bucket::KEY, &[*k], b"v").unwrap();
+        }
+        tx.commit(false).unwrap()
+    }
+    let commit = |keys: &[u8]| commit_keys(&backend, keys);
+    assert!(!commit(&[1]));
+    assert!(!commit(&[2]));
+    assert!(commit(&[3]), "the third waiting write reaches the limit");
+    assert!(
+        !commit(&[4]),
+        "the count starts again after a durable commit"
+    );
+    assert!(commit(&[5, 6, 7]));
+    // A zero interval: every commit is durable.
+    backend.set_batching(Duration::from_nanos(1), 10_000);
+    assert!(commit_keys(&backend, &[8]));
+}
+
+#[test]
+fn put_get_range_delete_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("member/snap/db");
+    {
+        let backend = Backend::open(&path).unwrap();
+        let tx = backend.write().unwrap();
+        for i in 0u8..10 {
+            tx.put(Bucket::KEY, &[i], &[i, i]).unwrap();
+        }
+        tx.put(Bucket::META, b"consistent_index", b"7").unwrap();
+        assert!(tx.commit(true).unwrap());
+        let tx = backend.write().unwrap();
+        assert_eq!(tx.delete_range(Bucket::KEY, &[2], &[5]).unwrap(), 3);
+        tx.commit(true).unwrap();
+    }
+    let backend = Backend::open(&path).unwrap();
+    let read = backend.read().unwrap();
+    let mut seen = Vec::new();
+    read.for_each_in(Bucket::KEY, &[0], None, |k, v| {
+        seen.push((k[0], v.len()));
+        true
+    })
+    .unwrap();
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![0, 1, 5, 6, 7, 8, 9]
+    );
+    assert_eq!(
+        read.get(Bucket::META, b"consistent_index")
+            .unwrap()
+            .unwrap(),
+        b"7"
+    );
+    assert_eq!(read.len(Bucket::KEY).unwrap(), 7);
+    assert!(backend.size() > 0);
+    // Keys 0, 1, 5..9 (1 byte + 2 bytes) and the meta record.
+    assert_eq!(backend.size_in_use(), 7 * 3 + 16 + 1);
+}
+
+#[test]
+fn defragment_shrinks_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let tx = backend.write().unwrap();
+    for i in 0u32..2000 {
+        tx.put(Bucket::KEY, &i.to_be_bytes(), &[7u8; 512]).unwrap();
+    }
+    tx.commit(true).unwrap();
+    let tx = backend.write().unwrap();
+    tx.delete_range(Bucket::KEY, &0u32.to_be_bytes(), &2000u32.to_be_bytes())
+        .unwrap();
+    tx.commit(true).unwrap();
+    let before = backend.size();
+    backend.defragment(Duration::from_secs(5)).unwrap();
+    assert!(backend.size() < before, "{} !< {before}", backend.size());
+    assert_eq!(backend.read().unwrap().len(Bucket::KEY).unwrap(), 0);
+}
+
+#[test]
+fn readers_see_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let before = backend.read().unwrap();
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"a", b"1").unwrap();
+    tx.commit(false).unwrap();
+    assert_eq!(before.get(Bucket::KEY, b"a").unwrap(), None);
+    assert_eq!(
+        backend
+            .read()
+            .unwrap()
+            .get(Bucket::KEY, b"a")
+            .unwrap()
+            .unwrap(),
+        b"1"
+    );
+}
+
+#[test]
+fn hash_last_total_and_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let empty = backend.read().unwrap().hash(&[]).unwrap();
+    let mut expected = crc32c::Crc32c::new();
+    let mut names: Vec<&str> = Bucket::ALL.iter().map(|b| b.name()).collect();
+    names.sort();
+    for name in names {
+        expected.update(name.as_bytes());
+    }
+    assert_eq!(empty, expected.sum());
+
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"a", b"1").unwrap();
+    tx.put(Bucket::KEY, b"b", b"2").unwrap();
+    tx.put(Bucket::MEMBERS, b"m", b"3").unwrap();
+    tx.put(Bucket::META, b"consistent_index", b"9").unwrap();
+    tx.commit(false).unwrap();
+    let read = backend.read().unwrap();
+    let all = read.hash(&[]).unwrap();
+    let ignoring = read.hash(&[(Bucket::META, b"consistent_index")]).unwrap();
+    assert_ne!(all, ignoring);
+    assert_eq!(read.total_len().unwrap(), 4);
+    assert_eq!(
+        read.last(Bucket::KEY).unwrap(),
+        Some((b"b".to_vec(), b"2".to_vec()))
+    );
+    assert_eq!(read.last(Bucket::LEASE).unwrap(), None);
+    drop(read);
+
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::META, b"consistent_index", b"10").unwrap();
+    assert_eq!(tx.clear(Bucket::MEMBERS).unwrap(), 1);
+    tx.commit(false).unwrap();
+    let read = backend.read().unwrap();
+    assert_eq!(read.len(Bucket::MEMBERS).unwrap(), 0);
+    // Only the ignored key changed besides the cleared bucket.
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::MEMBERS, b"m", b"3").unwrap();
+    tx.commit(false).unwrap();
+    let again = backend.read().unwrap();
+    assert_eq!(
+        again.hash(&[(Bucket::META, b"consistent_index")]).unwrap(),
+        ignoring
+    );
+    assert_eq!(backend.size_in_use(), 1 + 1 + 1 + 1 + 1 + 1 + 16 + 2);
+}
