@@ -5,7 +5,7 @@
 //! the state machine had not applied.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcdrs_raftnode::confchange::EtcdConfChange;
 use etcdrs_raftnode::eraftpb::{ConfState, EntryType};
@@ -26,11 +26,31 @@ struct Seen {
     conf_changes: Vec<u64>,
 }
 
-struct Recorder(Arc<Mutex<Seen>>);
+/// Records what it is given in `seen`, and bumps `batches` after each batch.
+struct Recorder {
+    seen: Arc<Mutex<Seen>>,
+    batches: tokio::sync::watch::Sender<u64>,
+}
 
 impl StateMachine for Recorder {
     fn apply(&mut self, batch: Apply) -> Result<Applied, String> {
-        let mut seen = self.0.lock();
+        let applied = self.record(batch);
+        self.batches.send_modify(|n| *n += 1);
+        Ok(applied)
+    }
+
+    fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
+        true
+    }
+
+    fn restore(&mut self, _index: u64, _term: u64, _conf: &ConfState) -> Result<(), String> {
+        Err("a member of one gets no snapshot".into())
+    }
+}
+
+impl Recorder {
+    fn record(&mut self, batch: Apply) -> Applied {
+        let mut seen = self.seen.lock();
         seen.views.push(batch.raft);
         let (mut index, mut term) = (0, 0);
         for entry in &batch.entries {
@@ -47,20 +67,12 @@ impl StateMachine for Recorder {
                 _ => {}
             }
         }
-        Ok(Applied {
+        Applied {
             index,
             term,
             durable: true,
             compact_log: false,
-        })
-    }
-
-    fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
-        true
-    }
-
-    fn restore(&mut self, _index: u64, _term: u64, _conf: &ConfState) -> Result<(), String> {
-        Err("a member of one gets no snapshot".into())
+        }
     }
 }
 
@@ -81,19 +93,24 @@ fn config(dir: &std::path::Path) -> NodeConfig {
 struct Running {
     raft: RaftNodeHandle,
     seen: Arc<Mutex<Seen>>,
+    batches: tokio::sync::watch::Receiver<u64>,
     tasks: JoinSet<TaskResult>,
     shutdown: CancellationToken,
 }
 
 fn run(dir: &std::path::Path, start: Start) -> Running {
     let seen = Arc::new(Mutex::new(Seen::default()));
+    let (batches, batches_rx) = tokio::sync::watch::channel(0);
     let mut tasks = JoinSet::new();
     let shutdown = CancellationToken::new();
     let raft = etcdrs_raftnode::start(
         config(dir),
         start,
         Arc::new(NoPeers),
-        Box::new(Recorder(seen.clone())),
+        Box::new(Recorder {
+            seen: seen.clone(),
+            batches,
+        }),
         &mut tasks,
         shutdown.clone(),
     )
@@ -101,26 +118,29 @@ fn run(dir: &std::path::Path, start: Start) -> Running {
     Running {
         raft,
         seen,
+        batches: batches_rx,
         tasks,
         shutdown,
     }
 }
 
 impl Running {
-    async fn until(&self, what: &str, done: impl Fn(&Seen) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+    /// Waits, as batches are applied, until `done` holds of what the state machine saw.
+    async fn until(&mut self, what: &str, done: impl Fn(&Seen) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !done(&self.seen.lock()) {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            match tokio::time::timeout_at(deadline, self.batches.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => panic!("the node stopped before {what}"),
+                Err(_) => panic!("timed out waiting for {what}"),
+            }
         }
     }
 
-    async fn leader(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.raft.status().is_leader {
-            assert!(Instant::now() < deadline, "no leader");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    /// Waits until a batch comes with the view that this member leads.
+    async fn leader(&mut self) {
+        self.until("a leader", |s| s.views.last().is_some_and(|v| v.is_leader))
+            .await;
     }
 
     async fn stop(mut self) {
@@ -142,7 +162,7 @@ fn new_member() -> Start {
 #[tokio::test]
 async fn a_member_of_one_applies_its_proposals_in_order_with_raft_s_view() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let node = run(dir.path(), new_member());
+    let mut node = run(dir.path(), new_member());
     node.leader().await;
     for n in 0..5u8 {
         node.raft
@@ -177,7 +197,7 @@ async fn a_member_of_one_applies_its_proposals_in_order_with_raft_s_view() {
 #[tokio::test]
 async fn a_read_index_covers_every_write_applied_before_it() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let node = run(dir.path(), new_member());
+    let mut node = run(dir.path(), new_member());
     node.leader().await;
     node.raft
         .propose(b"w".to_vec(), |e| panic!("refused: {e}"))
@@ -196,7 +216,7 @@ async fn a_read_index_covers_every_write_applied_before_it() {
 #[tokio::test]
 async fn a_restart_replays_only_what_the_state_machine_had_not_applied() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let node = run(dir.path(), new_member());
+    let mut node = run(dir.path(), new_member());
     node.leader().await;
     for n in 0..4u8 {
         node.raft
@@ -210,7 +230,7 @@ async fn a_restart_replays_only_what_the_state_machine_had_not_applied() {
 
     // The state machine says it had applied up to the second write durably.
     let applied = first_run[1].0;
-    let restarted = run(
+    let mut restarted = run(
         dir.path(),
         Start::Restart {
             applied,

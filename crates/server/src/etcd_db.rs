@@ -75,37 +75,6 @@ const ETCD_REV_LEN: usize = 17;
 /// Bytes the import writes before it commits (without fsync) and starts the next transaction.
 const IMPORT_COMMIT_BYTES: u64 = 16 << 20;
 
-/// A member as etcd marshals it (`membership.Member`: the id, then `RaftAttributes`, then
-/// `Attributes`, empty fields left out).
-#[derive(Serialize, Deserialize)]
-struct EtcdMember {
-    id: u64,
-    #[serde(rename = "peerURLs", default)]
-    peer_urls: Vec<String>,
-    #[serde(
-        rename = "isLearner",
-        default,
-        skip_serializing_if = "std::ops::Not::not"
-    )]
-    is_learner: bool,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    name: String,
-    #[serde(rename = "clientURLs", default, skip_serializing_if = "Vec::is_empty")]
-    client_urls: Vec<String>,
-}
-
-impl From<EtcdMember> for Member {
-    fn from(m: EtcdMember) -> Member {
-        Member {
-            id: m.id,
-            name: m.name,
-            peer_urls: m.peer_urls,
-            client_urls: m.client_urls,
-            is_learner: m.is_learner,
-        }
-    }
-}
-
 /// raftpb.ConfState as etcd 3.5 marshals it to JSON in `meta`.
 #[derive(Serialize, Deserialize, Default)]
 struct ConfStateJson {
@@ -292,15 +261,10 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
 
     let mut members = Vec::new();
     for (_, value) in collect(read, Bucket::MEMBERS)? {
+        // `membership::Member` is etcd's encoding of `membership.Member` already; decoding and
+        // encoding again writes it in Go's field order whatever the stored bytes were.
         let member: Member = serde_json::from_slice(&value).map_err(format_error)?;
-        let json = serde_json::to_vec(&EtcdMember {
-            id: member.id,
-            peer_urls: member.peer_urls,
-            is_learner: member.is_learner,
-            name: member.name,
-            client_urls: member.client_urls,
-        })
-        .map_err(format_error)?;
+        let json = serde_json::to_vec(&member).map_err(format_error)?;
         members.push((crate::membership::id_hex(member.id).into_bytes(), json));
     }
     put_sorted(&mut out, names::MEMBERS, members)?;
@@ -471,9 +435,8 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                 }
                 names::MEMBERS => {
                     let id = hex_id(key, "members")?;
-                    let member: Member = serde_json::from_slice::<EtcdMember>(value)
-                        .map_err(|e| format_error(format!("bad member {id:x}: {e}")))?
-                        .into();
+                    let member: Member = serde_json::from_slice(value)
+                        .map_err(|e| format_error(format!("bad member {id:x}: {e}")))?;
                     let json = serde_json::to_vec(&member).map_err(format_error)?;
                     imported.members.push(member);
                     out.put(Bucket::MEMBERS, &id.to_be_bytes(), &json)
@@ -587,7 +550,7 @@ mod tests {
 
     #[test]
     fn members_are_written_as_etcd_marshals_them() {
-        let member = EtcdMember {
+        let member = Member {
             id: 10,
             peer_urls: vec!["http://a:2380".into()],
             is_learner: false,
@@ -598,11 +561,10 @@ mod tests {
             serde_json::to_string(&member).unwrap(),
             r#"{"id":10,"peerURLs":["http://a:2380"]}"#
         );
-        let parsed: EtcdMember = serde_json::from_str(
+        let ours: Member = serde_json::from_str(
             r#"{"id":11,"peerURLs":["http://b:2380"],"isLearner":true,"name":"m2","clientURLs":["http://b:2379"]}"#,
         )
         .unwrap();
-        let ours: Member = parsed.into();
         assert_eq!(ours.name, "m2");
         assert!(ours.is_learner);
         assert_eq!(ours.client_urls, vec!["http://b:2379".to_string()]);

@@ -280,20 +280,28 @@ fn wal_segments(data_dir: &Path) -> Vec<PathBuf> {
     segments
 }
 
+/// A member started with `opts()`, given `count` puts of `<prefix>/NN` = `value`, and stopped
+/// cleanly: the data dir a fault is then applied to.
+async fn stopped_after_puts(prefix: &str, count: usize, value: impl Into<Vec<u8>>) -> Member {
+    let mut member = Member::start(opts()).await.expect("member starts");
+    let mut client = member.client().await.expect("client");
+    let value: Vec<u8> = value.into();
+    for i in 0..count {
+        client
+            .put(format!("{prefix}/{i:02}"), value.clone(), None)
+            .await
+            .expect("put");
+    }
+    member.stop().await.expect("stop");
+    member
+}
+
 #[tokio::test]
 async fn a_bit_flip_in_a_wal_record_refuses_to_start_naming_the_file_and_offset() {
     if !ours() {
         return;
     }
-    let mut member = Member::start(opts()).await.expect("member starts");
-    let mut client = member.client().await.expect("client");
-    for i in 0..50 {
-        client
-            .put(format!("flip/{i:02}"), "x".repeat(100), None)
-            .await
-            .expect("put");
-    }
-    member.stop().await.expect("stop");
+    let member = stopped_after_puts("flip", 50, "x".repeat(100)).await;
     let segment = wal_segments(member.data_dir())
         .pop()
         .expect("a WAL segment");
@@ -349,15 +357,7 @@ async fn a_bit_flip_in_the_backend_refuses_to_start_naming_the_file_and_a_clean_
         return;
     }
     let value = "a value the test finds in the backend file";
-    let mut member = Member::start(opts()).await.expect("member starts");
-    let mut client = member.client().await.expect("client");
-    for i in 0..50 {
-        client
-            .put(format!("dbflip/{i:02}"), value, None)
-            .await
-            .expect("put");
-    }
-    member.stop().await.expect("stop");
+    let mut member = stopped_after_puts("dbflip", 50, value).await;
     let db = member.data_dir().join("member/snap/db");
     let clean = member.data_dir().join("db.clean");
     std::fs::copy(&db, &clean).expect("copy the backend file");
@@ -403,15 +403,7 @@ async fn a_member_whose_wal_was_removed_refuses_to_start_over_its_backend() {
     if !ours() {
         return;
     }
-    let mut member = Member::start(opts()).await.expect("member starts");
-    let mut client = member.client().await.expect("client");
-    for i in 0..20 {
-        client
-            .put(format!("nowal/{i:02}"), "x", None)
-            .await
-            .expect("put");
-    }
-    member.stop().await.expect("stop");
+    let mut member = stopped_after_puts("nowal", 20, "x").await;
     let wal = member.data_dir().join("member/wal");
     let kept = member.data_dir().join("wal.kept");
     std::fs::rename(&wal, &kept).expect("move the WAL away");

@@ -5,41 +5,12 @@
 
 use super::*;
 
-/// A member as etcd's `/members` lists it (Go's JSON of `membership.Member`).
-#[derive(Serialize, Deserialize)]
-pub struct MemberJson {
-    /// Member id (a JSON number).
-    pub id: u64,
-    /// Peer URLs.
-    #[serde(rename = "peerURLs", default)]
-    pub peer_urls: Vec<String>,
-    /// Whether the member is a learner.
-    #[serde(
-        rename = "isLearner",
-        default,
-        skip_serializing_if = "std::ops::Not::not"
-    )]
-    pub is_learner: bool,
-    /// Name, once published.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    /// Client URLs, once published.
-    #[serde(rename = "clientURLs", default, skip_serializing_if = "Vec::is_empty")]
-    pub client_urls: Vec<String>,
-}
+/// A member as etcd's `/members` lists it (Go's JSON of `membership.Member`), which is how
+/// `membership::Member` encodes.
+pub use crate::membership::Member as MemberJson;
 
 fn members_json(server: &EtcdServer) -> String {
-    let mut members: Vec<MemberJson> = server
-        .members()
-        .into_iter()
-        .map(|m| MemberJson {
-            id: m.id,
-            peer_urls: m.peer_urls,
-            is_learner: m.is_learner,
-            name: m.name,
-            client_urls: m.client_urls,
-        })
-        .collect();
+    let mut members: Vec<MemberJson> = server.members();
     members.sort_by_key(|m| m.id);
     let mut body = serde_json::to_string(&members).unwrap_or_else(|_| "[]".to_owned());
     body.push('\n');
