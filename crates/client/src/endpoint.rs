@@ -59,12 +59,13 @@ pub struct DialOptions {
 impl DialOptions {
     /// The tonic endpoint for `target`: TCP_NODELAY, the connect timeout and keep-alive.
     pub fn endpoint(&self, target: &Target) -> Result<Endpoint> {
-        let endpoint = Endpoint::from_shared(format!("http://{}", target.host_port)).map_err(
-            |e| Error::BadEndpoint {
-                endpoint: target.given.clone(),
-                reason: e.to_string(),
-            },
-        )?;
+        let endpoint =
+            Endpoint::from_shared(format!("http://{}", target.host_port)).map_err(|e| {
+                Error::BadEndpoint {
+                    endpoint: target.given.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
         Ok(endpoint
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
@@ -87,7 +88,10 @@ mod tests {
     #[test]
     fn schemes_are_dropped_and_tls_ones_noted() {
         assert_eq!(target("127.0.0.1:2379"), ("127.0.0.1:2379".into(), false));
-        assert_eq!(target("http://127.0.0.1:2379"), ("127.0.0.1:2379".into(), false));
+        assert_eq!(
+            target("http://127.0.0.1:2379"),
+            ("127.0.0.1:2379".into(), false)
+        );
         assert_eq!(target("https://h:1/"), ("h:1".into(), true));
         assert_eq!(target("unix://h:1"), ("h:1".into(), false));
         assert_eq!(target("unixs://h:1"), ("h:1".into(), true));

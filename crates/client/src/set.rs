@@ -202,10 +202,19 @@ mod tests {
     fn in_order_takes_the_next_untried_endpoint() {
         assert_eq!(next_after_failure(Pick::InOrder, 3, 0, &[], |_| 9), Some(1));
         assert_eq!(next_after_failure(Pick::InOrder, 3, 2, &[], |_| 9), Some(0));
-        assert_eq!(next_after_failure(Pick::InOrder, 4, 1, &[2], |_| 9), Some(3));
-        assert_eq!(next_after_failure(Pick::InOrder, 4, 3, &[0, 1], |_| 9), Some(2));
+        assert_eq!(
+            next_after_failure(Pick::InOrder, 4, 1, &[2], |_| 9),
+            Some(3)
+        );
+        assert_eq!(
+            next_after_failure(Pick::InOrder, 4, 3, &[0, 1], |_| 9),
+            Some(2)
+        );
         // All tried: the next one all the same.
-        assert_eq!(next_after_failure(Pick::InOrder, 3, 1, &[0, 2], |_| 9), Some(2));
+        assert_eq!(
+            next_after_failure(Pick::InOrder, 3, 1, &[0, 2], |_| 9),
+            Some(2)
+        );
     }
 
     #[test]

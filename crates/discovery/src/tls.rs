@@ -1,16 +1,14 @@
 //! Client-side TLS towards a discovery service: rustls configurations built from PEM files
 //! (`--discovery-cert`, `--discovery-key`, `--discovery-cacert`,
-//! `--discovery-insecure-skip-tls-verify`) and a tonic connector that dials TCP then TLS.
+//! `--discovery-insecure-skip-tls-verify`). The handshake and the tonic connector that use
+//! them are `etcdrs_client::tls`'s.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use hyper_util::rt::TokioIo;
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{Error, Result};
 
@@ -82,50 +80,4 @@ pub fn client_config(files: &TlsFiles, alpn: &[u8]) -> Result<Arc<rustls::Client
     };
     config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
-}
-
-/// TLS over an established TCP connection to `host`.
-pub async fn wrap(
-    config: Arc<rustls::ClientConfig>,
-    host: &str,
-    tcp: TcpStream,
-) -> std::io::Result<TlsStream<TcpStream>> {
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let name = ServerName::try_from(host).map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "host is not a valid TLS server name",
-        )
-    })?;
-    tokio_rustls::TlsConnector::from(config)
-        .connect(name, tcp)
-        .await
-}
-
-/// A tonic connector: TCP to the URI's host and port, then TLS with `config`.
-pub fn connector(
-    config: Arc<rustls::ClientConfig>,
-) -> impl tower::Service<
-    tonic::transport::Uri,
-    Response = TokioIo<TlsStream<TcpStream>>,
-    Error = std::io::Error,
-    Future = impl Future<Output = std::io::Result<TokioIo<TlsStream<TcpStream>>>> + Send,
-> + Clone
-+ Send
-+ 'static {
-    tower::service_fn(move |uri: tonic::transport::Uri| {
-        let config = config.clone();
-        async move {
-            let host = uri.host().unwrap_or("localhost").to_owned();
-            let port = uri.port_u16().unwrap_or(2379);
-            let tcp =
-                TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port))
-                    .await?;
-            let _ = tcp.set_nodelay(true);
-            Ok(TokioIo::new(wrap(config, &host, tcp).await?))
-        }
-    })
 }

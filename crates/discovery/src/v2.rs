@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use etcdrs_client::tls::handshake;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -23,7 +24,7 @@ use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
 use crate::registry::{Registration, Registry, check_urls_map};
-use crate::tls::{TlsFiles, client_config, wrap};
+use crate::tls::{TlsFiles, client_config};
 
 /// How long a plain request may take (the v2 client's `DefaultRequestTimeout`).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -240,10 +241,10 @@ impl Discovery {
         let _ = tcp.set_nodelay(true);
         match (&self.tls, &self.proxy) {
             (None, _) => Ok(Box::new(tcp)),
-            (Some(tls), None) => Ok(Box::new(wrap(tls.clone(), &self.host, tcp).await?)),
+            (Some(tls), None) => Ok(Box::new(handshake(tls.clone(), &self.host, tcp).await?)),
             (Some(tls), Some(_)) => {
                 let tcp = connect_tunnel(tcp, &target).await?;
-                Ok(Box::new(wrap(tls.clone(), &self.host, tcp).await?))
+                Ok(Box::new(handshake(tls.clone(), &self.host, tcp).await?))
             }
         }
     }

@@ -9,9 +9,9 @@
 //! else finds it full. Failures to reach the service are retried with etcd's back-off (2 s
 //! doubling up to 256 s, without end); a missing or bad size key is not.
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use etcdrs_client::{DialOptions, EndpointSet, Pick, Target};
 use etcdrs_proto::etcdserverpb::auth_client::AuthClient;
 use etcdrs_proto::etcdserverpb::kv_client::KvClient;
 use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
@@ -21,12 +21,12 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_proto::keys::prefix_end;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use crate::error::{Error, Result};
 use crate::registry::{Registration, Registry, check_urls_map};
-use crate::tls::{TlsFiles, client_config, connector};
+use crate::tls::{TlsFiles, client_config};
 
 /// Where every token's registry lives.
 pub const REGISTRY_PREFIX: &str = "/_etcd/registry";
@@ -117,11 +117,10 @@ fn finish(registry: &Registry, size: usize) -> Result<String> {
 type CheckResult = std::result::Result<(Registry, usize, i64), (Error, Option<(Registry, usize)>)>;
 
 struct Discovery {
-    /// Each endpoint and the TLS it needs, to dial it eagerly at start.
-    endpoints: Vec<(Endpoint, Option<Arc<rustls::ClientConfig>>)>,
+    /// The endpoints, tried in the order given (the first one current at start), each
+    /// dialed eagerly at start.
+    endpoints: EndpointSet,
     dial_timeout: Duration,
-    channels: Vec<Channel>,
-    current: usize,
     keys: Keys,
     request_timeout: Duration,
     user: Option<(String, String)>,
@@ -131,43 +130,31 @@ struct Discovery {
 
 impl Discovery {
     fn new(config: &Config, id: u64) -> Result<Discovery> {
-        if config.endpoints.is_empty() {
-            return Err(Error::Config("no discovery endpoints".to_owned()));
-        }
+        let targets = Target::parse_list(&config.endpoints).map_err(client_error)?;
         let wants_tls = !config.insecure_transport
             || config.tls.insecure_skip_verify
             || config.tls.cert.is_some()
             || config.tls.key.is_some()
             || config.tls.cacert.is_some();
-        let mut channels = Vec::with_capacity(config.endpoints.len());
-        let mut endpoints = Vec::with_capacity(config.endpoints.len());
-        for raw in &config.endpoints {
-            let (https, host_port) = match raw.split_once("://") {
-                Some((scheme, rest)) => (scheme == "https" || scheme == "unixs", rest),
-                None => (false, raw.as_str()),
-            };
-            let host_port = host_port.trim_end_matches('/');
-            let endpoint = Endpoint::from_shared(format!("http://{host_port}"))
-                .map_err(|e| Error::Config(format!("bad discovery endpoint {raw:?}: {e}")))?
-                .connect_timeout(config.dial_timeout)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(config.keepalive_time)
-                .keep_alive_timeout(config.keepalive_timeout)
-                .keep_alive_while_idle(true);
-            let tls = if wants_tls || https {
-                Some(client_config(&config.tls, b"h2")?)
-            } else {
-                None
-            };
-            let channel = match &tls {
-                Some(tls) => endpoint
-                    .clone()
-                    .connect_with_connector_lazy(connector(tls.clone())),
-                None => endpoint.clone().connect_lazy(),
-            };
-            channels.push(channel);
-            endpoints.push((endpoint, tls));
-        }
+        // One configuration for every endpoint that needs TLS, read only if one does.
+        let tls = if wants_tls || targets.iter().any(|target| target.secure) {
+            Some(client_config(&config.tls, b"h2")?)
+        } else {
+            None
+        };
+        let targets = targets
+            .into_iter()
+            .map(|target| {
+                let tls = tls.clone().filter(|_| wants_tls || target.secure);
+                (target, tls)
+            })
+            .collect();
+        let dial = DialOptions {
+            connect_timeout: config.dial_timeout,
+            keepalive_time: config.keepalive_time,
+            keepalive_timeout: config.keepalive_timeout,
+        };
+        let endpoints = EndpointSet::new(targets, &dial, Pick::InOrder).map_err(client_error)?;
         let user = if config.user.is_empty() {
             None
         } else if config.password.is_empty()
@@ -185,8 +172,6 @@ impl Discovery {
         Ok(Discovery {
             endpoints,
             dial_timeout: config.dial_timeout,
-            channels,
-            current: 0,
             keys: Keys::new(&config.token, id),
             request_timeout: config.request_timeout,
             user,
@@ -199,17 +184,8 @@ impl Discovery {
     /// timeout, and `--discovery-user` must log in; otherwise discovery fails at once.
     async fn open(&mut self) -> Result<()> {
         let mut connected = None;
-        for (idx, (endpoint, tls)) in self.endpoints.iter().enumerate() {
-            let dial = async {
-                match tls {
-                    Some(tls) => {
-                        endpoint
-                            .connect_with_connector(connector(tls.clone()))
-                            .await
-                    }
-                    None => endpoint.connect().await,
-                }
-            };
+        for idx in 0..self.endpoints.len() {
+            let dial = self.endpoints.dial(idx);
             if let Ok(Ok(channel)) = tokio::time::timeout(self.dial_timeout, dial).await {
                 connected = Some((idx, channel));
                 break;
@@ -218,8 +194,7 @@ impl Discovery {
         let Some((idx, channel)) = connected else {
             return Err(Error::Service("context deadline exceeded".to_owned()));
         };
-        self.channels[idx] = channel.clone();
-        self.current = idx;
+        self.endpoints.connected(idx, channel.clone());
         self.authenticate(channel.clone())
             .await
             .map_err(|status| Error::Service(status.message().to_owned()))?;
@@ -283,8 +258,8 @@ impl Discovery {
         Fut: Future<Output = std::result::Result<T, Status>>,
     {
         let mut last = Status::unavailable("no discovery endpoint answered");
-        for _ in 0..self.channels.len() {
-            let channel = self.channels[self.current].clone();
+        for _ in 0..self.endpoints.len() {
+            let (idx, channel) = self.endpoints.current();
             let outcome = match self.authenticate(channel.clone()).await {
                 Ok(()) => {
                     tokio::time::timeout(self.request_timeout, f(channel, self.auth_token.clone()))
@@ -300,7 +275,7 @@ impl Discovery {
                 Err(status)
                     if matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded) =>
                 {
-                    self.current = (self.current + 1) % self.channels.len();
+                    self.endpoints.failed(idx);
                     last = status;
                 }
                 Err(status) if status.message().contains("invalid auth token") => {
@@ -481,9 +456,9 @@ impl Discovery {
         size: usize,
         rev: i64,
     ) -> std::result::Result<(), Status> {
-        let channel = self.channels[self.current].clone();
+        let (idx, channel) = self.endpoints.current();
         if let Err(status) = self.authenticate(channel.clone()).await {
-            self.current = (self.current + 1) % self.channels.len();
+            self.endpoints.failed(idx);
             return Err(status);
         }
         let key = self.keys.members.as_bytes().to_vec();
@@ -503,7 +478,7 @@ impl Discovery {
         let mut stream = match WatchClient::new(channel).watch(request).await {
             Ok(resp) => resp.into_inner(),
             Err(status) => {
-                self.current = (self.current + 1) % self.channels.len();
+                self.endpoints.failed(idx);
                 return Err(status);
             }
         };
@@ -526,6 +501,17 @@ impl Discovery {
             }
         }
         Err(Status::unavailable("watch stream ended"))
+    }
+}
+
+/// The client crate's refusal of `--discovery-endpoints` in this crate's words.
+fn client_error(e: etcdrs_client::Error) -> Error {
+    match e {
+        etcdrs_client::Error::NoEndpoints => Error::Config("no discovery endpoints".to_owned()),
+        etcdrs_client::Error::BadEndpoint { endpoint, reason } => {
+            Error::Config(format!("bad discovery endpoint {endpoint:?}: {reason}"))
+        }
+        other => Error::Config(other.to_string()),
     }
 }
 

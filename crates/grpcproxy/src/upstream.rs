@@ -2,18 +2,20 @@
 //! one of them current (picked at random at start), and the failover rule: a call that fails
 //! with `Unavailable` (the member is gone, or has no leader) moves the proxy to another endpoint
 //! and is retried there, so clients never see which member serves them (etcd's clientv3
-//! balancer in the proxy's place).
+//! balancer in the proxy's place). The channels, the current endpoint and the choice of the
+//! next are `etcdrs_client`'s `EndpointSet` (`Pick::Random`); this module adds the retry of
+//! unary calls and the log line of a switch.
 //!
 //! It also carries the per-request metadata a member needs from the proxy's client (the auth
 //! `token` and the `hasleader` requirement) onto the upstream request.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use etcdrs_client::{DialOptions, EndpointSet, Pick, Target};
 use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use crate::Error;
@@ -21,8 +23,13 @@ use crate::Error;
 /// Metadata keys copied from a client request to the upstream request.
 const FORWARDED_METADATA: &[&str] = &["token", "hasleader"];
 
-/// How long a connection attempt to one member may take before the next is tried.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How connections to members are made: a connection attempt to one member may take 2 s
+/// before the next is tried; HTTP/2 PINGs every 10 s, answered within 5 s.
+const DIAL: DialOptions = DialOptions {
+    connect_timeout: Duration::from_secs(2),
+    keepalive_time: Duration::from_secs(10),
+    keepalive_timeout: Duration::from_secs(5),
+};
 
 /// The cluster as the proxy sees it. Cheap to clone.
 #[derive(Clone)]
@@ -31,11 +38,8 @@ pub struct Upstream {
 }
 
 struct Inner {
-    /// `host:port` of each endpoint, for logs.
-    names: Vec<String>,
-    channels: Vec<Channel>,
-    /// Index of the endpoint calls go to.
-    current: AtomicUsize,
+    /// The endpoints, one current (picked at random at start).
+    endpoints: EndpointSet,
     max_decoding: usize,
     /// TLS for plain HTTP requests to members (`/metrics`), offering HTTP/1.1 only.
     http_tls: Option<ClusterTls>,
@@ -45,7 +49,22 @@ struct Inner {
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// TLS to the cluster (`--cert`, `--key`, `--cacert`, `--insecure-skip-tls-verify`).
-pub type ClusterTls = Arc<rustls::ClientConfig>;
+pub type ClusterTls = etcdrs_client::tls::ClientTls;
+
+impl From<etcdrs_client::Error> for Error {
+    fn from(e: etcdrs_client::Error) -> Error {
+        match e {
+            etcdrs_client::Error::BadEndpoint { endpoint, reason } => {
+                Error::BadEndpoint { endpoint, reason }
+            }
+            etcdrs_client::Error::NoEndpoints => Error::NoEndpoints,
+            other => Error::BadEndpoint {
+                endpoint: String::new(),
+                reason: other.to_string(),
+            },
+        }
+    }
+}
 
 impl Upstream {
     /// Channels to `endpoints` (`host:port`, `http://host:port` or `https://host:port`). With
@@ -55,36 +74,14 @@ impl Upstream {
         tls: Option<ClusterTls>,
         max_decoding: usize,
     ) -> Result<Upstream, Error> {
-        if endpoints.is_empty() {
-            return Err(Error::NoEndpoints);
-        }
-        let mut names = Vec::with_capacity(endpoints.len());
-        let mut channels = Vec::with_capacity(endpoints.len());
-        for raw in endpoints {
-            let host_port = strip_scheme(raw);
-            let endpoint = Endpoint::from_shared(format!("http://{host_port}"))
-                .map_err(|e| Error::BadEndpoint {
-                    endpoint: raw.clone(),
-                    reason: e.to_string(),
-                })?
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .keep_alive_while_idle(true);
-            let channel = match &tls {
-                None => endpoint.connect_lazy(),
-                Some(config) => endpoint.connect_with_connector_lazy(tls_connector(config.clone())),
-            };
-            names.push(host_port.to_owned());
-            channels.push(channel);
-        }
-        let start = rand::random_range(0..channels.len());
+        let targets = Target::parse_list(endpoints)?
+            .into_iter()
+            .map(|target| (target, tls.clone()))
+            .collect();
+        let endpoints = EndpointSet::new(targets, &DIAL, Pick::Random)?;
         Ok(Upstream {
             inner: Arc::new(Inner {
-                names,
-                channels,
-                current: AtomicUsize::new(start),
+                endpoints,
                 max_decoding,
                 http_tls: tls.map(|config| {
                     let mut config = (*config).clone();
@@ -102,8 +99,7 @@ impl Upstream {
 
     /// The endpoint calls currently go to: its index and channel.
     pub fn current(&self) -> (usize, Channel) {
-        let idx = self.inner.current.load(Ordering::Relaxed) % self.inner.channels.len();
-        (idx, self.inner.channels[idx].clone())
+        self.inner.endpoints.current()
     }
 
     /// Reports that the endpoint at `idx` failed: if it is still the current one, another one
@@ -114,25 +110,11 @@ impl Upstream {
 
     /// [`Upstream::failed`], preferring an endpoint not in `tried` while there is one.
     fn failed_avoiding(&self, idx: usize, tried: &[usize]) {
-        let n = self.inner.channels.len();
-        if n < 2 {
-            return;
-        }
-        let untried: Vec<usize> = (0..n).filter(|i| *i != idx && !tried.contains(i)).collect();
-        let next = if untried.is_empty() {
-            (idx + rand::random_range(1..n)) % n
-        } else {
-            untried[rand::random_range(0..untried.len())]
-        };
-        if self
-            .inner
-            .current
-            .compare_exchange(idx, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
+        let endpoints = &self.inner.endpoints;
+        if let Some(next) = endpoints.failed_avoiding(idx, tried) {
             tracing::warn!(
-                failed = %self.inner.names[idx],
-                next = %self.inner.names[next],
+                failed = %endpoints.host_port(idx),
+                next = %endpoints.host_port(next),
                 "switching gRPC proxy upstream endpoint"
             );
         }
@@ -140,19 +122,19 @@ impl Upstream {
 
     /// Number of endpoints.
     pub fn len(&self) -> usize {
-        self.inner.channels.len()
+        self.inner.endpoints.len()
     }
 
     /// Whether there is no endpoint (never: [`Upstream::new`] refuses that).
     pub fn is_empty(&self) -> bool {
-        self.inner.channels.is_empty()
+        self.inner.endpoints.is_empty()
     }
 
     /// `GET path` over HTTP/1.1 from the current endpoint, as etcd's proxy fetches a member's
     /// `/metrics` to relay it: the status and the body.
     pub async fn http_get(&self, path: &str) -> std::io::Result<(u16, bytes::Bytes)> {
         let (idx, _) = self.current();
-        let host_port = self.inner.names[idx].clone();
+        let host_port = self.inner.endpoints.host_port(idx).to_owned();
         let fetch = async {
             let tcp = tokio::net::TcpStream::connect(host_port.as_str()).await?;
             let _ = tcp.set_nodelay(true);
@@ -161,18 +143,8 @@ impl Upstream {
                 Some(config) => {
                     let host = host_port
                         .rsplit_once(':')
-                        .map_or(host_port.as_str(), |(host, _)| host)
-                        .trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_owned();
-                    let name = rustls::pki_types::ServerName::try_from(host).map_err(|_| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidInput,
-                            "endpoint host is not a valid TLS server name",
-                        )
-                    })?;
-                    let connector = tokio_rustls::TlsConnector::from(config.clone());
-                    let tls = connector.connect(name, tcp).await?;
+                        .map_or(host_port.as_str(), |(host, _)| host);
+                    let tls = etcdrs_client::tls::handshake(config.clone(), host, tcp).await?;
                     http1_get(tls, &host_port, path).await
                 }
             }
@@ -219,17 +191,6 @@ impl Upstream {
 /// the member is unavailable (no leader, shutting down).
 pub fn failover(status: &Status) -> bool {
     status.code() == Code::Unavailable
-}
-
-/// `host:port` of an endpoint given with or without a scheme.
-pub fn strip_scheme(endpoint: &str) -> &str {
-    let rest = endpoint
-        .strip_prefix("https://")
-        .or_else(|| endpoint.strip_prefix("http://"))
-        .or_else(|| endpoint.strip_prefix("unixs://"))
-        .or_else(|| endpoint.strip_prefix("unix://"))
-        .unwrap_or(endpoint);
-    rest.trim_end_matches('/')
 }
 
 /// `message` as an upstream request carrying the forwarded metadata of `from`.
@@ -299,51 +260,4 @@ where
         ended = &mut conn => ended.map_err(other)?,
     }
     exchange.await
-}
-
-/// A tonic connector that opens TCP, then TLS with `config`, to the URI's host and port.
-fn tls_connector(
-    config: ClusterTls,
-) -> impl tower::Service<
-    Uri,
-    Response = TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
-    Error = std::io::Error,
-    Future = impl Future<
-        Output = std::io::Result<TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>,
-    > + Send,
-> + Clone
-+ Send
-+ 'static {
-    let connector = tokio_rustls::TlsConnector::from(config);
-    tower::service_fn(move |uri: Uri| {
-        let connector = connector.clone();
-        async move {
-            let invalid =
-                |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_owned());
-            let host = uri.host().ok_or_else(|| invalid("endpoint has no host"))?;
-            let host = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned();
-            let port = uri.port_u16().unwrap_or(2379);
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-            let _ = tcp.set_nodelay(true);
-            let name = rustls::pki_types::ServerName::try_from(host)
-                .map_err(|_| invalid("endpoint host is not a valid TLS server name"))?;
-            let tls = connector.connect(name, tcp).await?;
-            Ok(TokioIo::new(tls))
-        }
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn endpoints_with_or_without_scheme() {
-        assert_eq!(strip_scheme("127.0.0.1:2379"), "127.0.0.1:2379");
-        assert_eq!(strip_scheme("http://127.0.0.1:2379"), "127.0.0.1:2379");
-        assert_eq!(strip_scheme("https://h:1/"), "h:1");
-    }
 }
