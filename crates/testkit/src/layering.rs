@@ -175,6 +175,18 @@ const RULES: &[Rule] = &[
         why: "serve is shared by the server and the gRPC proxy: it links no server crate",
     },
     Rule {
+        krate: "etcdrs-client",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(SERVER_SIDE),
+        why: "client dials a cluster and owns no server logic: it never links server, raftnode, wal, mvcc or backend",
+    },
+    Rule {
+        krate: "etcdrs-client",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&["etcdrs-serve", "etcdrs-grpcproxy", "etcdrs-discovery"]),
+        why: "client is below its users: the proxy and discovery depend on it, never the reverse",
+    },
+    Rule {
         krate: "etcdrs-grpcproxy",
         reach: Reach::Transitive,
         forbid: Forbid::Crates(SERVER_SIDE),
@@ -415,9 +427,15 @@ mod tests {
             ("etcdrs-serve", &["etcdrs-proto", "etcdrs-server"]),
             ("etcdrs-server", &["etcdrs-raftnode", "etcdrs-proto"]),
             ("etcdrs-raftnode", &["raft"]),
-            ("etcdrs-grpcproxy", &["etcdrs-serve", "etcdrs-proto"]),
+            (
+                "etcdrs-grpcproxy",
+                &["etcdrs-serve", "etcdrs-proto", "etcdrs-client"],
+            ),
             ("etcdrs-gateway", &["etcdrs-discovery", "tonic"]),
-            ("etcdrs-discovery", &["etcdrs-proto"]),
+            ("etcdrs-discovery", &["etcdrs-proto", "etcdrs-client"]),
+            ("etcdrs-client", &["tonic", "etcdrs-mvcc"]),
+            ("etcdrs-mvcc", &["etcdrs-backend"]),
+            ("etcdrs-backend", &["redb"]),
             ("etcdrs-bench", &["etcdrs-proto", "etcdrs-testkit"]),
             ("etcdrs-testkit", &["tonic"]),
         ]);
@@ -436,6 +454,13 @@ mod tests {
             // The proxy reaches the server through serve.
             "etcdrs-grpcproxy -> etcdrs-serve -> etcdrs-server: grpcproxy is a client",
             "etcdrs-grpcproxy -> etcdrs-serve -> etcdrs-server -> etcdrs-raftnode: grpcproxy",
+            // The client links the store, and the proxy and discovery reach it through the
+            // client.
+            "etcdrs-client -> etcdrs-mvcc: client dials a cluster",
+            "etcdrs-client -> etcdrs-mvcc -> etcdrs-backend -> redb: client dials a cluster",
+            "etcdrs-grpcproxy -> etcdrs-client -> etcdrs-mvcc: grpcproxy is a client",
+            "etcdrs-discovery -> etcdrs-client -> etcdrs-mvcc: discovery knows nothing",
+            "etcdrs-gateway -> etcdrs-discovery -> etcdrs-client -> etcdrs-mvcc: gateway relays",
             // tonic directly in the gateway (through discovery's proto it is allowed).
             "etcdrs-gateway -> tonic: gateway is L4",
             // bench links testkit.
@@ -448,10 +473,11 @@ mod tests {
                 found.join("\n")
             );
         }
+        // Protocol crates below discovery are allowed to the gateway.
         assert!(
             !found
                 .iter()
-                .any(|f| f.starts_with("etcdrs-gateway -> etcdrs-discovery")),
+                .any(|f| f.starts_with("etcdrs-gateway -> etcdrs-discovery -> etcdrs-proto")),
             "{}",
             found.join("\n")
         );
@@ -466,9 +492,15 @@ mod tests {
                 &["etcdrs-raftnode", "etcdrs-proto", "etcdrs-serve"],
             ),
             ("etcdrs-raftnode", &["raft"]),
-            ("etcdrs-grpcproxy", &["etcdrs-serve", "etcdrs-proto"]),
+            (
+                "etcdrs-grpcproxy",
+                &["etcdrs-serve", "etcdrs-proto", "etcdrs-client"],
+            ),
             ("etcdrs-gateway", &["etcdrs-discovery"]),
-            ("etcdrs-discovery", &["etcdrs-proto"]),
+            ("etcdrs-discovery", &["etcdrs-proto", "etcdrs-client"]),
+            ("etcdrs-client", &["tonic", "rustls"]),
+            ("etcdrs-mvcc", &["etcdrs-backend"]),
+            ("etcdrs-backend", &["redb"]),
             ("etcdrs-bench", &["etcdrs-proto"]),
             ("etcdrs-testkit", &["tonic"]),
         ]);
