@@ -47,17 +47,10 @@ pub use cache::CacheConfig;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// `--endpoints` is empty.
-    #[error("no endpoints given")]
-    NoEndpoints,
-    /// An endpoint is not a usable address.
-    #[error("invalid endpoint {endpoint:?}: {reason}")]
-    BadEndpoint {
-        /// The endpoint as given.
-        endpoint: String,
-        /// Why it is not usable.
-        reason: String,
-    },
+    /// `--endpoints` cannot be dialed (empty, or an endpoint that is no address); the
+    /// client crate's texts ("no endpoints given", "invalid endpoint ...").
+    #[error(transparent)]
+    Endpoints(#[from] etcdrs_client::Error),
     /// A certificate, key or CA file could not be read or used.
     #[error("{path}: {reason}")]
     Tls {

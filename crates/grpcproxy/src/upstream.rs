@@ -51,21 +51,6 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// TLS to the cluster (`--cert`, `--key`, `--cacert`, `--insecure-skip-tls-verify`).
 pub type ClusterTls = etcdrs_client::tls::ClientTls;
 
-impl From<etcdrs_client::Error> for Error {
-    fn from(e: etcdrs_client::Error) -> Error {
-        match e {
-            etcdrs_client::Error::BadEndpoint { endpoint, reason } => {
-                Error::BadEndpoint { endpoint, reason }
-            }
-            etcdrs_client::Error::NoEndpoints => Error::NoEndpoints,
-            other => Error::BadEndpoint {
-                endpoint: String::new(),
-                reason: other.to_string(),
-            },
-        }
-    }
-}
-
 impl Upstream {
     /// Channels to `endpoints` (`host:port`, `http://host:port` or `https://host:port`). With
     /// `tls`, every connection is TLS (as etcd's proxy, which uses one TLS config for all).

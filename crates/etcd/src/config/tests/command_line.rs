@@ -1,4 +1,6 @@
-//! The command line: dash styles and value forms, Go's bool rules, bad values, unknown flags and stray arguments, `--help`/`--version`/subcommands, legacy flags, and flags accepted without effect.
+//! The command line: dash styles and value forms, Go's bool rules, bad values, unknown flags
+//! and stray arguments, `--help`/`--version`/subcommands, legacy flags, and flags accepted
+//! without effect.
 
 use super::*;
 use crate::config::flags::Group;

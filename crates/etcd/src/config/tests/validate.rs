@@ -1,4 +1,5 @@
-//! etcd's checks after parsing: validation errors, listen URLs, auto-compaction, the initial cluster.
+//! etcd's checks after parsing: validation errors, listen URLs, auto-compaction, the initial
+//! cluster.
 
 use std::time::Duration;
 
