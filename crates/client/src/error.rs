@@ -1,5 +1,5 @@
-//! The crate's one error type: why an endpoint list cannot be dialed. Callers map it into
-//! their own errors, whose texts their users see.
+//! The crate's one error type: why an endpoint list or its TLS files cannot be used. Callers
+//! map it into their own errors, whose texts their users see.
 
 /// Why an endpoint set cannot be built.
 #[derive(Debug, thiserror::Error)]
@@ -14,6 +14,15 @@ pub enum Error {
         /// The endpoint as given.
         endpoint: String,
         /// Why it is not usable (tonic's explanation).
+        reason: String,
+    },
+    /// A certificate, key or CA file could not be read or used (`path` is `tls` when the
+    /// TLS library itself refuses the configuration).
+    #[error("{path}: {reason}")]
+    Tls {
+        /// The file.
+        path: String,
+        /// Why.
         reason: String,
     },
 }
