@@ -28,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::EtcdServer;
 use crate::metrics;
+
+mod dispatch;
 use crate::rpc::Rpc;
 use crate::tls::TlsServer;
 use crate::version::SERVER_VERSION;
@@ -56,15 +58,14 @@ pub fn router(server: EtcdServer) -> Router {
 /// Maintenance, health) and, with `recipes`, the v3lock and v3election services that etcd
 /// registers on its client listeners only.
 fn grpc_routes(rpc: Rpc, recipes: bool) -> Router {
-    let max = rpc.server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
+    let max = max_decoding(&rpc);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     drop(health_reporter);
-    let mut routes =
-        tonic::service::Routes::new(KvServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(AuthServer::new(rpc.clone()).max_decoding_message_size(max))
-            .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max));
+    let mut routes = tonic::service::Routes::new(kv_service(&rpc))
+        .add_service(LeaseServer::new(rpc.clone()).max_decoding_message_size(max))
+        .add_service(ClusterServer::new(rpc.clone()).max_decoding_message_size(max))
+        .add_service(AuthServer::new(rpc.clone()).max_decoding_message_size(max))
+        .add_service(WatchServer::new(rpc.clone()).max_decoding_message_size(max));
     if recipes {
         routes = routes
             .add_service(LockServer::new(rpc.clone()).max_decoding_message_size(max))
@@ -75,6 +76,16 @@ fn grpc_routes(rpc: Rpc, recipes: bool) -> Router {
         .add_service(health_service)
         .prepare()
         .into_axum_router()
+}
+
+/// The largest gRPC message the services of `rpc` accept.
+fn max_decoding(rpc: &Rpc) -> usize {
+    rpc.server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES
+}
+
+/// The KV service, as both the router and the direct path (`http::dispatch`) serve it.
+fn kv_service(rpc: &Rpc) -> KvServer<Rpc> {
+    KvServer::new(rpc.clone()).max_decoding_message_size(max_decoding(rpc))
 }
 
 /// The layers every listener's routes get: leader checks and gRPC's size errors.
@@ -145,8 +156,9 @@ pub async fn serve(
     } else {
         Serves::Grpc
     };
-    serve_router_with(
-        client_router(server.clone(), serves),
+    let kv = kv_service(&Rpc::new(server.clone()));
+    serve_with(
+        dispatch::Dispatch::new(Some(kv), client_router(server.clone(), serves)),
         builder,
         listener,
         tls,
@@ -364,6 +376,26 @@ async fn serve_router(
 /// [`serve_router`] with hyper settings of the caller's.
 async fn serve_router_with(
     router: Router,
+    builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    listener: TcpListener,
+    tls: Option<Arc<TlsServer>>,
+    admission: Admission,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    serve_with(
+        dispatch::Dispatch::new(None, router),
+        builder,
+        listener,
+        tls,
+        admission,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_router_with`] for a front service of the caller's.
+async fn serve_with(
+    service: dispatch::Dispatch,
     mut builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     listener: TcpListener,
     tls: Option<Arc<TlsServer>>,
@@ -373,7 +405,7 @@ async fn serve_router_with(
     // gRPC answers carry no `date` (grpc-go, behind etcd, sends none); HTTP/1.1 keeps it.
     builder.http2().auto_date_header(false);
     let handler = Connections {
-        router,
+        service,
         builder,
         tls: tls.clone(),
     };
@@ -392,7 +424,7 @@ impl etcdrs_serve::listener::Acceptor for TlsServer {
 /// preface) with hyper's own executor, each request tagged with the client's [`ClientIdentity`].
 #[derive(Clone)]
 struct Connections {
-    router: Router,
+    service: dispatch::Dispatch,
     builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     /// The listener's TLS: a client certificate must also pass its allowed CN/hostname check.
     tls: Option<Arc<TlsServer>>,
@@ -424,7 +456,7 @@ impl Handler for Connections {
                     request
                 },
             )
-            .service(self.router);
+            .service(self.service);
         let service = etcdrs_serve::grpc_metrics::wire::CountGrpc::new(service);
         let service = TowerToHyperService::new(service);
         let conn = self
