@@ -162,13 +162,23 @@ struct Inner {
     leader_changes: AtomicU64,
     /// Term of the last applied entry: what etcd reports as the raft term (`EtcdServer.Term`,
     /// in response headers and `Status`), which does not move with elections that commit
-    /// nothing.
-    applied_term: AtomicU64,
+    /// nothing. A watch, so that a proposal can wait for a leader change without being woken
+    /// by every apply.
+    applied_term: watch::Sender<u64>,
     /// Users, roles, permissions and tokens.
     auth: crate::auth::AuthStore,
 }
 
 impl Inner {
+    /// Records the term of the last applied entry; waiters are woken only when it changes.
+    fn set_applied_term(&self, term: u64) {
+        self.applied_term.send_if_modified(|applied| {
+            let changed = *applied != term;
+            *applied = term;
+            changed
+        });
+    }
+
     /// The member's state as `store` holds it: membership, alarms, auth, versions.
     fn load(
         config: ServerConfig,
@@ -198,7 +208,7 @@ impl Inner {
             pending_snapshot: Mutex::new(None),
             watch_sync: tokio::sync::Notify::new(),
             leader_changes: AtomicU64::new(0),
-            applied_term: AtomicU64::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
+            applied_term: watch::Sender::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
             store,
         })
     }
@@ -554,7 +564,7 @@ impl EtcdServer {
 
     /// Term of the last applied entry (etcd's `Term()`).
     pub fn applied_term(&self) -> u64 {
-        self.inner.applied_term.load(AtomicOrdering::Relaxed)
+        *self.inner.applied_term.borrow()
     }
 
     /// The header etcd's Cluster service sends: no revision.

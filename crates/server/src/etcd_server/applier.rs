@@ -116,7 +116,7 @@ impl Applier {
             ));
         }
         if term > 0 {
-            self.inner.applied_term.store(term, AtomicOrdering::Relaxed);
+            self.inner.set_applied_term(term);
         }
         self.inner.applied.send_replace(index);
         if status.leader != self.last_leader && status.leader != 0 {
@@ -695,7 +695,7 @@ impl StateMachine for Applier {
     ) -> std::result::Result<(), String> {
         self.install_snapshot(index, conf_state)
             .map_err(|e| e.to_string())?;
-        self.inner.applied_term.store(term, AtomicOrdering::Relaxed);
+        self.inner.set_applied_term(term);
         Ok(())
     }
 }

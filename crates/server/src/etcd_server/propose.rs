@@ -259,9 +259,9 @@ impl EtcdServer {
     /// client wait out its whole request timeout (5 s + 2 election timeouts) for the same
     /// answer; the outcome is as unknown as after that timeout, only known sooner.
     async fn leader_lost_proposal(&self, term: u64) {
-        let mut applied = self.inner.applied.subscribe();
-        if applied
-            .wait_for(|_| self.applied_term() > term)
+        let mut applied_term = self.inner.applied_term.subscribe();
+        if applied_term
+            .wait_for(|applied| *applied > term)
             .await
             .is_err()
         {
