@@ -267,6 +267,7 @@ impl Backend {
             backend: self,
             delta: std::cell::Cell::new(0),
             writes: std::cell::Cell::new(0),
+            puts: std::cell::RefCell::new(Puts::default()),
         })
     }
 
@@ -390,21 +391,78 @@ pub struct WriteTx<'a> {
     delta: std::cell::Cell<i64>,
     /// Keys written or removed by this transaction.
     writes: std::cell::Cell<u64>,
+    /// Puts not yet in their table (see [`Puts`]).
+    puts: std::cell::RefCell<Puts>,
 }
+
+/// Consecutive puts into one bucket, held until another operation (or the commit) needs the
+/// table: redb's `open_table` looks the table up and, when the handle is dropped, writes its
+/// root back, which cost more than the insert itself when every put opened the table. The
+/// pairs sit end to end in one buffer that is reused, so holding them allocates nothing in
+/// the steady state. Every other operation applies them first, so the transaction sees its
+/// own writes in order.
+#[derive(Default)]
+struct Puts {
+    bucket: Option<Bucket>,
+    /// Keys and values, end to end.
+    bytes: Vec<u8>,
+    /// Length of each key and of its value, in order.
+    lens: Vec<(usize, usize)>,
+}
+
+/// Buffered puts past this many bytes are applied at once.
+const PUTS_FLUSH_BYTES: usize = 4 << 20;
 
 impl WriteTx<'_> {
     /// Insert or overwrite `key` in `bucket`.
     pub fn put(&self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
+        let held = {
+            let puts = self.puts.borrow();
+            puts.bucket
+                .filter(|held| *held != bucket || puts.bytes.len() >= PUTS_FLUSH_BYTES)
+                .is_some()
+        };
+        if held {
+            self.flush_puts()?;
+        }
+        let mut puts = self.puts.borrow_mut();
+        puts.bucket = Some(bucket);
+        puts.bytes.extend_from_slice(key);
+        puts.bytes.extend_from_slice(value);
+        puts.lens.push((key.len(), value.len()));
+        Ok(())
+    }
+
+    /// Applies the held puts to their table, in order.
+    fn flush_puts(&self) -> Result<()> {
+        let mut puts = self.puts.borrow_mut();
+        let Some(bucket) = puts.bucket.take() else {
+            return Ok(());
+        };
+        let result = self.insert_all(bucket, &puts.bytes, &puts.lens);
+        puts.bytes.clear();
+        puts.lens.clear();
+        result
+    }
+
+    fn insert_all(&self, bucket: Bucket, bytes: &[u8], lens: &[(usize, usize)]) -> Result<()> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let old = table.insert(key, value).map_err(Error::storage)?;
-        let old_len = old.map(|v| key.len() + v.value().len()).unwrap_or(0);
-        self.add((key.len() + value.len()) as i64 - old_len as i64);
-        self.writes.set(self.writes.get() + 1);
+        let mut at = 0;
+        for &(key_len, value_len) in lens {
+            let key = &bytes[at..at + key_len];
+            let value = &bytes[at + key_len..at + key_len + value_len];
+            at += key_len + value_len;
+            let old = table.insert(key, value).map_err(Error::storage)?;
+            let old_len = old.map(|v| key.len() + v.value().len()).unwrap_or(0);
+            self.add((key.len() + value.len()) as i64 - old_len as i64);
+        }
+        self.writes.set(self.writes.get() + lens.len() as u64);
         Ok(())
     }
 
     /// Remove `key` from `bucket`.
     pub fn delete(&self, bucket: Bucket, key: &[u8]) -> Result<()> {
+        self.flush_puts()?;
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let old = table.remove(key).map_err(Error::storage)?;
         if let Some(old) = old {
@@ -416,6 +474,7 @@ impl WriteTx<'_> {
 
     /// Remove every key in `[start, end)` from `bucket`; returns how many were removed.
     pub fn delete_range(&self, bucket: Bucket, start: &[u8], end: &[u8]) -> Result<u64> {
+        self.flush_puts()?;
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let mut removed = 0;
         let mut bytes = 0i64;
@@ -434,6 +493,7 @@ impl WriteTx<'_> {
 
     /// Remove every pair from `bucket`; returns how many were removed.
     pub fn clear(&self, bucket: Bucket) -> Result<u64> {
+        self.flush_puts()?;
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let mut removed = 0;
         let mut bytes = 0i64;
@@ -452,6 +512,7 @@ impl WriteTx<'_> {
 
     /// Read `key` as this transaction sees it.
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.flush_puts()?;
         let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let value = table.get(key).map_err(Error::storage)?;
         Ok(value.map(|v| v.value().to_vec()))
@@ -461,6 +522,7 @@ impl WriteTx<'_> {
     /// commit is older than the backend's force-commit interval (etcd's `batch-interval`).
     /// Returns whether this commit was durable.
     pub fn commit(mut self, durable: bool) -> Result<bool> {
+        self.flush_puts()?;
         let now = Instant::now();
         let pending = self.backend.pending_writes.load(Ordering::Relaxed) + self.writes.get();
         let durable = durable

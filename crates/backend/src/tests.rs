@@ -210,3 +210,43 @@ fn hash_last_total_and_clear() {
     );
     assert_eq!(backend.size_in_use(), 1 + 1 + 1 + 1 + 1 + 1 + 16 + 2);
 }
+
+#[test]
+fn a_transaction_sees_its_held_puts_in_order_and_an_abort_drops_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"a", b"1").unwrap();
+    tx.put(Bucket::KEY, b"a", b"22").unwrap();
+    // A read, a put into another bucket and a delete each come after the held puts.
+    assert_eq!(tx.get(Bucket::KEY, b"a").unwrap().unwrap(), b"22");
+    tx.put(Bucket::KEY, b"b", b"3").unwrap();
+    tx.put(Bucket::META, b"m", b"4").unwrap();
+    tx.put(Bucket::KEY, b"c", b"5").unwrap();
+    tx.delete(Bucket::KEY, b"b").unwrap();
+    tx.put(Bucket::KEY, b"b", b"6").unwrap();
+    tx.commit(false).unwrap();
+    let read = backend.read().unwrap();
+    let mut seen = Vec::new();
+    read.for_each_in(Bucket::KEY, b"", None, |k, v| {
+        seen.push((k.to_vec(), v.to_vec()));
+        true
+    })
+    .unwrap();
+    let pairs = |p: &[(&str, &str)]| -> Vec<(Vec<u8>, Vec<u8>)> {
+        p.iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    };
+    assert_eq!(seen, pairs(&[("a", "22"), ("b", "6"), ("c", "5")]));
+    assert_eq!(read.get(Bucket::META, b"m").unwrap().unwrap(), b"4");
+    // Bytes in use count each pair once, overwrites replacing what they overwrote.
+    assert_eq!(backend.size_in_use(), 3 + 2 + 2 + 2);
+    drop(read);
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"d", b"7").unwrap();
+    drop(tx);
+    let read = backend.read().unwrap();
+    assert_eq!(read.get(Bucket::KEY, b"d").unwrap(), None);
+    assert_eq!(backend.size_in_use(), 9);
+}
