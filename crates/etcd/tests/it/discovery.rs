@@ -942,7 +942,10 @@ async fn v3_discovery_times_out_a_silent_service_and_recovers() {
     );
     // The failure is logged as the keep-alive gives up; the socket is closed right after.
     poll_until(Duration::from_secs(3), || async {
-        anyhow::ensure!(relay.dialer_closes() >= 1, "the dead connection is still open");
+        anyhow::ensure!(
+            relay.dialer_closes() >= 1,
+            "the dead connection is still open"
+        );
         Ok(())
     })
     .await
