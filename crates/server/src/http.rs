@@ -28,11 +28,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::EtcdServer;
 use crate::metrics;
-
-mod dispatch;
 use crate::rpc::Rpc;
 use crate::tls::TlsServer;
 use crate::version::SERVER_VERSION;
+
+mod dispatch;
 
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
