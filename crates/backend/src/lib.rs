@@ -56,6 +56,25 @@ pub use dirsync::{create_dir_all_synced, sync_dir};
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
+/// Where the backend, and the store above it, read the time that decides behaviour (when a
+/// batch of commits is due to become durable, when a lease was granted): the system's
+/// monotonic clock in a member ([`SystemClock`]), a virtual one in the deterministic
+/// simulator. Durations that are only measured (metrics) stay on the system clock.
+pub trait Clock: Send + Sync + 'static {
+    /// The current instant.
+    fn now(&self) -> Instant;
+}
+
+/// The system's monotonic clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
 /// Bytes of database pages redb keeps in memory.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -121,6 +140,7 @@ pub struct Backend {
     batch_limit: u64,
     /// Bytes of keys and values stored, over every bucket, as of the last commit.
     logical_bytes: AtomicU64,
+    clock: std::sync::Arc<dyn Clock>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -192,6 +212,7 @@ impl Backend {
             pending_writes: AtomicU64::new(0),
             batch_limit: DEFAULT_BATCH_LIMIT,
             logical_bytes: AtomicU64::new(0),
+            clock: std::sync::Arc::new(SystemClock),
         };
         let tx = backend.write()?;
         for bucket in Bucket::ALL {
@@ -225,6 +246,17 @@ impl Backend {
         };
     }
 
+    /// Read the time from `clock` from now on (the batch interval restarts at its now).
+    pub fn set_clock(&mut self, clock: std::sync::Arc<dyn Clock>) {
+        *lock(&self.last_durable) = clock.now();
+        self.clock = clock;
+    }
+
+    /// The backend's clock's now.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
     /// Writes committed since the last durable commit (kept in memory, not yet on disk).
     pub fn pending_writes(&self) -> u64 {
         self.pending_writes.load(Ordering::Relaxed)
@@ -236,8 +268,11 @@ impl Backend {
     /// the durable ones, and the caller that reports durability (the applier) sees them.
     /// Returns whether it committed.
     pub fn commit_if_due(&self) -> Result<bool> {
-        let due =
-            self.pending_writes() > 0 && lock(&self.last_durable).elapsed() >= self.batch_interval;
+        let due = self.pending_writes() > 0
+            && self
+                .now()
+                .saturating_duration_since(*lock(&self.last_durable))
+                >= self.batch_interval;
         if due {
             self.write()?.commit(true)?;
         }
@@ -523,11 +558,12 @@ impl WriteTx<'_> {
     /// Returns whether this commit was durable.
     pub fn commit(mut self, durable: bool) -> Result<bool> {
         self.flush_puts()?;
-        let now = Instant::now();
+        let now = self.backend.now();
         let pending = self.backend.pending_writes.load(Ordering::Relaxed) + self.writes.get();
         let durable = durable
             || pending >= self.backend.batch_limit
-            || now.duration_since(*lock(&self.backend.last_durable)) >= self.backend.batch_interval;
+            || now.saturating_duration_since(*lock(&self.backend.last_durable))
+                >= self.backend.batch_interval;
         let level = if durable {
             Durability::Immediate
         } else {

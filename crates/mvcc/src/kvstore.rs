@@ -188,7 +188,7 @@ fn load(backend: &Backend, lessor: &Lessor) -> Result<(State, i64)> {
     // A new store is at revision 1, so the first write is revision 2, as in etcd.
     current_rev = current_rev.max(compact_rev).max(1);
 
-    let now = Instant::now();
+    let now = backend.now();
     let mut lease_failure = None;
     read.for_each_in(Bucket::LEASE, &[], None, |key, value| {
         match LeaseRecord::decode_stored(key, value) {
@@ -276,6 +276,12 @@ impl KvStore {
     /// The backend underneath (for sizes, snapshots and defragmentation).
     pub fn backend(&self) -> &Backend {
         &self.backend
+    }
+
+    /// The store's clock's now (its backend's [`etcdrs_backend::Clock`]): what lease
+    /// grants, the lessor's promotion and expiry are measured against.
+    pub fn now(&self) -> Instant {
+        self.backend.now()
     }
 
     /// The lessor.

@@ -98,7 +98,7 @@ impl<'a> WriteBatch<'a> {
         };
         self.tx
             .put(Bucket::LEASE, &id.to_be_bytes(), &record.encode_to_vec())?;
-        self.store.lessor.insert(id, ttl, Instant::now());
+        self.store.lessor.insert(id, ttl, self.store.backend.now());
         crate::metrics::LEASES_GRANTED.inc();
         crate::metrics::LEASE_TTLS.observe(ttl as f64);
         Ok(())

@@ -100,7 +100,7 @@ impl Applier {
         // election timeout. A member that loses leadership stops expiring leases.
         let lessor = self.inner.store.lessor();
         if status.is_leader && term == status.term && !lessor.is_primary() {
-            lessor.promote(Instant::now(), self.inner.config.election_timeout);
+            lessor.promote(self.inner.store.now(), self.inner.config.election_timeout);
         } else if !status.is_leader && lessor.is_primary() {
             lessor.demote();
         }

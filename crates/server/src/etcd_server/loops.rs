@@ -73,7 +73,11 @@ impl EtcdServer {
             if !self.core.raft.status().is_leader {
                 continue;
             }
-            let expired = self.inner.store.lessor().expired(Instant::now(), 500);
+            let expired = self
+                .inner
+                .store
+                .lessor()
+                .expired(self.inner.store.now(), 500);
             futures::stream::iter(expired)
                 .for_each_concurrent(16, |id| async move {
                     let revoke = etcdrs_proto::etcdserverpb::LeaseRevokeRequest { id };
@@ -151,7 +155,7 @@ impl EtcdServer {
             let checkpoints = self
                 .store()
                 .lessor()
-                .checkpoints(Instant::now(), CHECKPOINT_BATCH);
+                .checkpoints(self.inner.store.now(), CHECKPOINT_BATCH);
             if checkpoints.is_empty() {
                 continue;
             }

@@ -64,7 +64,7 @@ pub(crate) async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, Serve
         // Subscribed before the check: a revocation between the two is not missed.
         let mut changes = lessor.subscribe();
         let checkpointed = lessor.get(id).is_some_and(|lease| lease.remaining_ttl > 0);
-        match lessor.renew(id, Instant::now()) {
+        match lessor.renew(id, server.store().now()) {
             Renewal::Renewed(ttl) => {
                 if checkpointed && server.config().lease_checkpoint {
                     // As etcd 3.5: the members' checkpointed remainder is cleared too, or a
@@ -122,7 +122,7 @@ pub(crate) async fn time_to_live_local(
     Ok(LeaseTimeToLiveResponse {
         header,
         id: req.id,
-        ttl: lease.remaining(Instant::now()),
+        ttl: lease.remaining(server.store().now()),
         granted_ttl: lease.ttl,
         keys: if req.keys {
             lease.keys.into_iter().collect()
