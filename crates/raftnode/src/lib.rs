@@ -24,6 +24,7 @@ pub mod confchange;
 mod error;
 mod logger;
 pub mod metrics;
+mod node;
 mod node_loop;
 mod storage;
 
@@ -35,7 +36,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcdrs_wal::{SnapshotMark, Wal};
+use etcdrs_wal::Wal;
 use parking_lot::RwLock;
 use protobuf::Message as _;
 use raft::eraftpb::{
@@ -47,9 +48,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use error::{Error, Result};
+pub use node::Node;
 pub use raft::eraftpb;
-use storage::{NodeStorage, decode_entry, persist, save_snapshot_mark};
-pub use storage::{read_log, write_imported_log};
+use storage::persist;
+pub use storage::{LogStore, NodeStorage, Recovered, read_log, write_imported_log};
 
 /// How the node runs.
 #[derive(Clone, Debug)]
@@ -410,160 +412,28 @@ pub fn start(
     tasks: &mut tokio::task::JoinSet<task::TaskResult>,
     shutdown: CancellationToken,
 ) -> Result<RaftNodeHandle> {
-    let storage = MemStorage::new();
-    let (wal, applied) = match start {
-        Start::New { metadata, peers } => {
-            let mut wal =
-                Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?;
-            let mut entries = Vec::with_capacity(peers.len());
-            for (i, (id, context)) in peers.iter().enumerate() {
-                // etcd's raft `StartNode`: one `AddNode` per peer, request id 0.
-                let change = EtcdConfChange {
-                    id: 0,
-                    kind: ChangeKind::AddNode,
-                    node_id: *id,
-                    context: Some(context.clone()),
-                };
-                let mut entry = Entry::default();
-                entry.set_entry_type(EntryType::EntryConfChange);
-                entry.term = 1;
-                entry.index = i as u64 + 1;
-                entry.data = change.encode().into();
-                entries.push(entry);
-            }
-            let hard_state = HardState {
-                term: 1,
-                commit: entries.len() as u64,
-                ..Default::default()
-            };
-            persist(&mut wal, &storage, Some(&hard_state), &entries)?;
-            (wal, 0)
-        }
-        Start::Join { metadata } => (
-            Wal::create_with_options(&config.wal_dir, &metadata, config.wal_options())?,
-            0,
+    let (wal, recovered) = match &start {
+        Start::New { metadata, .. } | Start::Join { metadata } => (
+            Wal::create_with_options(&config.wal_dir, metadata, config.wal_options())?,
+            Recovered::default(),
         ),
-        Start::Restart {
-            applied,
-            conf_state,
-            force_new_cluster,
-        } => {
-            let (mut wal, state) = Wal::open_with_options(&config.wal_dir, config.wal_options())?;
-            let mut core = storage.wl();
-            if state.snapshot.index > 0 {
-                let mut snapshot = raft::eraftpb::Snapshot::default();
-                let meta = snapshot.mut_metadata();
-                meta.index = state.snapshot.index;
-                meta.term = state.snapshot.term;
-                meta.set_conf_state(conf_state.clone());
-                core.apply_snapshot(snapshot)?;
-            }
-            let mut entries = state
-                .entries
-                .iter()
-                .map(decode_entry)
-                .collect::<Result<Vec<_>>>()?;
-            let last_index = entries
-                .last()
-                .map(|e| e.index)
-                .unwrap_or(state.snapshot.index);
-            if applied > last_index {
-                return Err(Error::LostEntries {
-                    applied,
-                    last: last_index,
-                    dir: config.wal_dir.display().to_string(),
-                });
-            }
-            // Entries the state machine applied were committed even if the hard state that
-            // said so did not reach the WAL before a crash.
-            let commit = state.hard_state.commit.max(applied).min(last_index);
-            if force_new_cluster && last_index > commit {
-                tracing::warn!(
-                    commit_index = commit,
-                    discarded = last_index - commit,
-                    "discarding uncommitted WAL entries"
-                );
-                entries.retain(|e| e.index <= commit);
-            }
-            core.append(&entries)?;
-            let hard_state = HardState {
-                term: state.hard_state.term,
-                vote: state.hard_state.vote,
-                commit,
-                ..Default::default()
-            };
-            core.set_hardstate(hard_state.clone());
-            let removals = if force_new_cluster {
-                standalone_removals(config.id, &conf_state, &entries, applied, &hard_state)?
-            } else {
-                Vec::new()
-            };
-            core.set_conf_state(conf_state);
-            drop(core);
-            if force_new_cluster {
-                let hard_state = HardState {
-                    commit: removals.last().map_or(commit, |e| e.index),
-                    ..hard_state
-                };
-                tracing::info!(
-                    local_member_id = %format!("{:x}", config.id),
-                    commit_index = hard_state.commit,
-                    "forcing restart member"
-                );
-                persist(&mut wal, &storage, Some(&hard_state), &removals)?;
-            }
-            (wal, applied)
+        Start::Restart { .. } => {
+            let (wal, state) = Wal::open_with_options(&config.wal_dir, config.wal_options())?;
+            let recovered = Recovered::from_wal(&state)?;
+            (wal, recovered)
         }
     };
-
-    let raft_config = raft::Config {
-        id: config.id,
-        election_tick: config.election_tick,
-        heartbeat_tick: config.heartbeat_tick,
-        applied,
-        pre_vote: config.pre_vote,
-        check_quorum: true,
-        max_size_per_msg: 1024 * 1024,
-        max_inflight_msgs: 256,
-        ..Default::default()
-    };
-    raft_config.validate()?;
-    let applied_at = storage
-        .initial_state()
-        .ok()
-        .map(|state| (applied, state.hard_state.term))
-        .unwrap_or((applied, 0));
-    let applied_term = storage.term(applied).unwrap_or(applied_at.1);
-    let initial_conf = storage
-        .initial_state()
-        .map(|s| s.conf_state)
-        .unwrap_or_default();
-    let storage = NodeStorage {
-        mem: storage,
-        applied: Arc::new(parking_lot::Mutex::new((applied, applied_term))),
-        conf_state: Arc::new(parking_lot::Mutex::new(initial_conf)),
-    };
-    let node = RawNode::new(&raft_config, storage, &logger::logger())?;
-    let status = Arc::new(RwLock::new(NodeStatus {
-        id: config.id,
-        applied,
-        ..NodeStatus::default()
-    }));
+    let core = NodeCore::new(
+        config,
+        start,
+        Box::new(wal),
+        recovered,
+        transport,
+        state_machine,
+    )?;
+    let status = core.status.clone();
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
     let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);
-    let core = NodeCore {
-        config,
-        node,
-        wal,
-        transport,
-        status: status.clone(),
-        state_machine,
-        pending_reads: HashMap::new(),
-        next_read: 0,
-        last_mark: applied,
-        compact_requested: false,
-        deferred_conf: VecDeque::new(),
-    };
     // The node runs on a thread of its own: its fsyncs then block nobody else, and it needs no
     // hand-off of a shared runtime worker per `Ready`. The task on `tasks` stands for it.
     let (done_tx, done_rx) = oneshot::channel();

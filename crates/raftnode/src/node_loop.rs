@@ -2,14 +2,16 @@
 //! then local requests (proposals, ReadIndex, membership changes), and each `Ready` handled in
 //! raft's order: persist to the WAL, send, hand committed entries to the state machine, advance.
 //! Also snapshots (installing a received one, marking one in the WAL) and the deferred
-//! membership changes.
+//! membership changes. The loop's body (`turn` and the requests it handles) is also what
+//! [`crate::Node`] runs without the thread.
 
 use super::*;
 
 pub(crate) struct NodeCore {
     pub(crate) config: NodeConfig,
     pub(crate) node: RawNode<NodeStorage>,
-    pub(crate) wal: Wal,
+    /// Where the log is made durable: the WAL (or the simulator's memory).
+    pub(crate) log: Box<dyn LogStore>,
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) status: Arc<RwLock<NodeStatus>>,
     pub(crate) state_machine: Box<dyn StateMachine>,
@@ -62,10 +64,7 @@ impl NodeCore {
                     }
                 }
             }
-            self.maybe_campaign()?;
-            if self.node.has_ready() {
-                self.on_ready().await?;
-            }
+            self.turn()?;
         }
         for (_, done) in self.pending_reads.drain() {
             let _ = done.send(Err(Error::Stopped));
@@ -73,26 +72,59 @@ impl NodeCore {
         Ok(())
     }
 
+    /// What follows each turn's messages: a lone voter's campaign, then the `Ready` step if
+    /// raft has one (whether it had one is returned).
+    pub(crate) fn turn(&mut self) -> Result<bool> {
+        self.maybe_campaign()?;
+        if !self.node.has_ready() {
+            return Ok(false);
+        }
+        self.on_ready()?;
+        Ok(true)
+    }
+
+    pub(crate) fn propose(&mut self, data: Vec<u8>, on_refused: RefusedHook) {
+        match self.node.propose(Vec::new(), data) {
+            Ok(()) => {}
+            Err(raft::Error::ProposalDropped) => on_refused(Error::ProposalDropped),
+            Err(e) => on_refused(Error::Raft(e)),
+        }
+    }
+
+    pub(crate) fn read_index(&mut self, done: oneshot::Sender<Result<u64>>) {
+        if self.node.raft.leader_id == raft::INVALID_ID {
+            let _ = done.send(Err(Error::ProposalDropped));
+            return;
+        }
+        // raft drops a read index it cannot serve yet (a new leader that has not committed in
+        // its term); the caller retries, and its abandoned waits go.
+        self.pending_reads.retain(|_, waiting| !waiting.is_closed());
+        self.next_read += 1;
+        let ctx = self.next_read;
+        self.pending_reads.insert(ctx, done);
+        self.node.read_index(ctx.to_be_bytes().to_vec());
+    }
+
+    /// A message from a peer; false if raft refused it.
+    pub(crate) fn step(&mut self, message: Message) -> bool {
+        // A follower's forwarded proposal may hold a conf change in etcd's encoding.
+        let mut message = message;
+        let aliases = alias_learner_additions(&mut message);
+        let stepped = self.node.step(message);
+        self.restore_aliases(&aliases);
+        match stepped {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "raft step refused a message");
+                false
+            }
+        }
+    }
+
     fn handle(&mut self, msg: NodeMsg) -> Result<()> {
         match msg {
-            NodeMsg::Propose { data, on_refused } => match self.node.propose(Vec::new(), data) {
-                Ok(()) => {}
-                Err(raft::Error::ProposalDropped) => on_refused(Error::ProposalDropped),
-                Err(e) => on_refused(Error::Raft(e)),
-            },
-            NodeMsg::ReadIndex { done } => {
-                if self.node.raft.leader_id == raft::INVALID_ID {
-                    let _ = done.send(Err(Error::ProposalDropped));
-                    return Ok(());
-                }
-                // raft drops a read index it cannot serve yet (a new leader that has not
-                // committed in its term); the caller retries, and its abandoned waits go.
-                self.pending_reads.retain(|_, waiting| !waiting.is_closed());
-                self.next_read += 1;
-                let ctx = self.next_read;
-                self.pending_reads.insert(ctx, done);
-                self.node.read_index(ctx.to_be_bytes().to_vec());
-            }
+            NodeMsg::Propose { data, on_refused } => self.propose(data, on_refused),
+            NodeMsg::ReadIndex { done } => self.read_index(done),
             NodeMsg::ProposeConfChange { change, done } => {
                 if self.conf_change_in_flight() {
                     if self.deferred_conf.len() >= MAX_DEFERRED_CONF_CHANGES {
@@ -107,14 +139,7 @@ impl NodeCore {
             NodeMsg::TransferLeader { to } => self.node.transfer_leader(to),
             NodeMsg::ReportSnapshot { to, ok } => self.report_snapshot(to, ok),
             NodeMsg::Step(message) => {
-                // A follower's forwarded proposal may hold a conf change in etcd's encoding.
-                let mut message = *message;
-                let aliases = alias_learner_additions(&mut message);
-                let stepped = self.node.step(message);
-                self.restore_aliases(&aliases);
-                if let Err(e) = stepped {
-                    tracing::debug!(error = %e, "raft step refused a message");
-                }
+                self.step(*message);
             }
         }
         Ok(())
@@ -190,14 +215,14 @@ impl NodeCore {
         if raft.state == StateRole::Leader || !raft.promotable() {
             return Ok(());
         }
-        let voters: Vec<u64> = raft.prs().conf().voters().ids().iter().collect();
-        if voters == [self.config.id] {
+        let voters = raft.prs().conf().voters().ids();
+        if voters.len() == 1 && voters.contains(self.config.id) {
             self.node.campaign()?;
         }
         Ok(())
     }
 
-    async fn on_ready(&mut self) -> Result<()> {
+    fn on_ready(&mut self) -> Result<()> {
         let mut ready = self.node.ready();
         if !ready.messages().is_empty() {
             self.transport.send(ready.take_messages());
@@ -206,7 +231,7 @@ impl NodeCore {
             self.install_snapshot(ready.snapshot().clone())?;
         }
         let committed = ready.take_committed_entries();
-        self.send_committed(committed).await?;
+        self.send_committed(committed)?;
         for read_state in ready.take_read_states() {
             let ctx = <[u8; 8]>::try_from(read_state.request_ctx.as_slice())
                 .map(u64::from_be_bytes)
@@ -218,9 +243,8 @@ impl NodeCore {
         let hard_state = ready.hs().cloned();
         if hard_state.is_some() || !ready.entries().is_empty() {
             let entries = ready.take_entries();
-            let wal = &mut self.wal;
             let storage = self.node.raft.raft_log.store.mem.clone();
-            persist(wal, &storage, hard_state.as_ref(), &entries)?;
+            persist(self.log.as_mut(), &storage, hard_state.as_ref(), &entries)?;
         }
         if !ready.persisted_messages().is_empty() {
             self.transport.send(ready.take_persisted_messages());
@@ -240,7 +264,7 @@ impl NodeCore {
             self.transport.send(light.take_messages());
         }
         let committed = light.take_committed_entries();
-        self.send_committed(committed).await?;
+        self.send_committed(committed)?;
         self.node.advance_apply();
         self.propose_deferred_conf_changes();
         self.publish_status();
@@ -250,7 +274,7 @@ impl NodeCore {
     /// Hands committed entries to the state machine, applying their membership changes to
     /// raft on the way: the entries before a change are applied first, so that the state
     /// machine judges the change (`conf_change_allowed`) on the membership it follows.
-    async fn send_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
+    fn send_committed(&mut self, entries: Vec<Entry>) -> Result<()> {
         let mut chunk = Vec::with_capacity(entries.len());
         let mut conf_state = None;
         for entry in entries {
@@ -329,7 +353,7 @@ impl NodeCore {
         let restored = machine.restore(index, term, meta.get_conf_state());
         metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(0);
         restored.map_err(Error::Apply)?;
-        save_snapshot_mark(&mut self.wal, SnapshotMark { index, term })?;
+        self.log.mark_snapshot(index, term)?;
         let store = &self.node.raft.raft_log.store;
         *store.conf_state.lock() = meta.get_conf_state().clone();
         store.mem.wl().apply_snapshot(snapshot)?;
@@ -341,7 +365,7 @@ impl NodeCore {
     }
 
     /// Tell raft whether a snapshot reached member `to`.
-    fn report_snapshot(&mut self, to: u64, ok: bool) {
+    pub(crate) fn report_snapshot(&mut self, to: u64, ok: bool) {
         let status = if ok {
             raft::SnapshotStatus::Finish
         } else {
@@ -357,9 +381,8 @@ impl NodeCore {
         }
         self.compact_requested = false;
         // Everything up to `index` is durable in the backend: the WAL no longer needs it.
-        let wal = &mut self.wal;
-        save_snapshot_mark(wal, SnapshotMark { index, term })?;
-        wal.release_to(index)?;
+        self.log.mark_snapshot(index, term)?;
+        self.log.release_to(index)?;
         self.last_mark = index;
         let keep_from = if forced {
             index

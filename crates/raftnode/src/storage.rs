@@ -18,8 +18,9 @@ use crate::metrics;
 /// raft-rs' in-memory log, whose snapshots stand for the state machine's last applied entry:
 /// a snapshot sent to a follower is the state machine's image taken after that entry, so the
 /// image is never older than the snapshot's index (the follower skips what it already holds).
+/// Public only as the storage type of [`crate::Node::raw`]'s raft node.
 #[derive(Clone)]
-pub(crate) struct NodeStorage {
+pub struct NodeStorage {
     pub(crate) mem: MemStorage,
     /// (index, term) of the last entry the state machine applied.
     pub(crate) applied: Arc<parking_lot::Mutex<(u64, u64)>>,
@@ -138,29 +139,90 @@ pub(crate) fn decode_entry(record: &EntryRecord) -> Result<Entry> {
     Ok(entry)
 }
 
+/// Where the raft log is made durable: the WAL in a member ([`Wal`]), memory that survives a
+/// simulated crash in the deterministic simulator. The node calls it on its own thread, in
+/// raft's order; what `save` returns from is durable.
+pub trait LogStore: Send + 'static {
+    /// Append `entries` (each replacing the entry at its index and everything after it) and
+    /// then record `hard_state`, durably (one fsync for both).
+    fn save(&mut self, hard_state: Option<&HardState>, entries: &[Entry]) -> Result<()>;
+    /// Record a snapshot at (`index`, `term`): a restart reads the log from after it.
+    fn mark_snapshot(&mut self, index: u64, term: u64) -> Result<()>;
+    /// Entries up to `index` are no longer needed (the state machine holds them durably).
+    fn release_to(&mut self, index: u64) -> Result<()>;
+}
+
+/// A log as its store held it when it was opened: what a restart starts from.
+#[derive(Clone, Debug, Default)]
+pub struct Recovered {
+    /// The last snapshot mark: (index, term), (0, 0) for none.
+    pub snapshot: (u64, u64),
+    /// The last hard state recorded.
+    pub hard_state: HardState,
+    /// Every entry after the snapshot mark, in index order.
+    pub entries: Vec<Entry>,
+}
+
+impl Recovered {
+    /// What the WAL replayed, as raft types.
+    pub(crate) fn from_wal(state: &etcdrs_wal::WalState) -> Result<Recovered> {
+        Ok(Recovered {
+            snapshot: (state.snapshot.index, state.snapshot.term),
+            hard_state: HardState {
+                term: state.hard_state.term,
+                vote: state.hard_state.vote,
+                commit: state.hard_state.commit,
+                ..Default::default()
+            },
+            entries: state
+                .entries
+                .iter()
+                .map(decode_entry)
+                .collect::<Result<Vec<_>>>()?,
+        })
+    }
+}
+
+impl LogStore for Wal {
+    fn save(&mut self, hard_state: Option<&HardState>, entries: &[Entry]) -> Result<()> {
+        let records = entry_records(entries)?;
+        let wal_hard_state = hard_state.map(|hs| WalHardState {
+            term: hs.term,
+            vote: hs.vote,
+            commit: hs.commit,
+        });
+        let before = self.write_stats();
+        Wal::save(self, wal_hard_state, &records)?;
+        let after = self.write_stats();
+        if after.bytes_written > before.bytes_written {
+            metrics::WAL_WRITE_BYTES.add((after.bytes_written - before.bytes_written) as f64);
+            metrics::WAL_WRITE_SECONDS.observe(after.last_write.as_secs_f64());
+            // As etcd: without an fsync there is no fsync duration to record.
+            if !self.options().unsafe_no_fsync {
+                metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
+            }
+        }
+        Ok(())
+    }
+
+    fn mark_snapshot(&mut self, index: u64, term: u64) -> Result<()> {
+        save_snapshot_mark(self, SnapshotMark { index, term })
+    }
+
+    fn release_to(&mut self, index: u64) -> Result<()> {
+        Ok(Wal::release_to(self, index)?)
+    }
+}
+
+/// Persist a `Ready`'s entries and hard state to `log`, then to raft's in-memory log, which
+/// answers raft only for what is durable.
 pub(crate) fn persist(
-    wal: &mut Wal,
+    log: &mut dyn LogStore,
     storage: &MemStorage,
     hard_state: Option<&HardState>,
     entries: &[Entry],
 ) -> Result<()> {
-    let records = entry_records(entries)?;
-    let wal_hard_state = hard_state.map(|hs| WalHardState {
-        term: hs.term,
-        vote: hs.vote,
-        commit: hs.commit,
-    });
-    let before = wal.write_stats();
-    wal.save(wal_hard_state, &records)?;
-    let after = wal.write_stats();
-    if after.bytes_written > before.bytes_written {
-        metrics::WAL_WRITE_BYTES.add((after.bytes_written - before.bytes_written) as f64);
-        metrics::WAL_WRITE_SECONDS.observe(after.last_write.as_secs_f64());
-        // As etcd: without an fsync there is no fsync duration to record.
-        if !wal.options().unsafe_no_fsync {
-            metrics::WAL_FSYNC_SECONDS.observe(after.last_sync.as_secs_f64());
-        }
-    }
+    log.save(hard_state, entries)?;
     let mut core = storage.wl();
     if !entries.is_empty() {
         core.append(entries)?;
@@ -173,7 +235,7 @@ pub(crate) fn persist(
 
 /// Record a snapshot in the WAL: our counterpart of etcd's `.snap` file save (the mark is
 /// what etcd's snapshot file holds besides the conf state), timed as etcd times that save.
-pub(crate) fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
+fn save_snapshot_mark(wal: &mut Wal, mark: SnapshotMark) -> Result<()> {
     let started = std::time::Instant::now();
     wal.save_snapshot_mark(mark)?;
     metrics::SNAP_SAVE_SECONDS.observe(started.elapsed().as_secs_f64());
