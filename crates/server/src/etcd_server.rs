@@ -54,14 +54,16 @@ mod bootstrap;
 mod loops;
 mod members;
 mod propose;
+mod standalone;
 mod versions;
 
 use applier::Applier;
 pub(crate) use applier::alarm_key;
 use bootstrap::{
     bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade, load_members,
-    load_removed, read_u64,
+    load_removed, new_cluster_start, read_u64, restart_start,
 };
+pub use standalone::StandaloneMember;
 
 /// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
 pub(crate) mod protobuf_free {
@@ -213,6 +215,14 @@ impl Inner {
         })
     }
 
+    /// The image for raft index `index` has arrived (an older one waiting is dropped).
+    fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
+        let previous = self.pending_snapshot.lock().replace((index, path));
+        if let Some((_, old)) = previous {
+            let _ = std::fs::remove_file(old);
+        }
+    }
+
     fn has_alarm(&self, alarm: AlarmType) -> bool {
         self.alarms.read().iter().any(|a| a.alarm == alarm as i32)
     }
@@ -279,20 +289,12 @@ impl EtcdServer {
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);
             let cluster_id = read_u64(store.meta(META_CLUSTER_ID)?);
-            let conf_state = store
-                .meta(META_CONF_STATE)?
-                .and_then(|b| decode_conf_state(&b))
-                .unwrap_or_default();
             tracing::info!(
                 local_member_id = %membership::id_hex(member_id),
                 commit_index = store.consistent_index(),
                 "restarting local member"
             );
-            let start = Start::Restart {
-                applied: store.consistent_index(),
-                conf_state,
-                force_new_cluster: config.force_new_cluster,
-            };
+            let start = restart_start(&store, config.force_new_cluster)?;
             (member_id, cluster_id, start)
         } else if config.new_cluster {
             bootstrap(&config, &store)?
@@ -702,10 +704,7 @@ impl EtcdServer {
 
     /// The image for raft index `index` has arrived: raft may install it.
     pub fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
-        let previous = self.inner.pending_snapshot.lock().replace((index, path));
-        if let Some((_, old)) = previous {
-            let _ = std::fs::remove_file(old);
-        }
+        self.inner.snapshot_received(index, path);
     }
 
     /// Hand a raft message from a peer to the raft node.

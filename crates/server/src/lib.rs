@@ -36,5 +36,5 @@ pub mod version;
 
 pub use config::{AutoCompaction, ServerConfig};
 pub use error::{Result, ServerError};
-pub use etcd_server::{ApplyOutput, EtcdServer, url_string};
+pub use etcd_server::{ApplyOutput, EtcdServer, StandaloneMember, url_string};
 pub use etcdrs_raftnode::task::TaskResult;

@@ -60,8 +60,21 @@ pub(super) fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, 
     batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
     batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
     batch.commit(true)?;
-    // etcd's `startNode`: one `AddNode` entry per member, in the order of their ids
-    // (`MemberIDs`), each with the member's JSON.
+    Ok((
+        member_id,
+        cluster_id,
+        new_cluster_start(members, member_id, cluster_id)?,
+    ))
+}
+
+/// A new cluster's raft start, as etcd's `startNode` makes it: one `AddNode` entry per member,
+/// in the order of their ids (`MemberIDs`), each with the member's JSON; the log's metadata
+/// names the member and its cluster.
+pub(super) fn new_cluster_start(
+    mut members: Vec<Member>,
+    member_id: u64,
+    cluster_id: u64,
+) -> Result<Start> {
     members.sort_by_key(|m| m.id);
     let mut peers = Vec::new();
     for member in &members {
@@ -71,7 +84,21 @@ pub(super) fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, 
     }
     let mut metadata = member_id.to_be_bytes().to_vec();
     metadata.extend_from_slice(&cluster_id.to_be_bytes());
-    Ok((member_id, cluster_id, Start::New { metadata, peers }))
+    Ok(Start::New { metadata, peers })
+}
+
+/// A restart's raft start from what `store` holds: the consistent index as the applied index
+/// and the membership as of it.
+pub(super) fn restart_start(store: &KvStore, force_new_cluster: bool) -> Result<Start> {
+    let conf_state = store
+        .meta(META_CONF_STATE)?
+        .and_then(|b| decode_conf_state(&b))
+        .unwrap_or_default();
+    Ok(Start::Restart {
+        applied: store.consistent_index(),
+        conf_state,
+        force_new_cluster,
+    })
 }
 
 /// Join an existing cluster (`--initial-cluster-state=existing`): ask the other members of

@@ -1,0 +1,84 @@
+//! The member's state machine standing alone: the server's own applier over a store, with no
+//! raft node, listener or peer link, for callers that drive `raftnode::Node` themselves (the
+//! deterministic simulator, `crates/sim`). What a member's request side does around it
+//! (registering a waiter before proposing, handing over a received snapshot image, choosing
+//! the raft start from the store) is what this handle offers, each through the same code the
+//! server runs.
+
+use super::*;
+
+/// One member's applied state without its server: build it with [`StandaloneMember::open`],
+/// hand the state machine it returns to a `raftnode::Node`, and register a waiter
+/// ([`StandaloneMember::wait`]) before proposing a request whose answer matters.
+pub struct StandaloneMember {
+    inner: Arc<Inner>,
+    /// The peer transport wants a runtime to spawn links on; it never spawns one here (the
+    /// members carry no peer URLs), and this runtime is never driven.
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl StandaloneMember {
+    /// The state of member `member_id` of cluster `cluster_id` as `store` holds it, and the
+    /// applier that changes it (the `StateMachine` the raft node calls).
+    pub fn open(
+        config: ServerConfig,
+        member_id: u64,
+        cluster_id: u64,
+        store: Arc<KvStore>,
+    ) -> Result<(StandaloneMember, Box<dyn StateMachine>)> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| ServerError::Fatal(format!("runtime: {e}")))?;
+        let transport = {
+            let _entered = runtime.enter();
+            PeerTransport::new(member_id, cluster_id, Vec::new(), CancellationToken::new())
+        };
+        let inner = Arc::new(Inner::load(
+            config, member_id, cluster_id, store, transport,
+        )?);
+        let applier = Applier {
+            inner: inner.clone(),
+            last_leader: 0,
+        };
+        let member = StandaloneMember {
+            inner,
+            _runtime: runtime,
+        };
+        Ok((member, Box::new(applier)))
+    }
+
+    /// A new cluster of `members`' raft start (their `AddNode` entries), as the server
+    /// bootstraps one.
+    pub fn new_cluster(members: Vec<Member>, member_id: u64, cluster_id: u64) -> Result<Start> {
+        new_cluster_start(members, member_id, cluster_id)
+    }
+
+    /// The raft start of a restart from what the store holds, as the server restarts.
+    pub fn restart(&self) -> Result<Start> {
+        restart_start(&self.inner.store, false)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<KvStore> {
+        &self.inner.store
+    }
+
+    /// Register for the answer to the request with id `id` (its header's id); the applier
+    /// answers when the entry applies on this member.
+    pub fn wait(&self, id: u64) -> oneshot::Receiver<Result<ApplyOutput>> {
+        let (done, answer) = oneshot::channel();
+        self.inner.waiters.lock().insert(id, done);
+        answer
+    }
+
+    /// The snapshot image for raft index `index` has arrived, as the peer handler hands it
+    /// over: raft may install it.
+    pub fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
+        self.inner.snapshot_received(index, path);
+    }
+
+    /// The members as applied.
+    pub fn members(&self) -> Vec<Member> {
+        self.inner.members.read().values().cloned().collect()
+    }
+}
