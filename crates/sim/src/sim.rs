@@ -1,33 +1,37 @@
 //! The simulator: one seed drives the members, the network, the clock and the clients.
 //! This file holds the configuration, the report, the state and the event loop; by seam:
-//! `members` (starts, crashes, faults), `network`, `ready` (the Ready loop and the applier),
-//! `leases`, `clients`, `invariants` and `storage` (the WAL's stand-in).
+//! `members` (starts, crashes, faults), `network`, `ready` (each member's Ready step and the
+//! checks after it), `leases`, `clients`, `invariants` and `storage` (what stands for the
+//! disk, the clock and the network).
 //!
 //! # What is real and what is glue
 //!
-//! - Real: raft-rs's `RawNode` with `raftnode`'s configuration (check quorum, pre-vote as the
-//!   seed picks, the default safe ReadIndex); the MVCC store (`KvStore` over a redb `Backend`:
-//!   write batches, transactions, revisions, the lessor, `HashKV` and the backend hash, restart
-//!   from the backend, `Backend::snapshot` images and `KvStore::install_snapshot`); etcd's
-//!   `InternalRaftRequest` as the entry payload.
-//! - Glue, because the real pieces cannot be driven without threads, tokio or files, or are
-//!   private to their crates: the Ready handling mirrors `raftnode`'s `NodeCore::on_ready`
-//!   (messages, snapshot, committed entries, read states, persist, persisted messages, advance,
-//!   light ready) and its `on_applied` log compaction, over raft-rs's `MemStorage` standing for
-//!   the WAL (it survives a crash) wrapped as `raftnode`'s `NodeStorage` is (snapshots at the
-//!   applied index); the applier mirrors `server`'s `apply_batch` for Put, DeleteRange,
-//!   LeaseGrant and LeaseRevoke (skip entries at or below the consistent index, one backend
-//!   transaction per batch, consistent index recorded, commit, the lessor promoted on the
-//!   leader and demoted elsewhere), and the lease-expiry loop, the server's.
+//! - Real, the member's own code: `raftnode`'s node ([`etcdrs_raftnode::Node`], the loop body
+//!   the raft thread runs: proposals, ReadIndex, the Ready step in its order, membership
+//!   changes from a new cluster's `AddNode` entries, snapshot installation, the snapshot marks
+//!   and log compaction every `--snapshot-count` entries); the server's applier behind it
+//!   ([`etcdrs_server::StandaloneMember`]: request decoding, one backend transaction per
+//!   batch, the consistent index, the lessor promoted on the leader and demoted elsewhere,
+//!   membership, the install of a leader's snapshot image, the waiters that answer
+//!   proposers); the MVCC store on a redb `Backend` (restart from the backend,
+//!   `Backend::snapshot` images); etcd's `InternalRaftRequest` as the entry payload.
+//! - Glue: the log store (`SimLog`, memory that survives a crash as the fsynced WAL
+//!   does, read back on restart as the WAL replays), the network and the snapshot images it
+//!   carries, the clients and the server's request side they stand for (a waiter registered
+//!   before a proposal, a ReadIndex read served once the apply reaches its index, a
+//!   keep-alive renewed on the leader's lessor), and the lease-expiry loop (the server's
+//!   `run_lease_expiry`: expired leases revoked through raft).
 //!
 //! # Time and durability
 //!
 //! Virtual milliseconds. A member ticks every [`TICK_MS`]; elections take
 //! [`ELECTION_TICK`]..2x ticks (raft-rs draws that timeout from the thread's RNG, so after every
-//! step the simulator redraws it from the seed wherever raft has just reset it). The lessor
-//! gets virtual instants. The backend commits durably every [`Config::backend_batch_ms`]; a crash is a
-//! clean stop or a power cut, which puts back the database as of its last durable commit (raft's
-//! log is durable at every Ready, as the WAL is), so raft replays what the backend lost.
+//! step the simulator redraws it from the seed wherever raft has just reset it). Each member's
+//! backend reads a virtual clock ([`etcdrs_backend::Clock`]), and so do its lessor and the
+//! applier's promotion: no wall-clock time decides anything. The backend commits durably once
+//! [`Config::backend_batch_ms`] have passed since its last durable commit; a crash is a clean
+//! stop or a power cut, which puts back the database as of its last durable commit (raft's log
+//! is durable at every Ready, as the WAL is), so raft replays what the backend lost.
 //!
 //! # Invariants, checked as the run goes
 //!
@@ -48,7 +52,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use etcdrs_backend::Backend;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+
+use etcdrs_backend::{Backend, Clock};
 use etcdrs_mvcc::lease::Renewal;
 use etcdrs_mvcc::{KeyRange, KvStore, RangeParams};
 use etcdrs_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -58,12 +65,17 @@ use etcdrs_proto::etcdserverpb::{
     TxnRequest,
 };
 use etcdrs_proto::raft_internal::{InternalRaftRequest, RequestHeader};
+use etcdrs_raftnode::confchange::EtcdConfChange;
+use etcdrs_raftnode::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType};
+use etcdrs_raftnode::{
+    Applied, Apply, LogStore, Node, NodeConfig, Recovered, StateMachine, Transport,
+};
+use etcdrs_server::{ApplyOutput, StandaloneMember};
 use prost::Message as _;
-use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
-use raft::storage::MemStorage;
-use raft::{RawNode, StateRole};
+use raft::StateRole;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::oneshot;
 
 use crate::checker::{Checker, Kind, Operation};
 
@@ -75,7 +87,7 @@ mod network;
 mod ready;
 mod storage;
 
-use storage::SimStorage;
+use storage::{Observations, Observed, Outbox, Recorder, SimLog, VirtualClock, lock};
 
 /// One raft tick, virtual milliseconds.
 pub const TICK_MS: u64 = 10;
@@ -92,6 +104,8 @@ pub const HASH_EVERY: u64 = 4;
 pub const LEASE_EXPIRY_MS: u64 = 500;
 /// Events kept for a failure's report.
 const TRACE_TAIL: usize = 80;
+/// The simulated cluster's id.
+const CLUSTER_ID: u64 = 0x5eed;
 
 /// What one run simulates; [`Config::from_seed`] picks it all from the seed.
 #[derive(Clone, Debug)]
@@ -218,6 +232,9 @@ pub struct Report {
     /// Snapshots installed (the leader's backend image, on a member that lagged behind the
     /// compacted log).
     pub snapshots: u32,
+    /// Leaders first seen leading a term below the highest any member had reached: raft allows
+    /// them (votes delivered late), and leader completeness does not cover them.
+    pub late_leaders: u32,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -354,36 +371,43 @@ struct Trace {
     events: u64,
 }
 
-/// One member: its raft node and store while it runs, its durable raft state always.
+/// One member: its raft node and state while it runs, its durable raft log always.
 struct Member {
     id: u64,
-    /// The raft log and hard state as persisted: what the WAL holds; survives crashes.
-    storage: SimStorage,
-    node: Option<RawNode<SimStorage>>,
-    kv: Option<KvStore>,
+    /// The raft log as persisted: what the WAL holds; survives crashes.
+    log: SimLog,
+    /// `raftnode`'s node, over the log, with the server's applier as its state machine.
+    node: Option<Node>,
+    /// The server's state beside it: the store, the waiters, the received snapshot image.
+    state: Option<StandaloneMember>,
+    /// Messages the node sent, for the network.
+    outbox: Outbox,
+    /// What its applier and log reported.
+    observed: Observations,
     db: PathBuf,
     /// A copy of `db` as of its last durable commit: what a power cut leaves.
     durable_db: PathBuf,
-    /// When the backend last committed durably (virtual ms).
-    last_durable: u64,
-    /// Index of the last entry applied to `kv`.
+    /// Index of the last entry applied to the store.
     applied: u64,
-    /// Proposals by request id, waiting for their apply on this member: the operation.
-    waiters: BTreeMap<u64, usize>,
-    /// ReadIndex requests by context, waiting for their read state: the operation.
-    reads: BTreeMap<u64, usize>,
+    /// Proposals by request id, waiting for their apply on this member: the operation and
+    /// the applier's answer.
+    waiters: BTreeMap<u64, (usize, oneshot::Receiver<etcdrs_server::Result<ApplyOutput>>)>,
+    /// ReadIndex requests waiting for their read state: the operation and raft's answer.
+    reads: Vec<(usize, oneshot::Receiver<etcdrs_raftnode::Result<u64>>)>,
     /// Reads with their read index, waiting for the apply to reach it.
     read_waits: Vec<(u64, usize)>,
     /// When its lessor last became primary (virtual ms), while it is.
     promoted_at: Option<u64>,
-    /// Applied index of the last log compaction.
-    last_mark: u64,
     /// Stalled until then (virtual ms): its events wait.
     paused_until: u64,
     /// Its tick interval: clocks drift apart a little.
     tick_ms: u64,
-    /// Backend images received with snapshot messages, by snapshot index.
-    images: BTreeMap<u64, PathBuf>,
+}
+
+impl Member {
+    fn store(&self) -> Option<&Arc<KvStore>> {
+        self.state.as_ref().map(StandaloneMember::store)
+    }
 }
 
 /// What the clients did with a lease, for the TTL invariant.
@@ -438,7 +462,6 @@ struct Sim {
     next_request: u64,
     next_value: u64,
     trace: Trace,
-    logger: slog::Logger,
     /// The leader of each term seen.
     leaders: BTreeMap<u64, u64>,
     /// (term, payload hash) of every entry applied anywhere, by index - 1.
@@ -460,6 +483,8 @@ struct Sim {
     transfers: u32,
     /// The instant virtual time 0 stands for (only differences of instants are used).
     base: Instant,
+    /// `now`, as the members' clocks read it.
+    now_ms: Arc<AtomicU64>,
     leases: BTreeMap<i64, LeaseLog>,
     next_lease: i64,
     lease_revokes: u32,
@@ -467,23 +492,9 @@ struct Sim {
     /// The last value a client put (or deleted: `None`) on each key, for compare-and-sets.
     last_put: BTreeMap<u64, Option<u64>>,
     snapshots: u32,
+    late_leaders: u32,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
-}
-
-fn raft_config(id: u64, applied: u64, pre_vote: bool) -> raft::Config {
-    // As `raftnode::start` configures raft, with the simulation's tick counts.
-    raft::Config {
-        id,
-        election_tick: ELECTION_TICK,
-        heartbeat_tick: HEARTBEAT_TICK,
-        applied,
-        pre_vote,
-        check_quorum: true,
-        max_size_per_msg: 1024 * 1024,
-        max_inflight_msgs: 256,
-        ..Default::default()
-    }
 }
 
 fn key_bytes(key: u64) -> Vec<u8> {
@@ -522,26 +533,6 @@ fn cas_request(key: u64, expect: Option<u64>, new: u64) -> TxnRequest {
     }
 }
 
-/// Whether a compare-and-set's comparisons hold, read inside its transaction (the server's
-/// `apply::txn_write` compares the same way for these two targets).
-fn cas_holds(txn: &etcdrs_mvcc::Txn<'_, '_>, request: &TxnRequest) -> Step<bool> {
-    for compare in &request.compare {
-        let found = txn
-            .range(KeyRange::new(&compare.key, &[]), RangeParams::default())
-            .map_err(|e| format!("txn range: {e}"))?;
-        let kv = found.kvs.first();
-        let held = match &compare.target_union {
-            Some(TargetUnion::Value(value)) => kv.is_some_and(|kv| kv.value == *value),
-            Some(TargetUnion::Version(version)) => kv.map_or(0, |kv| kv.version) == *version,
-            _ => return Err("a comparison the clients never send".into()),
-        };
-        if !held {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
 fn payload_hash(entry: &Entry) -> u64 {
     let mut hasher = DefaultHasher::new();
     (entry.get_entry_type() as i32).hash(&mut hasher);
@@ -563,30 +554,25 @@ impl Sim {
         let voters: Vec<u64> = (1..=cfg.members as u64).collect();
         let members = voters
             .iter()
-            .map(|&id| Member {
-                id,
-                storage: SimStorage {
-                    mem: MemStorage::new_with_conf_state(ConfState::from((
-                        voters.clone(),
-                        Vec::<u64>::new(),
-                    ))),
-                    applied: Default::default(),
-                    conf_state: ConfState::from((voters.clone(), Vec::<u64>::new())),
-                },
-                node: None,
-                kv: None,
-                db: dir.path().join(format!("member-{id}.redb")),
-                durable_db: dir.path().join(format!("member-{id}.durable")),
-                last_durable: 0,
-                applied: 0,
-                waiters: BTreeMap::new(),
-                reads: BTreeMap::new(),
-                read_waits: Vec::new(),
-                promoted_at: None,
-                last_mark: 0,
-                images: BTreeMap::new(),
-                paused_until: 0,
-                tick_ms: TICK_MS,
+            .map(|&id| {
+                let observed = Observations::default();
+                Member {
+                    id,
+                    log: SimLog::new(observed.clone()),
+                    node: None,
+                    state: None,
+                    outbox: Outbox::default(),
+                    observed,
+                    db: dir.path().join(format!("member-{id}.redb")),
+                    durable_db: dir.path().join(format!("member-{id}.durable")),
+                    applied: 0,
+                    waiters: BTreeMap::new(),
+                    reads: Vec::new(),
+                    read_waits: Vec::new(),
+                    promoted_at: None,
+                    paused_until: 0,
+                    tick_ms: TICK_MS,
+                }
             })
             .collect();
         let mut sim = Sim {
@@ -606,7 +592,6 @@ impl Sim {
                 keep,
                 ..Trace::default()
             },
-            logger: slog::Logger::root(slog::Discard, slog::o!()),
             leaders: BTreeMap::new(),
             log: Vec::new(),
             eras: Vec::new(),
@@ -617,16 +602,15 @@ impl Sim {
             partitions: 0,
             pauses: 0,
             transfers: 0,
-            // Virtual instants stay behind the wall clock (see `apply`'s grants).
-            base: Instant::now()
-                .checked_sub(Duration::from_secs(1000))
-                .unwrap_or_else(Instant::now),
+            base: Instant::now(),
+            now_ms: Arc::default(),
             leases: BTreeMap::new(),
             next_lease: 1,
             lease_revokes: 0,
             replayed: 0,
             last_put: BTreeMap::new(),
             snapshots: 0,
+            late_leaders: 0,
             _dir: dir,
             cfg,
         };
@@ -697,6 +681,7 @@ impl Sim {
                 ));
             }
             self.now = time;
+            self.now_ms.store(time, AtomicOrdering::Relaxed);
             self.trace.events += 1;
             self.handle(event)?;
             self.pin_election_timeouts();
@@ -743,12 +728,7 @@ impl Sim {
             Event::Deliver { from, msg, image } => self.deliver(from, *msg, image),
             Event::SnapshotReport { leader, to, ok } => {
                 if let Some(node) = self.members[leader].node.as_mut() {
-                    let status = if ok {
-                        raft::SnapshotStatus::Finish
-                    } else {
-                        raft::SnapshotStatus::Failure
-                    };
-                    node.report_snapshot(to, status);
+                    node.report_snapshot(to, ok);
                 }
             }
             Event::Client { client, generation } => self.client_wakes(client, generation)?,
@@ -785,12 +765,12 @@ impl Sim {
             let Some(node) = self.members[i].node.as_ref() else {
                 continue;
             };
-            if node.raft.election_elapsed != 0 {
+            if node.raw().raft.election_elapsed != 0 {
                 continue;
             }
             let timeout = self.rng.random_range(ELECTION_TICK..2 * ELECTION_TICK);
             if let Some(node) = self.members[i].node.as_mut() {
-                node.raft.set_randomized_election_timeout(timeout);
+                node.raw_mut().raft.set_randomized_election_timeout(timeout);
             }
         }
     }

@@ -73,6 +73,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let (mut leases, mut lease_revokes, mut replayed, mut snapshots) = (0, 0, 0, 0);
     let (mut cas_held, mut cas_failed) = (0, 0);
     let (mut pauses, mut transfers) = (0, 0);
+    let mut late_leaders = Vec::new();
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -90,6 +91,9 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         pauses += report.pauses;
         transfers += report.transfers;
         cas_failed += report.cas.1;
+        if report.late_leaders > 0 {
+            late_leaders.push(seed);
+        }
         assert!(report.applied > 0, "seed {seed} applied nothing");
         if longest
             .as_ref()
@@ -109,6 +113,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         started.elapsed()
     );
     println!("longest history: {longest:?}");
+    println!("seeds with a late leader of an earlier term: {late_leaders:?}");
     // The runs did what they are for: clients completed operations through the faults.
     assert!(completed > 0);
     if seeds.len() >= 50 {
@@ -217,37 +222,20 @@ fn early_lease_expiry_is_caught() {
     assert!(failure.message.contains("expires lease"), "{failure}");
 }
 
-/// Two runs (seeds 1775 and 2994 of an earlier configuration draw) in which a member won the
-/// election of term 1 with votes delivered late, after term 2 had committed its first entry:
-/// a stale leader, legal in raft, which leader completeness does not cover. The check once
-/// took it for a violation; it must not.
+/// A member may win the election of an earlier term with votes delivered late, after a later
+/// term has committed: a stale leader, legal in raft, which leader completeness does not
+/// cover. The check once took it for a violation (seeds 1775 and 2994 of an earlier harness);
+/// runs with such a leader must pass, and some of the first seeds have one.
 #[test]
 fn a_late_leader_of_an_earlier_term_is_no_violation() {
-    let base = |seed, members, clients, drop, duplicate, delay, pre_vote, compaction| Config {
-        seed,
-        members,
-        clients,
-        keys: 3,
-        fault_ms: 3000,
-        settle_ms: 5000,
-        drop_per_mille: drop,
-        duplicate_per_mille: duplicate,
-        max_delay_ms: delay,
-        crashes: true,
-        backend_batch_ms: 100,
-        partitions: false,
-        pauses: true,
-        pre_vote,
-        duplicate_proposals: false,
-        local_reads: false,
-        lease_clock_ahead_ms: 0,
-        compaction,
-    };
-    for config in [
-        base(1775, 5, 3, 89, 15, 11, true, Some((37, 4))),
-        base(2994, 3, 2, 56, 39, 14, false, None),
-    ] {
-        let report = run(&config).unwrap_or_else(|f| panic!("{f}"));
-        assert!(report.term > 2);
+    let seeds: Vec<u64> = (0..40).collect();
+    let mut late = Vec::new();
+    for (seed, outcome) in seeds.iter().zip(run_all(&seeds)) {
+        let report = outcome.unwrap_or_else(|f| panic!("{f}"));
+        if report.late_leaders > 0 {
+            late.push(*seed);
+        }
     }
+    assert!(!late.is_empty(), "no seed of 0..40 had a late leader");
+    println!("seeds with a late leader: {late:?}");
 }

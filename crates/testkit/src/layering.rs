@@ -228,12 +228,13 @@ const RULES: &[Rule] = &[
         krate: "etcdrs-sim",
         reach: Reach::Transitive,
         forbid: Forbid::Crates(&[
-            "etcdrs-server",
-            "etcdrs-raftnode",
-            "etcdrs-wal",
-            "etcdrs-serve",
+            "etcdrs-grpcproxy",
+            "etcdrs-gateway",
+            "etcdrs-discovery",
+            "etcdrs-client",
+            "etcdrs",
         ]),
-        why: "sim drives raft-rs and the store itself, in one thread: it links no server, raftnode or wal",
+        why: "sim drives the member's own raft node and applier in one thread: it links the server's core, never a proxy, a client or the binary",
     },
     Rule {
         krate: "etcdrs-etcddir",

@@ -112,9 +112,14 @@ impl Sim {
                         })
                     }
                 }
-                let accepted = node.propose(Vec::new(), request.encode_to_vec()).is_ok();
+                let Some(state) = member.state.as_ref() else {
+                    return Err("invoke on a stopped member".into());
+                };
+                // Registered first, as the server registers its waiter before proposing.
+                let answer = state.wait(request_id);
+                let accepted = node.propose(request.encode_to_vec()).is_ok();
                 if accepted {
-                    member.waiters.insert(request_id, op);
+                    member.waiters.insert(request_id, (op, answer));
                 }
                 accepted
             }
@@ -122,13 +127,11 @@ impl Sim {
                 if self.cfg.local_reads {
                     member.read_waits.push((0, op));
                     true
-                } else if node.raft.leader_id == raft::INVALID_ID {
+                } else if node.raw().raft.leader_id == raft::INVALID_ID {
                     // As `raftnode`: without a leader the read is refused at once.
                     false
                 } else {
-                    let ctx = op as u64;
-                    node.read_index(ctx.to_be_bytes().to_vec());
-                    member.reads.insert(ctx, op);
+                    member.reads.push((op, node.read_index()));
                     true
                 }
             }

@@ -6,17 +6,17 @@ impl Sim {
     pub(super) fn check_leaders(&mut self) -> Step {
         for member in &self.members {
             if let Some(node) = member.node.as_ref() {
-                self.max_term = self.max_term.max(node.raft.term);
+                self.max_term = self.max_term.max(node.raw().raft.term);
             }
         }
         for i in 0..self.members.len() {
             let Some(node) = self.members[i].node.as_ref() else {
                 continue;
             };
-            if node.raft.state != StateRole::Leader {
+            if node.raw().raft.state != StateRole::Leader {
                 continue;
             }
-            let (id, term) = (node.raft.id, node.raft.term);
+            let (id, term) = (node.raw().raft.id, node.raw().raft.term);
             match self.leaders.get(&term) {
                 Some(&leader) if leader != id => {
                     return Err(format!("members {leader} and {id} both lead term {term}"));
@@ -30,15 +30,18 @@ impl Sim {
                             continue;
                         }
                         // Compacted away: covered by the snapshot it holds.
-                        if index < node.raft.raft_log.first_index() {
+                        if index < node.raw().raft.raft_log.first_index() {
                             continue;
                         }
-                        let held = node.raft.raft_log.term(index).unwrap_or(0);
+                        let held = node.raw().raft.raft_log.term(index).unwrap_or(0);
                         if held != *entry_term {
                             return Err(format!(
                                 "member {id} leads term {term} without entry {index} of term {entry_term} (holds term {held})"
                             ));
                         }
+                    }
+                    if term < self.max_term {
+                        self.late_leaders += 1;
                     }
                     self.leaders.insert(term, id);
                     self.note("leader", id, term, 0);
@@ -48,12 +51,13 @@ impl Sim {
         Ok(())
     }
 
-    pub(super) fn leader(&self) -> Option<&RawNode<SimStorage>> {
+    pub(super) fn leader(&self) -> Option<&raft::Raft<etcdrs_raftnode::NodeStorage>> {
         self.members
             .iter()
             .filter_map(|m| m.node.as_ref())
-            .filter(|n| n.raft.state == StateRole::Leader)
-            .max_by_key(|n| n.raft.term)
+            .map(|n| &n.raw().raft)
+            .filter(|r| r.state == StateRole::Leader)
+            .max_by_key(|r| r.term)
     }
 
     pub(super) fn converged(&self) -> bool {
@@ -63,8 +67,8 @@ impl Sim {
         let Some(leader) = self.leader() else {
             return false;
         };
-        let commit = leader.raft.raft_log.committed;
-        commit == leader.raft.raft_log.last_index()
+        let commit = leader.raft_log.committed;
+        commit == leader.raft_log.last_index()
             && self
                 .members
                 .iter()
@@ -77,10 +81,13 @@ impl Sim {
             .iter()
             .map(|m| match &m.node {
                 None => format!("{}: down", m.id),
-                Some(n) => format!(
-                    "{}: {:?} term {} commit {} applied {}",
-                    m.id, n.raft.state, n.raft.term, n.raft.raft_log.committed, m.applied
-                ),
+                Some(n) => {
+                    let raft = &n.raw().raft;
+                    format!(
+                        "{}: {:?} term {} commit {} applied {}",
+                        m.id, raft.state, raft.term, raft.raft_log.committed, m.applied
+                    )
+                }
             })
             .collect();
         let busy = self.clients.iter().filter(|c| c.busy.is_some()).count();
@@ -90,7 +97,7 @@ impl Sim {
     pub(super) fn finish(&mut self) -> Step<Report> {
         let mut first: Option<(u64, i64, u32, u32)> = None;
         for member in &self.members {
-            let Some(kv) = member.kv.as_ref() else {
+            let Some(kv) = member.store() else {
                 return Err(format!("member {} is down at the end", member.id));
             };
             let hash_kv = kv.hash_kv(0).map_err(|e| format!("hash: {e}"))?;
@@ -126,7 +133,7 @@ impl Sim {
             .members
             .iter()
             .filter_map(|m| m.node.as_ref())
-            .map(|n| n.raft.term)
+            .map(|n| n.raw().raft.term)
             .max()
             .unwrap_or(0);
         Ok(Report {
@@ -161,6 +168,7 @@ impl Sim {
             lease_revokes: self.lease_revokes,
             replayed: self.replayed,
             snapshots: self.snapshots,
+            late_leaders: self.late_leaders,
         })
     }
 }

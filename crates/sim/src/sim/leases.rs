@@ -15,10 +15,10 @@ impl Sim {
     pub(super) fn expire_leases(&mut self, i: usize) -> Step {
         let vnow = self.vnow() + Duration::from_millis(self.cfg.lease_clock_ahead_ms);
         let member = &self.members[i];
-        let (Some(node), Some(kv)) = (member.node.as_ref(), member.kv.as_ref()) else {
+        let (Some(node), Some(kv)) = (member.node.as_ref(), member.store()) else {
             return Ok(());
         };
-        if node.raft.state != StateRole::Leader {
+        if node.raw().raft.state != StateRole::Leader {
             return Ok(());
         }
         let expired = kv.lessor().expired(vnow, 500);
@@ -60,7 +60,7 @@ impl Sim {
             };
             self.next_request += 1;
             if let Some(node) = self.members[i].node.as_mut() {
-                let _ = node.propose(Vec::new(), request.encode_to_vec());
+                let _ = node.propose(request.encode_to_vec());
             }
             let member_id = self.members[i].id;
             self.note("lease-expire", member_id, id as u64, 0);
@@ -101,8 +101,8 @@ impl Sim {
             let Some(node) = self.members[i].node.as_mut() else {
                 return;
             };
-            if node.propose(Vec::new(), grant.encode_to_vec()).is_ok() {
-                let _ = node.propose(Vec::new(), put.encode_to_vec());
+            if node.propose(grant.encode_to_vec()).is_ok() {
+                let _ = node.propose(put.encode_to_vec());
                 self.leases.insert(
                     id,
                     LeaseLog {
@@ -120,7 +120,7 @@ impl Sim {
         let leader = self.members[i]
             .node
             .as_ref()
-            .map(|n| n.raft.leader_id)
+            .map(|n| n.raw().raft.leader_id)
             .unwrap_or(raft::INVALID_ID);
         let Some(at) = (leader as usize).checked_sub(1) else {
             return;
@@ -129,7 +129,7 @@ impl Sim {
             return;
         }
         let vnow = self.vnow();
-        let Some(kv) = self.members[at].kv.as_ref() else {
+        let Some(kv) = self.members[at].store() else {
             return;
         };
         if let Renewal::Renewed(_) = kv.lessor().renew(id, vnow) {

@@ -4,39 +4,85 @@
 use super::*;
 
 impl Sim {
-    /// Start (or restart) member `i` from its raft storage and its backend, as a member
-    /// restarts from its WAL and `member/snap/db`.
+    /// Start (or restart) member `i` as a member starts: its backend opened (on the virtual
+    /// clock), the server's state loaded from it, and `raftnode`'s node over its log: a new
+    /// cluster's first entries while the log is empty, a restart from it otherwise.
     pub(super) fn start_member(&mut self, i: usize) -> Step {
+        let n = self.members.len() as u64;
         let member = &mut self.members[i];
+        let id = member.id;
         let mut backend = Backend::open(&member.db).map_err(|e| format!("open backend: {e}"))?;
-        // Nothing becomes durable by the wall clock: only a clean stop makes it so.
-        backend.set_batching(Duration::from_secs(1 << 40), u64::MAX);
-        let kv = KvStore::open(backend, 1).map_err(|e| format!("open store: {e}"))?;
-        kv.force_durable()
+        backend.set_clock(Arc::new(VirtualClock {
+            base: self.base,
+            now_ms: self.now_ms.clone(),
+        }));
+        backend.set_batching(Duration::from_millis(self.cfg.backend_batch_ms), u64::MAX);
+        let store = Arc::new(KvStore::open(backend, 1).map_err(|e| format!("open store: {e}"))?);
+        store
+            .force_durable()
             .map_err(|e| format!("durable commit: {e}"))?;
         std::fs::copy(&member.db, &member.durable_db)
             .map_err(|e| format!("copy the durable backend: {e}"))?;
-        member.last_durable = self.now;
-        let applied = kv.consistent_index();
+        let applied = store.consistent_index();
         // Entries applied before a crash whose backend commits it lost: raft replays them.
         self.replayed += member.applied.saturating_sub(applied);
-        {
-            // As `raftnode` restarts: entries the store applied were committed.
-            let mut core = member.storage.mem.wl();
-            let commit = core.hard_state().commit.max(applied);
-            core.mut_hard_state().commit = commit;
-        }
-        let applied_term = raft::Storage::term(&member.storage, applied).unwrap_or(0);
-        member.storage.applied.set((applied, applied_term));
-        member.last_mark = member.last_mark.min(applied);
-        let config = raft_config(member.id, applied, self.cfg.pre_vote);
-        let node = RawNode::new(&config, member.storage.clone(), &self.logger)
-            .map_err(|e| format!("start raft: {e}"))?;
+        let mut config = etcdrs_server::ServerConfig::with_defaults();
+        config.data_dir = member.db.with_extension("dir");
+        config.election_timeout = Duration::from_millis(ELECTION_TICK as u64 * TICK_MS);
+        let (state, machine) = StandaloneMember::open(config, id, CLUSTER_ID, store.clone())
+            .map_err(|e| format!("load member state: {e}"))?;
+        let (start, recovered) = match member.log.recovered() {
+            Some(recovered) => (
+                state.restart().map_err(|e| format!("restart: {e}"))?,
+                recovered,
+            ),
+            None => {
+                let members = (1..=n)
+                    .map(|id| etcdrs_server::membership::Member {
+                        id,
+                        name: format!("m{id}"),
+                        peer_urls: Vec::new(),
+                        client_urls: Vec::new(),
+                        is_learner: false,
+                    })
+                    .collect();
+                let start = StandaloneMember::new_cluster(members, id, CLUSTER_ID)
+                    .map_err(|e| format!("bootstrap: {e}"))?;
+                (start, Recovered::default())
+            }
+        };
+        let (snapshot_count, catch_up_entries) = self.cfg.compaction.unwrap_or((1 << 40, 1));
+        let node_config = NodeConfig {
+            id,
+            wal_dir: PathBuf::from(format!("member-{id}-log")),
+            tick_interval: Duration::from_millis(TICK_MS),
+            election_tick: ELECTION_TICK,
+            heartbeat_tick: HEARTBEAT_TICK,
+            pre_vote: self.cfg.pre_vote,
+            snapshot_count,
+            catch_up_entries,
+            unsafe_no_fsync: false,
+        };
+        let recorder = Recorder {
+            machine,
+            store,
+            observed: member.observed.clone(),
+            db: member.db.clone(),
+            durable_db: member.durable_db.clone(),
+        };
+        let node = Node::new(
+            node_config,
+            start,
+            Box::new(member.log.clone()),
+            recovered,
+            Arc::new(member.outbox.clone()),
+            Box::new(recorder),
+        )
+        .map_err(|e| format!("start raft: {e}"))?;
         member.node = Some(node);
-        member.kv = Some(kv);
+        member.state = Some(state);
         member.applied = applied;
         member.promoted_at = None;
-        let id = member.id;
         self.note("start", id, applied, 0);
         // raft drew the new node's election timeout from the thread's RNG.
         self.pin_election_timeouts();
@@ -46,15 +92,17 @@ impl Sim {
     pub(super) fn crash(&mut self, i: usize) {
         let clean = self.rng.random_bool(0.5);
         let member = &mut self.members[i];
-        if member.node.take().is_none() {
+        let Some(node) = member.node.take() else {
             return;
-        }
-        if let Some(kv) = member.kv.take() {
+        };
+        // The node holds the applier, and with it the store: both go before the files move.
+        drop(node);
+        if let Some(state) = member.state.take() {
             if clean {
                 // A clean stop: the backend's last commits reach the disk.
-                let _ = kv.force_durable();
+                let _ = state.store().force_durable();
             }
-            drop(kv);
+            drop(state);
             if !clean {
                 // A power cut: what was committed since the last durable commit is lost, and
                 // raft replays it from the log after the consistent index.
@@ -64,7 +112,8 @@ impl Sim {
         member.waiters.clear();
         member.reads.clear();
         member.read_waits.clear();
-        member.images.clear();
+        lock(&member.outbox.0).clear();
+        lock(&member.observed).clear();
         member.promoted_at = None;
         let id = member.id;
         self.crashes += 1;
@@ -111,7 +160,7 @@ impl Sim {
                     m.paused_until <= self.now
                         && m.node
                             .as_ref()
-                            .is_some_and(|n| n.raft.state == StateRole::Leader)
+                            .is_some_and(|n| n.raw().raft.state == StateRole::Leader)
                 });
                 if let Some(member) = leader
                     && member.id != to

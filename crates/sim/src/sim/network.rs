@@ -60,7 +60,7 @@ impl Sim {
     pub(super) fn snapshot_image(&mut self, from: u64, msg: &Message) -> Step<PathBuf> {
         let index = msg.get_snapshot().get_metadata().index;
         let member = &self.members[(from - 1) as usize];
-        let Some(kv) = member.kv.as_ref() else {
+        let Some(kv) = member.store() else {
             return Err(format!("stopped member {from} sends a snapshot"));
         };
         let consistent = kv.consistent_index();
@@ -99,9 +99,15 @@ impl Sim {
             let leader = (from - 1) as usize;
             let ok = up && !cut;
             self.schedule(1, Event::SnapshotReport { leader, to, ok });
-            if ok {
-                let index = msg.get_snapshot().get_metadata().index;
-                self.members[i].images.insert(index, image);
+            match self.members[i].state.as_ref() {
+                // As the peer handler does: the image first, then the message to raft.
+                Some(state) if ok => {
+                    let index = msg.get_snapshot().get_metadata().index;
+                    state.snapshot_received(index, image);
+                }
+                _ => {
+                    let _ = std::fs::remove_file(image);
+                }
             }
         }
         if cut {
@@ -112,7 +118,7 @@ impl Sim {
             self.note("to-down", kind, from * 100 + to, 0);
             return;
         };
-        let stepped = node.step(msg).is_ok();
+        let stepped = node.step(msg);
         self.note("deliver", kind, from * 100 + to, u64::from(stepped));
     }
 }

@@ -1,56 +1,205 @@
-//! The raft log's stand-in for the WAL.
+//! What the simulator puts where a member has a disk, a clock and a network: the raft log's
+//! store (memory that survives a crash, as the fsynced WAL does), the virtual clock the
+//! backend and the lessor read, the transport that collects a member's outgoing messages, and
+//! a recorder around the server's state machine that reports what each batch did for the
+//! invariants.
 
 use super::*;
 
-/// raft-rs's in-memory log standing for the WAL, whose snapshots stand for the state machine's
-/// last applied entry, as `raftnode`'s `NodeStorage` (private to its crate) answers them.
-#[derive(Clone)]
-pub(super) struct SimStorage {
-    pub(super) mem: MemStorage,
-    /// (index, term) of the last entry the store applied.
-    pub(super) applied: std::rc::Rc<std::cell::Cell<(u64, u64)>>,
-    pub(super) conf_state: ConfState,
+/// The raft log as the WAL holds it: every entry after the last snapshot mark and the last
+/// hard state. It outlives the member's process; a restart reads it back.
+#[derive(Clone, Default)]
+pub(super) struct SimLog {
+    pub(super) state: Arc<Mutex<Recovered>>,
+    observed: Observations,
 }
 
-impl raft::Storage for SimStorage {
-    fn initial_state(&self) -> raft::Result<raft::RaftState> {
-        self.mem.initial_state()
-    }
-
-    fn entries(
-        &self,
-        low: u64,
-        high: u64,
-        max_size: impl Into<Option<u64>>,
-        context: raft::GetEntriesContext,
-    ) -> raft::Result<Vec<Entry>> {
-        self.mem.entries(low, high, max_size, context)
-    }
-
-    fn term(&self, idx: u64) -> raft::Result<u64> {
-        self.mem.term(idx)
-    }
-
-    fn first_index(&self) -> raft::Result<u64> {
-        self.mem.first_index()
-    }
-
-    fn last_index(&self) -> raft::Result<u64> {
-        self.mem.last_index()
-    }
-
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<raft::eraftpb::Snapshot> {
-        let (index, term) = self.applied.get();
-        if index == 0 || index < request_index {
-            return Err(raft::Error::Store(
-                raft::StorageError::SnapshotTemporarilyUnavailable,
-            ));
+impl SimLog {
+    pub(super) fn new(observed: Observations) -> SimLog {
+        SimLog {
+            state: Arc::default(),
+            observed,
         }
-        let mut snapshot = raft::eraftpb::Snapshot::default();
-        let meta = snapshot.mut_metadata();
-        meta.index = index;
-        meta.term = term;
-        meta.set_conf_state(self.conf_state.clone());
-        Ok(snapshot)
+    }
+
+    /// What a restart reads: `None` while nothing was ever written (a new member).
+    pub(super) fn recovered(&self) -> Option<Recovered> {
+        let state = lock(&self.state);
+        let empty = state.entries.is_empty()
+            && state.snapshot == (0, 0)
+            && state.hard_state == HardState::default();
+        (!empty).then(|| state.clone())
+    }
+}
+
+impl LogStore for SimLog {
+    fn save(
+        &mut self,
+        hard_state: Option<&HardState>,
+        entries: &[Entry],
+    ) -> etcdrs_raftnode::Result<()> {
+        let mut state = lock(&self.state);
+        if let Some(first) = entries.first() {
+            // As the WAL replays: a later entry replaces the one at its index and every one
+            // after it.
+            state.entries.retain(|e| e.index < first.index);
+            state.entries.extend_from_slice(entries);
+        }
+        if let Some(hard_state) = hard_state {
+            state.hard_state = hard_state.clone();
+        }
+        Ok(())
+    }
+
+    fn mark_snapshot(&mut self, index: u64, term: u64) -> etcdrs_raftnode::Result<()> {
+        let mut state = lock(&self.state);
+        state.snapshot = (index, term);
+        // A restart reads only what follows the last mark.
+        state.entries.retain(|e| e.index > index);
+        Ok(())
+    }
+
+    fn release_to(&mut self, index: u64) -> etcdrs_raftnode::Result<()> {
+        lock(&self.observed).push(Observed::Released { index });
+        Ok(())
+    }
+}
+
+/// The simulation's clock: virtual milliseconds after a base instant.
+pub(super) struct VirtualClock {
+    pub(super) base: Instant,
+    pub(super) now_ms: Arc<AtomicU64>,
+}
+
+impl Clock for VirtualClock {
+    fn now(&self) -> Instant {
+        self.base + Duration::from_millis(self.now_ms.load(AtomicOrdering::Relaxed))
+    }
+}
+
+/// A member's outgoing raft messages, collected for the simulated network.
+#[derive(Clone, Default)]
+pub(super) struct Outbox(pub(super) Arc<Mutex<Vec<Message>>>);
+
+impl Transport for Outbox {
+    fn send(&self, messages: Vec<Message>) {
+        lock(&self.0).extend(messages);
+    }
+}
+
+/// What a member's state machine and log reported, in order, since the simulator last looked.
+pub(super) type Observations = Arc<Mutex<Vec<Observed>>>;
+
+pub(super) enum Observed {
+    /// A batch applied.
+    Applied {
+        /// (index, term, payload hash) of each entry handed over.
+        entries: Vec<(u64, u64, u64)>,
+        /// raft's term as the batch was handed over.
+        raft_term: u64,
+        /// The last entry's index.
+        index: u64,
+        /// The store's revision after it.
+        revision: i64,
+        /// Whether the store's consistent index is `index` (not ahead of it, from a snapshot).
+        at_index: bool,
+        /// `HashKV` after it, when sampled.
+        hash: Option<u32>,
+        /// Whether the backend's commit was durable.
+        durable: bool,
+        /// Leases the batch revoked.
+        revoked: Vec<i64>,
+        /// Whether the lessor is primary after it.
+        primary: bool,
+    },
+    /// A leader's snapshot installed: its index, and the consistent index of the image.
+    Restored { index: u64, consistent: u64 },
+    /// The log released entries up to `index` (compaction after a durable commit).
+    Released { index: u64 },
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The server's applier, and around it what the invariants need: each batch's entries and
+/// the store after it; the durable backend copy a power cut restores, taken at each durable
+/// commit (the image as of the disk).
+pub(super) struct Recorder {
+    pub(super) machine: Box<dyn StateMachine>,
+    pub(super) store: Arc<KvStore>,
+    pub(super) observed: Observations,
+    pub(super) db: PathBuf,
+    pub(super) durable_db: PathBuf,
+}
+
+impl Recorder {
+    fn save_durable(&self) -> Result<(), String> {
+        std::fs::copy(&self.db, &self.durable_db)
+            .map(|_| ())
+            .map_err(|e| format!("copy the durable backend: {e}"))
+    }
+}
+
+impl StateMachine for Recorder {
+    fn apply(&mut self, batch: Apply) -> Result<Applied, String> {
+        let entries: Vec<(u64, u64, u64)> = batch
+            .entries
+            .iter()
+            .map(|e| (e.index, e.term, payload_hash(e)))
+            .collect();
+        let lessor = self.store.lessor();
+        let revoking: Vec<i64> = batch
+            .entries
+            .iter()
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty())
+            .filter_map(|e| InternalRaftRequest::decode(e.data.as_ref()).ok())
+            .filter_map(|r| r.lease_revoke.map(|revoke| revoke.id))
+            .filter(|id| lessor.contains(*id))
+            .collect();
+        let raft_term = batch.raft.term;
+        let applied = self.machine.apply(batch)?;
+        if applied.durable {
+            self.save_durable()?;
+        }
+        let store = &self.store;
+        let index = applied.index;
+        let at_index = store.consistent_index() == index;
+        let hash = if at_index && index % HASH_EVERY == 0 {
+            Some(store.hash_kv(0).map_err(|e| format!("hash: {e}"))?.hash)
+        } else {
+            None
+        };
+        let revoked = revoking
+            .into_iter()
+            .filter(|id| !lessor.contains(*id))
+            .collect();
+        lock(&self.observed).push(Observed::Applied {
+            entries,
+            raft_term,
+            index,
+            revision: store.current_rev(),
+            at_index,
+            hash,
+            durable: applied.durable,
+            revoked,
+            primary: lessor.is_primary(),
+        });
+        Ok(applied)
+    }
+
+    fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool {
+        self.machine.conf_change_allowed(index, change)
+    }
+
+    fn restore(&mut self, index: u64, term: u64, conf_state: &ConfState) -> Result<(), String> {
+        self.machine.restore(index, term, conf_state)?;
+        // The install commits durably.
+        self.save_durable()?;
+        lock(&self.observed).push(Observed::Restored {
+            index,
+            consistent: self.store.consistent_index(),
+        });
+        Ok(())
     }
 }
