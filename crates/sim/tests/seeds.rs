@@ -32,7 +32,21 @@ fn run_all(seeds: &[u64]) -> Vec<Result<Report, Failure>> {
                     let Some(&seed) = seeds.get(at) else {
                         return;
                     };
-                    let outcome = run(&Config::from_seed(seed));
+                    // A panic in the code under test (raft-rs's own assertions among it)
+                    // fails its seed, named, rather than the whole run.
+                    let outcome = std::panic::catch_unwind(|| run(&Config::from_seed(seed)))
+                        .unwrap_or_else(|panic| {
+                            let what = panic
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default();
+                            Err(Failure {
+                                seed,
+                                message: format!("panicked: {what}"),
+                                trace: Vec::new(),
+                            })
+                        });
                     results.lock().unwrap_or_else(|e| e.into_inner())[at] = Some(outcome);
                 }
             });
