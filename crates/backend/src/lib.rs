@@ -52,7 +52,7 @@ use redb::{
     TableHandle,
 };
 
-pub use dirsync::{create_dir_all_synced, sync_dir};
+pub use dirsync::{create_dir_all_synced, sync_dir, write_file_synced};
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 

@@ -125,18 +125,34 @@ impl PowerLoss {
     /// (every process under the layer must be dead), keeping a prefix per file and per
     /// directory chosen from `seed`, and starts a fresh journal.
     pub fn cut(&self, seed: u64) -> anyhow::Result<Cut> {
-        let mut rng = SplitMix(seed);
-        self.cut_with(|writes| usize::try_from(rng.next() % (writes as u64 + 1)).unwrap_or(0))
+        // One generator for both halves: the data's choices are drawn first, then the names'.
+        let rng = std::cell::RefCell::new(SplitMix(seed));
+        let draw =
+            |n: usize| usize::try_from(rng.borrow_mut().next() % (n as u64 + 1)).unwrap_or(0);
+        self.cut_with(draw, draw)
     }
 
     /// The worst power cut: every unsynced write and entry change is undone.
     pub fn cut_everything(&self) -> anyhow::Result<Cut> {
-        self.cut_with(|_| 0)
+        self.cut_with(|_| 0, |_| 0)
     }
 
-    /// The cut, with `keep(n)` choosing how many of a file's `n` unsynced writes, or of a
-    /// directory's `n` unsynced entry changes, reached the disk (a prefix).
-    fn cut_with(&self, mut keep: impl FnMut(usize) -> usize) -> anyhow::Result<Cut> {
+    /// A cut on a filesystem that wrote its metadata back before the data: every unsynced
+    /// write is undone but every entry change is kept, so a file created and written without
+    /// an fsync comes back under its name, short or empty (what XFS, or ext4 without
+    /// `data=ordered`, can leave after a crash).
+    pub fn cut_data_keep_names(&self) -> anyhow::Result<Cut> {
+        self.cut_with(|_| 0, |changes| changes)
+    }
+
+    /// The cut, with `keep_data(n)` choosing how many of a file's `n` unsynced writes, and
+    /// `keep_entries(n)` how many of a directory's `n` unsynced entry changes, reached the
+    /// disk (a prefix).
+    fn cut_with(
+        &self,
+        mut keep_data: impl FnMut(usize) -> usize,
+        mut keep_entries: impl FnMut(usize) -> usize,
+    ) -> anyhow::Result<Cut> {
         let bytes = match std::fs::read(&self.journal) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -144,8 +160,8 @@ impl PowerLoss {
         };
         let records = parse(&bytes)?;
         let mut cut = Cut::default();
-        undo_writes(&records, &mut keep, &mut cut)?;
-        undo_entries(&records, &mut keep, &mut cut)?;
+        undo_writes(&records, &mut keep_data, &mut cut)?;
+        undo_entries(&records, &mut keep_entries, &mut cut)?;
         // Whatever the stash still holds was removed for good.
         for entry in std::fs::read_dir(&self.stash).context("reading the stash")? {
             let path = entry.context("reading the stash")?.path();
