@@ -20,6 +20,12 @@
 //! disappears (with what is in it), a rename goes back (and a file it replaced comes back), an
 //! unlinked file comes back. Then the members start again on what a disk would hold.
 //!
+//! [`PowerLoss::stop_at_next_sync`] makes a cut land inside an unsynced window: the next
+//! process under the layer to fsync one of its files stops itself just before the fsync
+//! (the test then SIGKILLs it and cuts), so the cut finds that file's latest writes unsynced
+//! rather than, as a kill at a random instant mostly does, nothing (the WAL fsyncs before it
+//! acknowledges, and redb keeps its non-durable commits in memory).
+//!
 //! What it does not model: reordering of unsynced writes within one file or of entry changes
 //! within one directory, and the instant between a directory change and its record (the
 //! change is journaled once it succeeded, so a SIGKILL in between keeps it).
@@ -41,6 +47,8 @@ pub struct PowerLoss {
     library: PathBuf,
     journal: PathBuf,
     stash: PathBuf,
+    /// Exists while a stop at the next sync is armed (see the module docs).
+    stop: PathBuf,
 }
 
 /// What one power cut undid.
@@ -95,11 +103,13 @@ impl PowerLoss {
         let journal = dir.path().join("journal");
         let stash = dir.path().join("stash");
         std::fs::create_dir(&stash).context("creating the power-loss stash")?;
+        let stop = dir.path().join("stop");
         Ok(PowerLoss {
             dir,
             library,
             journal,
             stash,
+            stop,
         })
     }
 
@@ -118,7 +128,31 @@ impl PowerLoss {
                 "ETCDRS_POWER_STASH".into(),
                 self.stash.display().to_string(),
             ),
+            ("ETCDRS_POWER_STOP".into(), self.stop.display().to_string()),
         ]
+    }
+
+    /// Arms the stop at the next sync: the first process under the layer to fsync (or
+    /// fdatasync) one of its regular files whose path contains `path_part` (any file, when it
+    /// is empty) stops itself (SIGSTOP) just before that sync, with the file's latest writes
+    /// unsynced. [`PowerLoss::stopped_at`] tells when it has.
+    pub fn stop_at_next_sync(&self, path_part: &str) -> anyhow::Result<()> {
+        let _ = std::fs::remove_file(self.stop_report());
+        std::fs::write(&self.stop, path_part).context("arming the stop at the next sync")
+    }
+
+    /// The file before whose sync a process stopped itself, once one has since
+    /// [`PowerLoss::stop_at_next_sync`]; `None` while the stop is still armed.
+    pub fn stopped_at(&self) -> Option<PathBuf> {
+        if self.stop.exists() {
+            return None;
+        }
+        let path = std::fs::read_to_string(self.stop_report()).ok()?;
+        Some(PathBuf::from(path))
+    }
+
+    fn stop_report(&self) -> PathBuf {
+        self.dir.path().join("stop.at")
     }
 
     /// Cuts the power: undoes the unsynced writes and entry changes that the journal holds
@@ -160,6 +194,9 @@ impl PowerLoss {
         };
         let records = parse(&bytes)?;
         let mut cut = Cut::default();
+        // A stop still armed is disarmed: the processes are dead.
+        let _ = std::fs::remove_file(&self.stop);
+        let _ = std::fs::remove_file(self.stop_report());
         undo_writes(&records, &mut keep_data, &mut cut)?;
         undo_entries(&records, &mut keep_entries, &mut cut)?;
         // Whatever the stash still holds was removed for good.
