@@ -24,6 +24,11 @@
 //! file in the page cache; 0.1 s and 2 to 4.6 s from a cold cache. A start after a crash
 //! pays it anyway: redb's recovery verifies the same checksums.
 //!
+//! When only the newest commit fails the check (its pages cut short by a power cut before its
+//! fsync finished, or damaged since), redb opens the previous commit instead. That is not an
+//! error (the server's WAL replays what the lost commit held), but it is logged as a warning
+//! naming the file, and [`Backend::opened_previous_commit`] tells it.
+//!
 //! # Hashes and snapshots
 //!
 //! [`ReadTx::hash`] is etcd's backend hash (CRC-32C, [`crc32c`], over every bucket's name and
@@ -43,8 +48,8 @@ pub mod metrics;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redb::{
@@ -52,7 +57,7 @@ use redb::{
     TableHandle,
 };
 
-pub use dirsync::{create_dir_all_synced, sync_dir};
+pub use dirsync::{create_dir_all_synced, sync_dir, write_file_synced};
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
 
@@ -141,6 +146,22 @@ pub struct Backend {
     /// Bytes of keys and values stored, over every bucket, as of the last commit.
     logical_bytes: AtomicU64,
     clock: std::sync::Arc<dyn Clock>,
+    /// The open found the newest commit damaged and opened the one before it.
+    opened_previous_commit: bool,
+}
+
+/// A repair callback for redb that sets `fell_back` when the repair falls back to the
+/// previous commit. redb 4.6 (`Database::do_repair`) calls the callback at progress 0.0 when
+/// a repair starts (every open with the integrity check), then at 0.3 only when the newest
+/// commit's trees failed their checksums and it is about to fall back to the previous
+/// commit, then at 0.6 and 0.9. An open that then succeeds has fallen back. The backend's
+/// tests hold this reading to redb's behaviour.
+fn note_fall_back(fell_back: Arc<AtomicBool>) -> impl Fn(&mut redb::RepairSession) + 'static {
+    move |session| {
+        if (0.2..0.5).contains(&session.progress()) {
+            fell_back.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -188,9 +209,11 @@ impl Backend {
         // Every page of the committed trees is checked against its checksum on open, so a
         // file damaged since it was written (a flipped bit on the disk) is refused here rather
         // than read as data; an unclean shutdown costs the same full read anyway.
+        let fell_back = Arc::new(AtomicBool::new(false));
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
             .set_check_integrity_on_open(true)
+            .set_repair_callback(note_fall_back(fell_back.clone()))
             .create(path)
             .map_err(|e| match e {
                 redb::DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => {
@@ -204,6 +227,14 @@ impl Backend {
         // The file's name is durable from here on (also one a crash left unsynced), before
         // the first durable commit relies on it.
         sync_dir(parent).map_err(Error::Io)?;
+        let opened_previous_commit = fell_back.load(Ordering::Relaxed);
+        if opened_previous_commit {
+            tracing::warn!(
+                path = %path.display(),
+                "the newest commit of the database file failed the integrity check (cut short \
+                 by a crash or damaged on the disk); opened the previous commit"
+            );
+        }
         let backend = Backend {
             db: RwLock::new(db),
             path: path.to_path_buf(),
@@ -213,6 +244,7 @@ impl Backend {
             batch_limit: DEFAULT_BATCH_LIMIT,
             logical_bytes: AtomicU64::new(0),
             clock: std::sync::Arc::new(SystemClock),
+            opened_previous_commit,
         };
         let tx = backend.write()?;
         for bucket in Bucket::ALL {
@@ -230,6 +262,12 @@ impl Backend {
         drop(read);
         backend.logical_bytes.store(total, Ordering::Relaxed);
         Ok(backend)
+    }
+
+    /// Whether the open found the newest commit damaged (it failed redb's integrity check)
+    /// and opened the previous one: the writes of the newest commit are not in this backend.
+    pub fn opened_previous_commit(&self) -> bool {
+        self.opened_previous_commit
     }
 
     /// etcd's `--backend-batch-interval` and `--backend-batch-limit` (zero: etcd's defaults).

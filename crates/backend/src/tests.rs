@@ -57,6 +57,61 @@ fn a_flipped_bit_in_a_page_fails_the_integrity_check_on_open() {
 }
 
 #[test]
+fn damage_to_the_newest_commit_only_opens_the_previous_commit_and_says_so() {
+    // redb falls back to the previous commit when only the newest one fails its checksums
+    // (the pages of a commit that a power cut stopped short look the same). The backend
+    // opens, reports it, and has exactly the previous commit's data. The file is what a
+    // crash right after the newest commit leaves (copied while the database is open: a clean
+    // close ends with a two-phase commit, after which redb refuses damage instead).
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    let path = dir.path().join("db");
+    let older = b"a value the older commit holds";
+    let newest = b"a value only the newest commit wrote";
+    {
+        let backend = Backend::open(&live).unwrap();
+        assert!(!backend.opened_previous_commit());
+        let tx = backend.write().unwrap();
+        for i in 0..50u32 {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), older).unwrap();
+        }
+        tx.commit(true).unwrap();
+        let tx = backend.write().unwrap();
+        for i in 100..150u32 {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), newest).unwrap();
+        }
+        tx.commit(true).unwrap();
+        std::fs::copy(&live, &path).unwrap();
+    }
+    // Undamaged, the file opens at its newest commit (on a copy: an open commits too).
+    let clean = dir.path().join("clean");
+    std::fs::copy(&path, &clean).unwrap();
+    let backend = Backend::open(&clean).unwrap();
+    assert!(!backend.opened_previous_commit());
+    assert_eq!(backend.read().unwrap().len(Bucket::KEY).unwrap(), 100);
+    drop(backend);
+
+    assert!(flip_every(&path, newest) > 0);
+    let backend = Backend::open(&path).unwrap();
+    assert!(backend.opened_previous_commit());
+    let read = backend.read().unwrap();
+    assert_eq!(read.len(Bucket::KEY).unwrap(), 50);
+    assert_eq!(
+        read.get(Bucket::KEY, &49u32.to_be_bytes())
+            .unwrap()
+            .as_deref(),
+        Some(&older[..])
+    );
+    assert_eq!(read.get(Bucket::KEY, &100u32.to_be_bytes()).unwrap(), None);
+    drop(read);
+    drop(backend);
+    // The open repaired the file: the next open finds nothing to fall back from.
+    let backend = Backend::open(&path).unwrap();
+    assert!(!backend.opened_previous_commit());
+    assert_eq!(backend.read().unwrap().len(Bucket::KEY).unwrap(), 50);
+}
+
+#[test]
 fn commits_become_durable_by_batch_interval_and_limit() {
     let dir = tempfile::tempdir().unwrap();
     let mut backend = Backend::open(&dir.path().join("db")).unwrap();

@@ -18,6 +18,7 @@ use etcdrs_proto::etcdserverpb::watch_client::WatchClient;
 use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
 use etcdrs_proto::etcdserverpb::{
     AuthenticateRequest, PutRequest, RangeRequest, RangeResponse, WatchCreateRequest, WatchRequest,
+    WatchResponse,
 };
 use etcdrs_proto::keys::prefix_end;
 use tonic::metadata::AsciiMetadataValue;
@@ -322,16 +323,7 @@ impl Discovery {
             tracing::warn!(clusterSizeKey = %key, error = %e.message(), "failed to get cluster size from discovery service");
             Some(e)
         })?;
-        let Some(kv) = resp.kvs.first() else {
-            return Err(None);
-        };
-        match std::str::from_utf8(&kv.value)
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-        {
-            Some(n) if n > 0 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
-            _ => Ok(0),
-        }
+        size_from(&resp).ok_or(None)
     }
 
     async fn cluster_members(&mut self) -> std::result::Result<(Registry, i64), Status> {
@@ -339,11 +331,7 @@ impl Discovery {
         let resp = self.range(&prefix, true).await.inspect_err(|e| {
             tracing::warn!(membersKeyPrefix = %prefix, error = %e.message(), "failed to get cluster members from discovery service");
         })?;
-        let mut registry = Registry::default();
-        for kv in resp.kvs {
-            add_member(&mut registry, &kv.key, &kv.value, kv.create_revision);
-        }
-        Ok((registry, resp.header.map_or(0, |h| h.revision)))
+        Ok(members_from(resp))
     }
 
     /// etcd's `checkCluster`: the size, the registrations and the revision they were read
@@ -483,18 +471,7 @@ impl Discovery {
             }
         };
         while let Some(resp) = stream.message().await? {
-            if resp.canceled {
-                return Err(Status::aborted(if resp.cancel_reason.is_empty() {
-                    "watch canceled".to_owned()
-                } else {
-                    resp.cancel_reason
-                }));
-            }
-            for event in resp.events {
-                if let Some(kv) = event.kv {
-                    add_member(registry, &kv.key, &kv.value, kv.create_revision);
-                }
-            }
+            add_watched(registry, resp)?;
             if registry.len() >= size {
                 drop(tx);
                 return Ok(());
@@ -531,6 +508,46 @@ fn transient(status: &Status) -> bool {
     )
 }
 
+/// The cluster size a range of the `_config/size` key holds: `None` without the key, 0 when
+/// its value is not a positive number (etcd's `ErrBadSizeKey`).
+fn size_from(resp: &RangeResponse) -> Option<usize> {
+    let kv = resp.kvs.first()?;
+    match std::str::from_utf8(&kv.value)
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        Some(n) if n > 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        _ => Some(0),
+    }
+}
+
+/// The registrations a range of `members/` holds, and the revision it was read at.
+fn members_from(resp: RangeResponse) -> (Registry, i64) {
+    let mut registry = Registry::default();
+    for kv in resp.kvs {
+        add_member(&mut registry, &kv.key, &kv.value, kv.create_revision);
+    }
+    (registry, resp.header.map_or(0, |h| h.revision))
+}
+
+/// Adds the registrations one response of the `members/` watch carries; a canceled watch is
+/// an error with its reason.
+fn add_watched(registry: &mut Registry, resp: WatchResponse) -> std::result::Result<(), Status> {
+    if resp.canceled {
+        return Err(Status::aborted(if resp.cancel_reason.is_empty() {
+            "watch canceled".to_owned()
+        } else {
+            resp.cancel_reason
+        }));
+    }
+    for event in resp.events {
+        if let Some(kv) = event.kv {
+            add_member(registry, &kv.key, &kv.value, kv.create_revision);
+        }
+    }
+    Ok(())
+}
+
 fn add_member(registry: &mut Registry, key: &[u8], value: &[u8], created: i64) {
     let key = String::from_utf8_lossy(key).trim().to_owned();
     let value = String::from_utf8_lossy(value).trim().to_owned();
@@ -546,6 +563,9 @@ fn add_member(registry: &mut Registry, key: &[u8], value: &[u8], created: i64) {
         Err(warning) => tracing::warn!(memberKey = %key, memberInfo = %value, "{warning}"),
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,8 @@
 //! `crates/server/fuzz-corpus/peer-message/`, streams of the messages raft exchanges
 //! carrying etcd 3.4's entries from
 //! `crates/etcddir/fuzz-corpus/entry/` (`ETCDRS_FUZZ_REGEN=1` rewrites them). Runner and
-//! knobs: `etcdrs-fuzz`.
+//! knobs: `etcdrs-fuzz`. What raft-rs then does with the decoded messages, and with the conf
+//! state read from the backend, is fuzzed in `raft_step`.
 
 use std::path::Path;
 
@@ -19,6 +20,8 @@ use etcdrs_raftnode::eraftpb::{Entry, EntryType, Message, MessageType};
 use protobuf::Message as _;
 
 use crate::rafthttp::codec::{self, MsgAppV2Decoder, MsgAppV2Encoder};
+
+mod raft_step;
 
 /// A frame limit for the fuzzed streams (etcd's `readBytesLimit` is 512 MiB; the fuzzer's
 /// inputs are small, so a smaller one finds the same length checks).

@@ -358,7 +358,10 @@ impl TlsInfo {
             self.key_file = key_file;
             return Ok(self);
         }
-        std::fs::create_dir_all(dir)
+        // Durable names and data: a power cut after the member served with these files
+        // must not leave them missing (a new certificate its peers and clients have not seen)
+        // or empty (a member that cannot start).
+        etcdrs_backend::create_dir_all_synced(dir)
             .map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
         let make = || -> std::result::Result<(String, String), rcgen::Error> {
             let mut params = rcgen::CertificateParams::new(hosts.to_vec())?;
@@ -387,11 +390,13 @@ impl TlsInfo {
             Ok((cert.pem(), key.serialize_pem()))
         };
         let (cert, key) = make().map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
-        std::fs::write(&cert_file, cert)
+        // A cut between the two leaves one file of the pair, and the next start makes a new
+        // pair. The key is readable by its owner only, as etcd creates it.
+        etcdrs_backend::write_file_synced(&key_file, key.as_bytes(), 0o600)
+            .map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
+        etcdrs_backend::write_file_synced(&cert_file, cert.as_bytes(), 0o644)
             .map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
         tracing::info!(path = %cert_file.display(), "created cert file");
-        std::fs::write(&key_file, key)
-            .map_err(|e| tls_error(format!("cannot generate cert: {e}")))?;
         tracing::info!(path = %key_file.display(), "created key file");
         self.cert_file = cert_file;
         self.key_file = key_file;

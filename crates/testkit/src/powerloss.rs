@@ -20,6 +20,12 @@
 //! disappears (with what is in it), a rename goes back (and a file it replaced comes back), an
 //! unlinked file comes back. Then the members start again on what a disk would hold.
 //!
+//! [`PowerLoss::stop_at_next_sync`] makes a cut land inside an unsynced window: the next
+//! process under the layer to fsync one of its files stops itself just before the fsync
+//! (the test then SIGKILLs it and cuts), so the cut finds that file's latest writes unsynced
+//! rather than, as a kill at a random instant mostly does, nothing (the WAL fsyncs before it
+//! acknowledges, and redb keeps its non-durable commits in memory).
+//!
 //! What it does not model: reordering of unsynced writes within one file or of entry changes
 //! within one directory, and the instant between a directory change and its record (the
 //! change is journaled once it succeeded, so a SIGKILL in between keeps it).
@@ -41,6 +47,8 @@ pub struct PowerLoss {
     library: PathBuf,
     journal: PathBuf,
     stash: PathBuf,
+    /// Exists while a stop at the next sync is armed (see the module docs).
+    stop: PathBuf,
 }
 
 /// What one power cut undid.
@@ -95,11 +103,13 @@ impl PowerLoss {
         let journal = dir.path().join("journal");
         let stash = dir.path().join("stash");
         std::fs::create_dir(&stash).context("creating the power-loss stash")?;
+        let stop = dir.path().join("stop");
         Ok(PowerLoss {
             dir,
             library,
             journal,
             stash,
+            stop,
         })
     }
 
@@ -118,25 +128,65 @@ impl PowerLoss {
                 "ETCDRS_POWER_STASH".into(),
                 self.stash.display().to_string(),
             ),
+            ("ETCDRS_POWER_STOP".into(), self.stop.display().to_string()),
         ]
+    }
+
+    /// Arms the stop at the next sync: the first process under the layer to fsync (or
+    /// fdatasync) one of its regular files whose path contains `path_part` (any file, when it
+    /// is empty) stops itself (SIGSTOP) just before that sync, with the file's latest writes
+    /// unsynced. [`PowerLoss::stopped_at`] tells when it has.
+    pub fn stop_at_next_sync(&self, path_part: &str) -> anyhow::Result<()> {
+        let _ = std::fs::remove_file(self.stop_report());
+        std::fs::write(&self.stop, path_part).context("arming the stop at the next sync")
+    }
+
+    /// The file before whose sync a process stopped itself, once one has since
+    /// [`PowerLoss::stop_at_next_sync`]; `None` while the stop is still armed.
+    pub fn stopped_at(&self) -> Option<PathBuf> {
+        if self.stop.exists() {
+            return None;
+        }
+        let path = std::fs::read_to_string(self.stop_report()).ok()?;
+        Some(PathBuf::from(path))
+    }
+
+    fn stop_report(&self) -> PathBuf {
+        self.dir.path().join("stop.at")
     }
 
     /// Cuts the power: undoes the unsynced writes and entry changes that the journal holds
     /// (every process under the layer must be dead), keeping a prefix per file and per
     /// directory chosen from `seed`, and starts a fresh journal.
     pub fn cut(&self, seed: u64) -> anyhow::Result<Cut> {
-        let mut rng = SplitMix(seed);
-        self.cut_with(|writes| usize::try_from(rng.next() % (writes as u64 + 1)).unwrap_or(0))
+        // One generator for both halves: the data's choices are drawn first, then the names'.
+        let rng = std::cell::RefCell::new(SplitMix(seed));
+        let draw =
+            |n: usize| usize::try_from(rng.borrow_mut().next() % (n as u64 + 1)).unwrap_or(0);
+        self.cut_with(draw, draw)
     }
 
     /// The worst power cut: every unsynced write and entry change is undone.
     pub fn cut_everything(&self) -> anyhow::Result<Cut> {
-        self.cut_with(|_| 0)
+        self.cut_with(|_| 0, |_| 0)
     }
 
-    /// The cut, with `keep(n)` choosing how many of a file's `n` unsynced writes, or of a
-    /// directory's `n` unsynced entry changes, reached the disk (a prefix).
-    fn cut_with(&self, mut keep: impl FnMut(usize) -> usize) -> anyhow::Result<Cut> {
+    /// A cut on a filesystem that wrote its metadata back before the data: every unsynced
+    /// write is undone but every entry change is kept, so a file created and written without
+    /// an fsync comes back under its name, short or empty (what XFS, or ext4 without
+    /// `data=ordered`, can leave after a crash).
+    pub fn cut_data_keep_names(&self) -> anyhow::Result<Cut> {
+        self.cut_with(|_| 0, |changes| changes)
+    }
+
+    /// The cut, with `keep_data(n)` choosing how many of a file's `n` unsynced writes, and
+    /// `keep_entries(n)` how many of a directory's `n` unsynced entry changes, reached the
+    /// disk (a prefix).
+    fn cut_with(
+        &self,
+        mut keep_data: impl FnMut(usize) -> usize,
+        mut keep_entries: impl FnMut(usize) -> usize,
+    ) -> anyhow::Result<Cut> {
         let bytes = match std::fs::read(&self.journal) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -144,8 +194,11 @@ impl PowerLoss {
         };
         let records = parse(&bytes)?;
         let mut cut = Cut::default();
-        undo_writes(&records, &mut keep, &mut cut)?;
-        undo_entries(&records, &mut keep, &mut cut)?;
+        // A stop still armed is disarmed: the processes are dead.
+        let _ = std::fs::remove_file(&self.stop);
+        let _ = std::fs::remove_file(self.stop_report());
+        undo_writes(&records, &mut keep_data, &mut cut)?;
+        undo_entries(&records, &mut keep_entries, &mut cut)?;
         // Whatever the stash still holds was removed for good.
         for entry in std::fs::read_dir(&self.stash).context("reading the stash")? {
             let path = entry.context("reading the stash")?.path();

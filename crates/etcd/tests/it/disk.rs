@@ -437,3 +437,66 @@ async fn a_member_whose_wal_was_removed_refuses_to_start_over_its_backend() {
         .expect("read");
     assert_eq!(got.kvs().len(), 20);
 }
+
+#[tokio::test]
+async fn a_damaged_newest_backend_commit_is_logged_and_the_wal_replays_it() {
+    // redb falls back to the previous commit when only the newest one fails its checksums
+    // (what a crash in the middle of a commit can leave too). That happened without a word:
+    // the member started and the WAL replayed what the lost commit held. Now the backend
+    // logs it, naming the file. Each put is its own durable commit here
+    // (`--backend-batch-limit 1`), the last put's value is in its commit's pages alone, and
+    // the member is killed right after it is acknowledged (a clean stop ends with a
+    // two-phase commit, after which redb refuses damage: the test above).
+    if !ours() {
+        return;
+    }
+    let mut member = Member::start(opts().args(["--backend-batch-limit", "1"]))
+        .await
+        .expect("member starts");
+    let mut client = member.client().await.expect("client");
+    let older = "a value of the commits before the newest";
+    let newest = "a value only the newest backend commit holds";
+    for i in 0..20 {
+        client
+            .put(format!("fallback/{i:02}"), older, None)
+            .await
+            .expect("put");
+    }
+    client
+        .put("fallback/last", newest, None)
+        .await
+        .expect("put");
+    member.kill9().expect("SIGKILL");
+    let db = member.data_dir().join("member/snap/db");
+    assert!(
+        flip_every(&db, newest.as_bytes()) > 0,
+        "the newest commit's value is in the file"
+    );
+
+    member
+        .restart()
+        .await
+        .unwrap_or_else(|e| panic!("the member starts on the previous commit: {e:#}"));
+    let log = member.current_log();
+    assert!(
+        log.contains("opened the previous commit") && log.contains(&db.display().to_string()),
+        "the fall-back is logged, naming {}:\n{}",
+        db.display(),
+        member.log_tail(20)
+    );
+    let mut client = member.client().await.expect("client");
+    let got = client
+        .get("fallback/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read");
+    let got = pairs(got.kvs());
+    assert_eq!(got.len(), 21, "every acknowledged put is served: {got:?}");
+    for (key, value) in &got {
+        let want = if key == "fallback/last" {
+            newest
+        } else {
+            older
+        };
+        assert_eq!(value, want, "{key}");
+    }
+}

@@ -237,16 +237,7 @@ async fn process(
         )
             .into_response());
     }
-    // Raft's local messages never come from a peer; etcd's raft ignores them.
-    let local = matches!(
-        message.get_msg_type(),
-        MessageType::MsgHup
-            | MessageType::MsgBeat
-            | MessageType::MsgUnreachable
-            | MessageType::MsgSnapStatus
-            | MessageType::MsgCheckQuorum
-    );
-    if local {
+    if is_local(message.get_msg_type()) {
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     match server.raft_step(message).await {
@@ -259,6 +250,19 @@ async fn process(
             ))
         }
     }
+}
+
+/// Raft's local messages, which never come from a peer: etcd's raft ignores them, and they
+/// are not stepped.
+pub(crate) fn is_local(kind: MessageType) -> bool {
+    matches!(
+        kind,
+        MessageType::MsgHup
+            | MessageType::MsgBeat
+            | MessageType::MsgUnreachable
+            | MessageType::MsgSnapStatus
+            | MessageType::MsgCheckQuorum
+    )
 }
 
 /// Everything under `/raft/`: streams, snapshots, probing (etcd's rafthttp mux).

@@ -20,7 +20,13 @@
  *   'X' path                    (a directory removed)
  *   'R' from, to, stash, inode, inode  (a rename: the file moved and the one it replaced,
  *                                       stash "" and inode 0, 0 when it replaced nothing)
- *   'U' path, stash, inode      (an unlink; stash "" when no link could be kept) */
+ *   'U' path, stash, inode      (an unlink; stash "" when no link could be kept)
+ *
+ * The stop at a sync: while the file $ETCDRS_POWER_STOP exists, the first thread to fsync or
+ * fdatasync a watched regular file whose path contains what the stop file holds (anything,
+ * when it is empty) removes it, writes that file's path to $ETCDRS_POWER_STOP.at and stops
+ * its process (SIGSTOP) before the sync, so that the test's SIGKILL then finds the file's
+ * latest writes unsynced. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -28,6 +34,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -284,12 +291,39 @@ int ftruncate(int fd, off_t length) {
     return ftruncate64(fd, length);
 }
 
+/* The stop at a sync (see the top): only the thread whose unlink removed the stop file
+ * stops the process. */
+static void stop_if_asked(const char *path) {
+    const char *stop = getenv("ETCDRS_POWER_STOP");
+    char at[PATH_MAX], wanted[PATH_MAX];
+    ssize_t n;
+    int fd;
+    if (stop == NULL) return;
+    fd = real_openat64(AT_FDCWD, stop, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    n = read(fd, wanted, sizeof wanted - 1);
+    close(fd);
+    if (n < 0) return;
+    wanted[n] = 0;
+    if (strstr(path, wanted) == NULL) return;
+    if (real_unlinkat(AT_FDCWD, stop, 0) != 0) return;
+    if (snprintf(at, sizeof at, "%s.at", stop) < (int)sizeof at) {
+        fd = real_openat64(AT_FDCWD, at, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            real_write(fd, path, strlen(path));
+            close(fd);
+        }
+    }
+    raise(SIGSTOP);
+}
+
 static int synced(int fd, int (*real)(int)) {
     char path[PATH_MAX];
     struct stat st;
     int r;
     init();
     if (!watched_fd(fd, path, sizeof path, &st, 1)) return real(fd);
+    if (S_ISREG(st.st_mode)) stop_if_asked(path);
     pthread_mutex_lock(&lock);
     r = real(fd);
     if (r == 0) {
