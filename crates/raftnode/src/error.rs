@@ -32,6 +32,10 @@ pub enum Error {
         /// The WAL directory.
         dir: String,
     },
+    /// The raft configuration read back at a restart breaks raft's invariants (see
+    /// [`crate::conf_state::check`]): a damaged backend.
+    #[error("the raft configuration in the backend is invalid: {0}; refusing to start")]
+    InvalidConfState(String),
     /// An entry in the log could not be decoded.
     #[error("corrupt raft entry: {0}")]
     Corrupt(String),

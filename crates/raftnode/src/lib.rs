@@ -20,6 +20,7 @@
 
 #![deny(missing_docs)]
 
+pub mod conf_state;
 pub mod confchange;
 mod error;
 mod logger;

@@ -124,6 +124,7 @@ fn restore(
         hard_state: recovered_state,
         mut entries,
     } = recovered;
+    crate::conf_state::check(&conf_state)?;
     let mut core = storage.wl();
     if snapshot_index > 0 {
         let mut snapshot = raft::eraftpb::Snapshot::default();

@@ -500,3 +500,63 @@ async fn a_damaged_newest_backend_commit_is_logged_and_the_wal_replays_it() {
         assert_eq!(value, want, "{key}");
     }
 }
+
+/// Rewrites the raft configuration in `data_dir`'s backend; returns what it held.
+fn rewrite_conf_state(data_dir: &Path, rewrite: impl FnOnce(&[u8]) -> Vec<u8>) -> Vec<u8> {
+    let path = data_dir.join("member/snap/db");
+    let backend = etcdrs_backend::Backend::open(&path).expect("open the stopped member's backend");
+    let held = backend
+        .read()
+        .expect("read")
+        .get(etcdrs_backend::Bucket::META, etcdrs_mvcc::META_CONF_STATE)
+        .expect("get")
+        .expect("the member stored its raft configuration");
+    let tx = backend.write().expect("write");
+    tx.put(
+        etcdrs_backend::Bucket::META,
+        etcdrs_mvcc::META_CONF_STATE,
+        &rewrite(&held),
+    )
+    .expect("put");
+    tx.commit(true).expect("commit");
+    held
+}
+
+#[tokio::test]
+async fn a_backend_raft_configuration_listing_a_member_twice_refuses_to_start() {
+    // A damaged or hand-edited `meta` bucket whose configuration lists this member twice:
+    // raft-rs would panic restoring it; the member refuses, naming the member, and starts
+    // again once the configuration is put back.
+    if !ours() {
+        return;
+    }
+    let mut member = stopped_after_puts("confstate", 5, "x").await;
+    // A protobuf message written twice over decodes as one with every repeated field twice.
+    let held = rewrite_conf_state(member.data_dir(), |held| [held, held].concat());
+    let failed = member.restart().await;
+    assert!(failed.is_err(), "the member started");
+    let status = member
+        .wait_exit(WAIT)
+        .await
+        .expect("the member exits by itself");
+    assert!(!status.success(), "exit status {status}");
+    let log = member.current_log();
+    assert!(
+        log.contains("the raft configuration in the backend is invalid: member ")
+            && log.contains(" is listed twice among the voters; refusing to start")
+            && !log.contains("panicked"),
+        "the refusal names the member listed twice:\n{}",
+        member.log_tail(10)
+    );
+    rewrite_conf_state(member.data_dir(), |_| held);
+    member
+        .restart()
+        .await
+        .expect("starts with its configuration back");
+    let mut client = member.client().await.expect("client");
+    let got = client
+        .get("confstate/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read");
+    assert_eq!(got.kvs().len(), 5);
+}
