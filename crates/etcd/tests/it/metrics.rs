@@ -7,7 +7,9 @@ use anyhow::Context as _;
 use std::time::Duration;
 
 use etcd_client::{GetOptions, Txn, TxnOp, WatchOptions};
+use etcdrs_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use etcdrs_testkit::{Member, poll_until};
+use tonic::codegen::http::uri::PathAndQuery;
 
 use crate::start;
 
@@ -673,4 +675,96 @@ async fn abandoned_proposals_leave_the_pending_gauge() {
     })
     .await
     .unwrap();
+}
+
+/// Label series are a bound too (issue 20): a client may name any gRPC path, and anyone may
+/// claim any sender on the peer port. Neither may add series to `/metrics`: 1,000 distinct
+/// unknown gRPC methods (over one HTTP/2 connection) and 300 peer requests from made-up
+/// senders leave the set of series as it was, and a client is served throughout.
+#[tokio::test]
+async fn unknown_grpc_methods_and_peer_senders_add_no_series() {
+    let (m, mut client) = start().await;
+    client.put("before", "v", None).await.expect("put");
+    let series = |scrape: &Scrape| -> std::collections::BTreeSet<String> {
+        scrape.samples.iter().map(|(s, _)| s.clone()).collect()
+    };
+    let before = series(&Scrape::of(&m).await);
+
+    // Over one connection, as the generated clients call, with paths of our choosing.
+    let channel = tonic::transport::Endpoint::from_shared(m.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for i in 0..1000 {
+        let path = if i % 2 == 0 {
+            format!("/etcdserverpb.KV/Nope{i}")
+        } else {
+            format!("/nope{i}.Service/Call")
+        };
+        grpc.ready().await.expect("connection ready");
+        let answer = grpc
+            .unary::<RangeRequest, RangeResponse, _>(
+                tonic::Request::new(RangeRequest::default()),
+                PathAndQuery::try_from(path.as_str()).expect("a path"),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        match answer {
+            Err(status) => assert_eq!(status.code(), tonic::Code::Unimplemented, "{path}"),
+            Ok(_) => panic!("{path} answered"),
+        }
+    }
+    client.put("during", "v", None).await.expect("put");
+
+    let cluster = format!(
+        "{:x}",
+        client
+            .member_list()
+            .await
+            .expect("member list")
+            .header()
+            .expect("a header")
+            .cluster_id()
+    );
+    let peer = m
+        .peer_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    for i in 0..300u64 {
+        let from = format!("{:x}", 0x5eed_0000_0000_0000u64 + i * 7919);
+        etcdrs_testkit::http_request(
+            &peer,
+            "POST",
+            "/raft",
+            &[
+                ("X-Etcd-Cluster-ID", cluster.as_str()),
+                ("X-Server-From", from.as_str()),
+                ("X-Server-Version", "3.4.23"),
+                ("X-Min-Cluster-Version", "3.0.0"),
+                ("Content-Type", "application/protobuf"),
+            ],
+            b"not a raft message",
+        )
+        .await
+        .expect("the peer port answers");
+    }
+    client.put("after", "v", None).await.expect("put");
+
+    let after = series(&Scrape::of(&m).await);
+    let added: Vec<&String> = after.difference(&before).collect();
+    eprintln!("{} series added by the flood: {added:?}", added.len());
+    let named: Vec<&&String> = added
+        .iter()
+        .filter(|s| s.contains("Nope") || s.contains("nope") || s.contains("5eed"))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "series named after what a client sent: {named:?}"
+    );
+    // A put's own series (its histogram buckets, its method's handled code) were there before
+    // the flood; what may appear after is a handful of time-driven ones, not one per request.
+    assert!(added.len() < 20, "{} series added: {added:?}", added.len());
 }
