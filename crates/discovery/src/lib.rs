@@ -21,3 +21,9 @@ pub mod srv_cluster;
 pub mod tls;
 pub mod v2;
 pub mod v3;
+
+/// Fuzz dictionary tokens of what both discovery protocols read from the service: the
+/// `name=url,...` cluster string of a registered member.
+#[cfg(test)]
+pub(crate) const CLUSTER_STRING_TOKENS: &[&[u8]] =
+    &[b"=http://", b"=unix://", b"://[", b"]:", b",", b"%"];

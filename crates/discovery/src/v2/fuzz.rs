@@ -66,15 +66,10 @@ fn fuzz_v2_discovery_responses() {
             env!("CARGO_MANIFEST_DIR"),
             "/fuzz-corpus/v2-response"
         ))
+        .dictionary(crate::CLUSTER_STRING_TOKENS)
         .dictionary(&[
             b"\"nodes\":[",
             b"\"value\":\"",
-            b"=http://",
-            b"=unix://",
-            b"://[",
-            b"]:",
-            b",",
-            b"%",
             b"\"createdIndex\":18446744073709551615",
             b"\"errorCode\":",
             b"{",

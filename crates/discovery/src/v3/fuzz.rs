@@ -122,13 +122,8 @@ fn fuzz_v3_discovery_responses() {
             env!("CARGO_MANIFEST_DIR"),
             "/fuzz-corpus/v3-response"
         ))
+        .dictionary(crate::CLUSTER_STRING_TOKENS)
         .dictionary(&[
-            b"=http://",
-            b"=unix://",
-            b"://[",
-            b"]:",
-            b",",
-            b"%",
             b"/_etcd/registry/tok/members/",
             b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
         ])

@@ -296,6 +296,29 @@ async fn stopped_after_puts(prefix: &str, count: usize, value: impl Into<Vec<u8>
     member
 }
 
+/// Restarts `member`, which must refuse: it exits by itself, non-zero. Returns its log.
+async fn refused_restart(member: &mut Member, what: &str) -> String {
+    let failed = member.restart().await;
+    assert!(failed.is_err(), "{what}: the member started");
+    let status = member
+        .wait_exit(WAIT)
+        .await
+        .expect("the member exits by itself");
+    assert!(!status.success(), "{what}: exit status {status}");
+    member.current_log()
+}
+
+/// How many keys under `prefix` the (running) member serves.
+async fn served_under(member: &Member, prefix: &str) -> usize {
+    let mut client = member.client().await.expect("client");
+    client
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read")
+        .kvs()
+        .len()
+}
+
 #[tokio::test]
 async fn a_bit_flip_in_a_wal_record_refuses_to_start_naming_the_file_and_offset() {
     if !ours() {
@@ -312,14 +335,7 @@ async fn a_bit_flip_in_a_wal_record_refuses_to_start_naming_the_file_and_offset(
     std::fs::write(&segment, &bytes).expect("write segment");
 
     let mut member = member;
-    let failed = member.restart().await;
-    assert!(failed.is_err(), "a member with a damaged WAL started");
-    let status = member
-        .wait_exit(WAIT)
-        .await
-        .expect("the member exits by itself");
-    assert!(!status.success(), "exit status {status}");
-    let log = member.current_log();
+    let log = refused_restart(&mut member, "a damaged WAL").await;
     let name = segment
         .file_name()
         .and_then(|n| n.to_str())
@@ -366,14 +382,7 @@ async fn a_bit_flip_in_the_backend_refuses_to_start_naming_the_file_and_a_clean_
         "the values are in the file"
     );
 
-    let failed = member.restart().await;
-    assert!(failed.is_err(), "a member with a damaged backend started");
-    let status = member
-        .wait_exit(WAIT)
-        .await
-        .expect("the member exits by itself");
-    assert!(!status.success(), "exit status {status}");
-    let log = member.current_log();
+    let log = refused_restart(&mut member, "a damaged backend").await;
     let refusal = format!(
         "database file `{}` is damaged: failed the integrity check",
         db.display()
@@ -387,12 +396,7 @@ async fn a_bit_flip_in_the_backend_refuses_to_start_naming_the_file_and_a_clean_
     // The copy taken before the damage starts, with every put.
     std::fs::rename(&clean, &db).expect("put the clean copy back");
     member.restart().await.expect("the clean copy starts");
-    let mut client = member.client().await.expect("client");
-    let got = client
-        .get("dbflip/", Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("read");
-    assert_eq!(got.kvs().len(), 50);
+    assert_eq!(served_under(&member, "dbflip/").await, 50);
 }
 
 #[tokio::test]
@@ -412,14 +416,7 @@ async fn a_member_whose_wal_was_removed_refuses_to_start_over_its_backend() {
         if round == "an empty WAL directory" {
             std::fs::create_dir(&wal).expect("empty WAL directory");
         }
-        let failed = member.restart().await;
-        assert!(failed.is_err(), "{round}: the member started");
-        let status = member
-            .wait_exit(WAIT)
-            .await
-            .expect("the member exits by itself");
-        assert!(!status.success(), "{round}: exit status {status}");
-        let log = member.current_log();
+        let log = refused_restart(&mut member, round).await;
         assert!(
             log.contains(&format!("database file ({} index", db.display()))
                 && log.contains(&format!("the WAL directory ({}) has no WAL", wal.display())),
@@ -430,12 +427,7 @@ async fn a_member_whose_wal_was_removed_refuses_to_start_over_its_backend() {
     std::fs::remove_dir(&wal).expect("remove the empty WAL directory");
     std::fs::rename(&kept, &wal).expect("put the WAL back");
     member.restart().await.expect("starts with its WAL back");
-    let mut client = member.client().await.expect("client");
-    let got = client
-        .get("nowal/", Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("read");
-    assert_eq!(got.kvs().len(), 20);
+    assert_eq!(served_under(&member, "nowal/").await, 20);
 }
 
 #[tokio::test]
@@ -533,14 +525,7 @@ async fn a_backend_raft_configuration_listing_a_member_twice_refuses_to_start() 
     let mut member = stopped_after_puts("confstate", 5, "x").await;
     // A protobuf message written twice over decodes as one with every repeated field twice.
     let held = rewrite_conf_state(member.data_dir(), |held| [held, held].concat());
-    let failed = member.restart().await;
-    assert!(failed.is_err(), "the member started");
-    let status = member
-        .wait_exit(WAIT)
-        .await
-        .expect("the member exits by itself");
-    assert!(!status.success(), "exit status {status}");
-    let log = member.current_log();
+    let log = refused_restart(&mut member, "a configuration listing a member twice").await;
     assert!(
         log.contains("the raft configuration in the backend is invalid: member ")
             && log.contains(" is listed twice among the voters; refusing to start")
@@ -553,10 +538,5 @@ async fn a_backend_raft_configuration_listing_a_member_twice_refuses_to_start() 
         .restart()
         .await
         .expect("starts with its configuration back");
-    let mut client = member.client().await.expect("client");
-    let got = client
-        .get("confstate/", Some(GetOptions::new().with_prefix()))
-        .await
-        .expect("read");
-    assert_eq!(got.kvs().len(), 5);
+    assert_eq!(served_under(&member, "confstate/").await, 5);
 }

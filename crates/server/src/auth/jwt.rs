@@ -408,18 +408,7 @@ mod tests {
     #[test]
     fn es256_tokens_round_trip_and_expire() {
         let dir = tempfile::tempdir().expect("dir");
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-        let private = dir.path().join("key.pem");
-        let public = dir.path().join("key.pub");
-        std::fs::write(&private, key.serialize_pem()).expect("write");
-        std::fs::write(&public, key.public_key_pem()).expect("write");
-        let options = [
-            format!("pub-key={}", public.display()),
-            format!("priv-key={}", private.display()),
-            "sign-method=ES256".to_owned(),
-        ];
-        let options: Vec<&str> = options.iter().map(String::as_str).collect();
-        let jwt = Jwt::from_options(&options).expect("options");
+        let jwt = super::fuzz::es256_provider(dir.path());
         let token = jwt.sign("alice", 7).expect("signed");
         let info = jwt.verify(&token).expect("valid");
         assert_eq!(info.username, "alice");

@@ -90,31 +90,18 @@ impl Sim {
                 }
                 // A store whose image came from a snapshot past `index` is compared at its own
                 // index.
-                if at_index {
-                    match self.revisions.get(&index) {
-                        Some(&first) if first != revision => {
-                            return Err(format!(
-                                "member {id} is at revision {revision} after applying up to {index}, another member was at {first}"
-                            ));
-                        }
-                        Some(_) => {}
-                        None => {
-                            self.revisions.insert(index, revision);
-                        }
-                    }
+                if at_index && let Some(first) = disagreement(&mut self.revisions, index, revision)
+                {
+                    return Err(format!(
+                        "member {id} is at revision {revision} after applying up to {index}, another member was at {first}"
+                    ));
                 }
-                if let Some(hash) = hash {
-                    match self.hashes.get(&index) {
-                        Some(&first) if first != hash => {
-                            return Err(format!(
-                                "member {id} has HashKV {hash:08x} at applied index {index}, another member had {first:08x}"
-                            ));
-                        }
-                        Some(_) => {}
-                        None => {
-                            self.hashes.insert(index, hash);
-                        }
-                    }
+                if let Some(hash) = hash
+                    && let Some(first) = disagreement(&mut self.hashes, index, hash)
+                {
+                    return Err(format!(
+                        "member {id} has HashKV {hash:08x} at applied index {index}, another member had {first:08x}"
+                    ));
                 }
                 let member = &mut self.members[i];
                 match (primary, member.promoted_at) {
@@ -234,4 +221,15 @@ impl Sim {
         }
         Ok(())
     }
+}
+
+/// Records `value` as what the members hold at applied index `index`; if another member
+/// recorded something else there first, returns that instead.
+fn disagreement<V: Copy + PartialEq>(
+    seen: &mut std::collections::BTreeMap<u64, V>,
+    index: u64,
+    value: V,
+) -> Option<V> {
+    let first = *seen.entry(index).or_insert(value);
+    (first != value).then_some(first)
 }

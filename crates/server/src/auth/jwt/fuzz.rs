@@ -13,7 +13,7 @@ use etcdrs_fuzz::Fuzz;
 use super::Jwt;
 
 /// An ES256 provider with a fresh key pair, its files in `dir`.
-fn provider(dir: &std::path::Path) -> Jwt {
+pub(super) fn es256_provider(dir: &std::path::Path) -> Jwt {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
     let private = dir.join("key.pem");
     let public = dir.join("key.pub");
@@ -80,7 +80,7 @@ fn seeds() -> Vec<(&'static str, String)> {
 #[test]
 fn fuzz_jwt_tokens() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let jwt = provider(dir.path());
+    let jwt = es256_provider(dir.path());
     let mut fuzz = Fuzz::new("jwt")
         .corpus_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/jwt"))
         .dictionary(&[b".", b"eyJ", b"fQ", b"In0", b"LCJ", b"=", b"+", b"/"])
