@@ -12,8 +12,12 @@
 //! only `try_send`s into it. A watcher whose channel is full becomes unsynced and is caught up
 //! later from history (etcd's victims), or canceled with the compacted revision if that
 //! history is gone. Every event reaches a watcher exactly once and in revision order.
+//!
+//! Synced watchers are indexed by key and by range (`watch::index`, an interval map for
+//! ranges), grouped by stream: an event costs one look-up for its key, one stab of the
+//! range index, and one message per stream that has watchers wanting it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -25,6 +29,11 @@ use tokio::sync::mpsc;
 
 use crate::Result;
 use crate::kvstore::KvStore;
+
+mod index;
+mod interval;
+
+use index::Synced;
 
 /// A watch id, unique within its stream.
 pub type WatchId = i64;
@@ -84,15 +93,16 @@ impl SharedEvent {
 /// What a watcher's stream receives from the hub.
 #[derive(Debug)]
 pub enum HubMsg {
-    /// Events for one watcher, in revision order.
+    /// The same events, in revision order, for each of some watchers of the stream (one
+    /// message however many of the stream's watchers of a key or range an event concerns).
     Events {
-        /// The watcher.
-        watch_id: WatchId,
+        /// The watchers, each of which gets all of `events`.
+        watch_ids: Vec<WatchId>,
         /// The events, shared with the other watchers that get them.
         events: Vec<Arc<SharedEvent>>,
-        /// The store revision the batch brings the watcher to.
+        /// The store revision the batch brings the watchers to.
         revision: i64,
-        /// Counts the events as pending until the message is dropped.
+        /// Counts the events (once per watcher) as pending until the message is dropped.
         pending: crate::metrics::Pending,
     },
     /// The watcher asked for history that compaction removed; it is canceled.
@@ -142,7 +152,6 @@ struct Watcher {
     filters: Filters,
     /// The lowest revision not yet delivered.
     next_rev: i64,
-    tx: mpsc::Sender<HubMsg>,
 }
 
 impl Watcher {
@@ -158,90 +167,12 @@ impl Watcher {
 
 type Key = (StreamId, WatchId);
 
-/// The synced watchers, indexed the way events find them (etcd's watcher groups): a
-/// single-key watcher by its key, so an event looks at the watchers of its own key only;
-/// range and prefix watchers in a set that every event looks through.
-#[derive(Default)]
-struct Synced {
-    watchers: HashMap<Key, Watcher>,
-    by_key: HashMap<Vec<u8>, HashSet<Key>>,
-    ranged: HashSet<Key>,
-}
-
-impl Synced {
-    fn insert(&mut self, key: Key, watcher: Watcher) {
-        // A watch id reused within its stream replaces the old watcher and its index entry.
-        self.remove(&key);
-        if watcher.range.end.is_empty() {
-            self.by_key
-                .entry(watcher.range.key.clone())
-                .or_default()
-                .insert(key);
-        } else {
-            self.ranged.insert(key);
-        }
-        self.watchers.insert(key, watcher);
-    }
-
-    fn unindex(&mut self, key: Key, range: &WatchRange) {
-        if range.end.is_empty() {
-            if let Some(keys) = self.by_key.get_mut(&range.key) {
-                keys.remove(&key);
-                if keys.is_empty() {
-                    self.by_key.remove(&range.key);
-                }
-            }
-        } else {
-            self.ranged.remove(&key);
-        }
-    }
-
-    fn remove(&mut self, key: &Key) -> Option<Watcher> {
-        let watcher = self.watchers.remove(key)?;
-        self.unindex(*key, &watcher.range);
-        Some(watcher)
-    }
-
-    fn remove_stream(&mut self, stream: StreamId) {
-        let keys: Vec<Key> = self
-            .watchers
-            .keys()
-            .filter(|k| k.0 == stream)
-            .copied()
-            .collect();
-        for key in keys {
-            self.remove(&key);
-        }
-    }
-
-    fn drain(&mut self) -> Vec<(Key, Watcher)> {
-        self.by_key.clear();
-        self.ranged.clear();
-        self.watchers.drain().collect()
-    }
-
-    fn len(&self) -> usize {
-        self.watchers.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.watchers.is_empty()
-    }
-
-    /// The watchers an event on `key` may concern: those of `key`, and every ranged one.
-    fn candidates<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = &'a Key> + 'a {
-        self.by_key
-            .get(key)
-            .into_iter()
-            .flatten()
-            .chain(self.ranged.iter())
-    }
-}
-
 #[derive(Default)]
 struct Groups {
     synced: Synced,
     unsynced: HashMap<Key, Watcher>,
+    /// Each stream's one channel, shared by all its watchers.
+    channels: HashMap<StreamId, mpsc::Sender<HubMsg>>,
     /// The last revision the writer notified.
     notified_rev: i64,
 }
@@ -255,6 +186,34 @@ pub struct WatchHub {
 impl Default for WatchHub {
     fn default() -> Self {
         WatchHub::new(0)
+    }
+}
+
+/// Sends `events` to the watchers `watch_ids` of a stream; on failure (the channel is full or
+/// closed) hands the ids back.
+fn send_events(
+    tx: Option<&mpsc::Sender<HubMsg>>,
+    watch_ids: Vec<WatchId>,
+    events: Vec<Arc<SharedEvent>>,
+    revision: i64,
+) -> std::result::Result<(), Vec<WatchId>> {
+    let Some(tx) = tx else { return Err(watch_ids) };
+    let n_events = watch_ids.len() * events.len();
+    let msg = HubMsg::Events {
+        watch_ids,
+        pending: crate::metrics::Pending::new(n_events),
+        events,
+        revision,
+    };
+    match tx.try_send(msg) {
+        Ok(()) => {
+            crate::metrics::EVENTS.inc_by(n_events as u64);
+            Ok(())
+        }
+        Err(e) => match e.into_inner() {
+            HubMsg::Events { watch_ids, .. } => Err(watch_ids),
+            HubMsg::Compacted { .. } => Err(Vec::new()),
+        },
     }
 }
 
@@ -282,6 +241,8 @@ impl WatchHub {
     }
 
     /// Add a watcher that wants events from `start_rev` on. Returns whether it starts synced.
+    /// Every watcher of one stream sends into the stream's one channel: `tx` is kept from the
+    /// stream's first watcher until [`WatchHub::close_stream`].
     pub fn watch(
         &self,
         stream: StreamId,
@@ -292,16 +253,20 @@ impl WatchHub {
         tx: mpsc::Sender<HubMsg>,
     ) -> bool {
         let mut groups = self.groups.lock();
+        let channel = groups.channels.entry(stream).or_insert(tx);
+        debug_assert!(!channel.is_closed(), "a watcher added to a closed stream");
         let watcher = Watcher {
             range,
             filters,
             next_rev: start_rev,
-            tx,
         };
+        // A watch id reused within its stream replaces the old watcher.
+        groups.unsynced.remove(&(stream, id));
         if start_rev > groups.notified_rev {
-            groups.synced.insert((stream, id), watcher);
+            groups.synced.insert(stream, id, watcher);
             true
         } else {
+            groups.synced.remove(stream, id);
             groups.unsynced.insert((stream, id), watcher);
             false
         }
@@ -310,7 +275,7 @@ impl WatchHub {
     /// Remove a watcher; returns whether it existed.
     pub fn cancel(&self, stream: StreamId, id: WatchId) -> bool {
         let mut groups = self.groups.lock();
-        groups.synced.remove(&(stream, id)).is_some()
+        groups.synced.remove(stream, id).is_some()
             || groups.unsynced.remove(&(stream, id)).is_some()
     }
 
@@ -320,6 +285,7 @@ impl WatchHub {
         let mut groups = self.groups.lock();
         groups.synced.remove_stream(stream);
         groups.unsynced.retain(|k, _| k.0 != stream);
+        groups.channels.remove(&stream);
     }
 
     /// Whether every watcher of `stream` is synced (so a progress report is truthful).
@@ -346,74 +312,46 @@ impl WatchHub {
     /// Deliver committed events (in revision order) to synced watchers; the store's head is now
     /// `rev`. Never blocks: a watcher whose channel is full falls back to unsynced. Returns
     /// whether some watcher fell behind.
+    ///
+    /// Per revision, each stream gets one message for each set of its watchers that want the
+    /// same events (a revision of one event: one message per stream and key or range), so the
+    /// work per event is per stream, not per watcher, up to the watchers' filter checks.
     pub fn notify(&self, events: &[Event], rev: i64) -> bool {
-        let mut groups = self.groups.lock();
+        let mut guard = self.groups.lock();
+        let groups = &mut *guard;
         groups.notified_rev = groups.notified_rev.max(rev);
         if events.is_empty() || groups.synced.is_empty() {
             return false;
         }
-        // Each event is copied once, for all watchers.
-        let shared: Vec<Arc<SharedEvent>> = events.iter().cloned().map(SharedEvent::new).collect();
-        // Split the batch by revision: one response per revision, as etcd sends them.
-        let mut by_rev: Vec<(i64, &[Arc<SharedEvent>])> = Vec::new();
+        let rev_of = |e: &Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+        // Watchers whose channel had no room, with the first revision they missed.
+        let mut behind: HashMap<Key, i64> = HashMap::new();
         let mut start = 0;
-        let rev_of = |e: &Arc<SharedEvent>| e.event.kv.as_ref().map_or(0, |kv| kv.mod_revision);
-        for i in 1..=shared.len() {
-            if i == shared.len() || rev_of(&shared[i]) != rev_of(&shared[start]) {
-                by_rev.push((rev_of(&shared[start]), &shared[start..i]));
-                start = i;
+        while start < events.len() {
+            let event_rev = rev_of(&events[start]);
+            let mut end = start + 1;
+            while end < events.len() && rev_of(&events[end]) == event_rev {
+                end += 1;
             }
+            let slice = &events[start..end];
+            if let [event] = slice {
+                notify_one(groups, &mut behind, event, event_rev);
+            } else {
+                notify_many(groups, &mut behind, slice, event_rev);
+            }
+            start = end;
         }
-        // Per revision: each event goes to the watchers its key can concern, gathered per
-        // watcher so that a watcher gets one message per revision.
-        let mut fell_behind: HashSet<Key> = HashSet::new();
-        let mut batch: HashMap<Key, Vec<Arc<SharedEvent>>> = HashMap::new();
-        for (event_rev, slice) in &by_rev {
-            for shared_event in slice.iter() {
-                let Some(kv) = &shared_event.event.kv else {
-                    continue;
-                };
-                for key in groups.synced.candidates(&kv.key) {
-                    if fell_behind.contains(key) {
-                        continue;
-                    }
-                    if groups.synced.watchers[key].wants(&shared_event.event) {
-                        batch.entry(*key).or_default().push(shared_event.clone());
-                    }
-                }
+        let any_behind = !behind.is_empty();
+        for (key, missed) in behind {
+            let Some(mut watcher) = groups.synced.remove(key.0, key.1) else {
+                continue;
+            };
+            if groups.channels.get(&key.0).is_none_or(|tx| tx.is_closed()) {
+                continue;
             }
-            for (key, wanted) in batch.drain() {
-                let Some(watcher) = groups.synced.watchers.get_mut(&key) else {
-                    continue;
-                };
-                let n_events = wanted.len();
-                let msg = HubMsg::Events {
-                    watch_id: key.1,
-                    pending: crate::metrics::Pending::new(n_events),
-                    events: wanted,
-                    revision: *event_rev,
-                };
-                match watcher.tx.try_send(msg) {
-                    Ok(()) => {
-                        watcher.next_rev = event_rev + 1;
-                        crate::metrics::EVENTS.inc_by(n_events as u64);
-                    }
-                    Err(
-                        mpsc::error::TrySendError::Full(_) | mpsc::error::TrySendError::Closed(_),
-                    ) => {
-                        fell_behind.insert(key);
-                    }
-                }
-            }
-        }
-        let any_behind = !fell_behind.is_empty();
-        for key in fell_behind {
-            if let Some(watcher) = groups.synced.remove(&key) {
-                if watcher.tx.is_closed() {
-                    continue;
-                }
-                groups.unsynced.insert(key, watcher);
-            }
+            // It has every event it wants before `missed`: catch-up starts there.
+            watcher.next_rev = missed;
+            groups.unsynced.insert(key, watcher);
         }
         any_behind
     }
@@ -439,23 +377,24 @@ impl WatchHub {
         let compact_rev = store.compact_rev();
         // Choose watchers and the revision window under the lock, read without it.
         let (chosen, from, to) = {
-            let mut groups = self.groups.lock();
+            let mut guard = self.groups.lock();
+            let groups = &mut *guard;
             let head = groups.notified_rev;
             let mut compacted = Vec::new();
             let mut chosen = Vec::new();
             let mut from = i64::MAX;
             for (key, watcher) in groups.unsynced.iter() {
-                if watcher.tx.is_closed() {
+                let Some(tx) = groups.channels.get(&key.0).filter(|tx| !tx.is_closed()) else {
                     compacted.push((*key, None));
                     continue;
-                }
+                };
                 if watcher.next_rev < compact_rev && watcher.next_rev > 0 {
                     compacted.push((*key, Some(compact_rev)));
                     continue;
                 }
                 // A watcher whose stream is not reading has no room: skip it this round
                 // rather than read history it cannot take.
-                if chosen.len() < MAX_WATCHERS_PER_SYNC && watcher.tx.capacity() > 0 {
+                if chosen.len() < MAX_WATCHERS_PER_SYNC && tx.capacity() > 0 {
                     chosen.push(*key);
                     from = from.min(watcher.next_rev.max(1));
                 }
@@ -464,15 +403,17 @@ impl WatchHub {
                 let Some(watcher) = groups.unsynced.remove(&key) else {
                     continue;
                 };
-                if let Some(compact_revision) = compact {
-                    let msg = HubMsg::Compacted {
-                        watch_id: key.1,
-                        compact_revision,
-                    };
-                    if watcher.tx.try_send(msg).is_err() {
-                        // No room for the cancel yet: keep it and retry next round.
-                        groups.unsynced.insert(key, watcher);
-                    }
+                let (Some(compact_revision), Some(tx)) = (compact, groups.channels.get(&key.0))
+                else {
+                    continue;
+                };
+                let msg = HubMsg::Compacted {
+                    watch_id: key.1,
+                    compact_revision,
+                };
+                if tx.try_send(msg).is_err() {
+                    // No room for the cancel yet: keep it and retry next round.
+                    groups.unsynced.insert(key, watcher);
                 }
             }
             if chosen.is_empty() {
@@ -493,7 +434,8 @@ impl WatchHub {
         } else {
             Vec::new()
         };
-        let mut groups = self.groups.lock();
+        let mut guard = self.groups.lock();
+        let groups = &mut *guard;
         let head = groups.notified_rev;
         let mut advanced = 0;
         for key in chosen {
@@ -509,18 +451,10 @@ impl WatchHub {
                     })
                     .cloned()
                     .collect();
-                if !wanted.is_empty() {
-                    let n_events = wanted.len();
-                    let msg = HubMsg::Events {
-                        watch_id: key.1,
-                        pending: crate::metrics::Pending::new(n_events),
-                        events: wanted,
-                        revision: head,
-                    };
-                    if watcher.tx.try_send(msg).is_err() {
-                        continue;
-                    }
-                    crate::metrics::EVENTS.inc_by(n_events as u64);
+                if !wanted.is_empty()
+                    && send_events(groups.channels.get(&key.0), vec![key.1], wanted, head).is_err()
+                {
+                    continue;
                 }
                 watcher.next_rev = to + 1;
                 advanced += 1;
@@ -528,13 +462,96 @@ impl WatchHub {
             if watcher.next_rev > head
                 && let Some(watcher) = groups.unsynced.remove(&key)
             {
-                groups.synced.insert(key, watcher);
+                groups.synced.insert(key.0, key.1, watcher);
             }
         }
         Ok(SyncOutcome {
             behind: groups.unsynced.len(),
             advanced,
         })
+    }
+}
+
+/// A revision of one event (a put or a single-key delete): each stream gets one message per
+/// key or range group, naming its watchers there that want the event.
+fn notify_one(groups: &mut Groups, behind: &mut HashMap<Key, i64>, event: &Event, rev: i64) {
+    let Some(kv) = &event.kv else { return };
+    let Groups {
+        synced, channels, ..
+    } = groups;
+    let mut shared: Option<Arc<SharedEvent>> = None;
+    synced.for_each_group(&kv.key, |group| {
+        for entry in group.streams.iter_mut() {
+            let mut ids = Vec::new();
+            for slot in entry.slots.iter_mut() {
+                if !slot.wants(event, rev)
+                    || !behind.is_empty() && behind.contains_key(&(entry.stream, slot.id))
+                {
+                    continue;
+                }
+                ids.push(slot.id);
+                // Undone below if the send fails.
+                slot.next_rev = rev + 1;
+            }
+            if ids.is_empty() {
+                continue;
+            }
+            // The event is copied once, for every watcher that gets it.
+            let shared = shared
+                .get_or_insert_with(|| SharedEvent::new(event.clone()))
+                .clone();
+            let sent = send_events(channels.get(&entry.stream), ids, vec![shared], rev);
+            if let Err(ids) = sent {
+                for id in ids {
+                    behind.insert((entry.stream, id), rev);
+                }
+            }
+        }
+    });
+}
+
+/// A revision of several events (a txn, a range delete): each watcher's share of them is
+/// gathered first, then watchers of one stream that want the same events share a message.
+fn notify_many(groups: &mut Groups, behind: &mut HashMap<Key, i64>, slice: &[Event], rev: i64) {
+    let Groups {
+        synced, channels, ..
+    } = groups;
+    let shared: Vec<Arc<SharedEvent>> = slice.iter().cloned().map(SharedEvent::new).collect();
+    // Per watcher, the indexes of the events it wants, in order.
+    let mut wanted: HashMap<Key, Vec<usize>> = HashMap::new();
+    for (i, event) in slice.iter().enumerate() {
+        let Some(kv) = &event.kv else { continue };
+        synced.for_each_group(&kv.key, |group| {
+            for entry in &group.streams {
+                for slot in &entry.slots {
+                    let key = (entry.stream, slot.id);
+                    if slot.wants(event, rev) && !behind.contains_key(&key) {
+                        wanted.entry(key).or_default().push(i);
+                    }
+                }
+            }
+        });
+    }
+    let mut messages: HashMap<(StreamId, Vec<usize>), Vec<WatchId>> = HashMap::new();
+    for ((stream, id), indexes) in wanted {
+        messages.entry((stream, indexes)).or_default().push(id);
+    }
+    for ((stream, indexes), ids) in messages {
+        let events = indexes.iter().map(|i| shared[*i].clone()).collect();
+        match send_events(channels.get(&stream), ids.clone(), events, rev) {
+            Ok(()) => {
+                for id in ids {
+                    if let Some(slot) = synced.slot_mut(stream, id) {
+                        slot.next_rev = rev + 1;
+                    }
+                }
+            }
+            Err(ids) => {
+                for id in ids {
+                    behind.insert((stream, id), rev);
+                }
+            }
+        }
     }
 }
 
@@ -611,20 +628,22 @@ mod tests {
         let mut got = Vec::new();
         while let Ok(msg) = rx.try_recv() {
             if let HubMsg::Events {
-                watch_id,
+                watch_ids,
                 events,
                 revision,
                 ..
             } = msg
             {
-                let keys = events
+                let keys: Vec<String> = events
                     .iter()
                     .map(|e| {
                         let kv = e.event().kv.as_ref().expect("kv");
                         String::from_utf8_lossy(&kv.key).into_owned()
                     })
                     .collect();
-                got.push((watch_id, revision, keys));
+                for watch_id in watch_ids {
+                    got.push((watch_id, revision, keys.clone()));
+                }
             }
         }
         got
@@ -679,6 +698,7 @@ mod tests {
         hub.notify(&[put("a", 6)], 6);
         assert!(received(&mut rx).is_empty());
         let groups = hub.groups.lock();
-        assert!(groups.synced.by_key.is_empty() && groups.synced.ranged.is_empty());
+        assert_eq!(groups.synced.n_groups(), (0, 0));
+        assert!(groups.channels.is_empty());
     }
 }

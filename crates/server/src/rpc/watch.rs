@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::time::Duration;
 
+use bytes::Bytes;
 use etcdrs_mvcc::{Filters, HubMsg, KeyRange, RangeParams, StreamId, WatchId, WatchRange};
 use etcdrs_proto::etcdserverpb::watch_create_request::FilterType;
 use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
@@ -221,37 +222,44 @@ impl StreamState {
     fn handle_hub(&mut self, msg: HubMsg) {
         match msg {
             HubMsg::Events {
-                watch_id,
+                watch_ids,
                 events,
                 revision,
                 ..
             } => {
-                let Some(opts) = self.watches.get_mut(&watch_id) else {
-                    return;
-                };
-                opts.sent_since_tick = true;
-                let opts = *opts;
-                let events = events
-                    .iter()
-                    .map(|e| {
-                        if opts.prev_kv {
-                            e.encoded_with_prev(|event| self.prev_kv(event))
-                        } else {
-                            e.encoded()
-                        }
-                    })
-                    .collect();
-                let resp = WatchOut {
-                    header: self.header(revision),
-                    watch_id,
-                    events,
-                    ..WatchOut::default()
-                };
-                if opts.fragment {
-                    let max = self.server.config().max_request_bytes as usize;
-                    self.outbox.extend(resp.fragments(max));
-                } else {
-                    self.outbox.push_back(resp);
+                // One header and one list of encoded events for every watcher of the message
+                // (with and without previous values, each made when first needed).
+                let header = self.header(revision);
+                let mut plain: Option<Vec<Bytes>> = None;
+                let mut with_prev: Option<Vec<Bytes>> = None;
+                let max = self.server.config().max_request_bytes as usize;
+                for watch_id in watch_ids {
+                    let Some(opts) = self.watches.get_mut(&watch_id) else {
+                        continue;
+                    };
+                    opts.sent_since_tick = true;
+                    let opts = *opts;
+                    let encoded = if opts.prev_kv {
+                        with_prev.get_or_insert_with(|| {
+                            events
+                                .iter()
+                                .map(|e| e.encoded_with_prev(|event| self.prev_kv(event)))
+                                .collect()
+                        })
+                    } else {
+                        plain.get_or_insert_with(|| events.iter().map(|e| e.encoded()).collect())
+                    };
+                    let resp = WatchOut {
+                        header,
+                        watch_id,
+                        events: encoded.clone(),
+                        ..WatchOut::default()
+                    };
+                    if opts.fragment {
+                        self.outbox.extend(resp.fragments(max));
+                    } else {
+                        self.outbox.push_back(resp);
+                    }
                 }
             }
             HubMsg::Compacted {
