@@ -320,6 +320,134 @@ async fn stalled_watcher_does_not_block_writers_and_catches_up() {
     eprintln!("{WRITES} writes with a stalled watcher took {elapsed:?}");
 }
 
+/// Several watchers on one stream, some of them of the same key (so the member names them
+/// together in one message and merges the messages waiting when the stream falls behind),
+/// with and without previous values, on a stream that stops reading while writers go on:
+/// when it reads again, each watcher has every event of its own, once and in order, and
+/// each previous value is the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watchers_sharing_a_stream_each_get_their_events_once_in_order() {
+    const WRITES: usize = 1500;
+    let (_m, mut c) = start().await;
+    let options = [
+        WatchOptions::new(),
+        WatchOptions::new(),
+        WatchOptions::new().with_prev_key(),
+        WatchOptions::new().with_prefix(),
+        WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoDelete]),
+    ];
+    let keys = ["m/a", "m/a", "m/a", "m/", "m/"];
+    let mut stream: Option<WatchStream> = None;
+    let mut ids = Vec::new();
+    for (key, opts) in keys.iter().zip(options) {
+        let s = match stream.as_mut() {
+            None => stream.insert(c.watch(*key, Some(opts)).await.expect("watch")),
+            Some(s) => {
+                s.watch(*key, Some(opts)).await.expect("watch");
+                s
+            }
+        };
+        let resp = next(s, Duration::from_secs(5)).await;
+        assert!(resp.created() && !resp.canceled(), "{resp:?}");
+        ids.push(resp.watch_id());
+    }
+    let mut stream = stream.expect("a stream");
+    // Writes on the key, beside it and deletes, while the stream is not read.
+    let value = "v".repeat(1024);
+    let mut want_key = Vec::new();
+    let mut values_of_key = Vec::new();
+    let mut want_prefix = Vec::new();
+    for i in 0..WRITES {
+        let (key, resp_rev) = match i % 5 {
+            0..=2 => {
+                values_of_key.push(format!("{i}{value}"));
+                let r = c.put("m/a", format!("{i}{value}"), None).await.unwrap();
+                ("m/a", r.header().expect("header").revision())
+            }
+            3 => {
+                let r = c.put("m/b", format!("{i}"), None).await.unwrap();
+                ("m/b", r.header().expect("header").revision())
+            }
+            _ => {
+                let r = c.delete("m/b", None).await.unwrap();
+                ("-m/b", r.header().expect("header").revision())
+            }
+        };
+        if key == "m/a" {
+            want_key.push(resp_rev);
+        }
+        want_prefix.push((key.to_string(), resp_rev));
+    }
+    let n_key = want_key.len();
+    let n_puts = want_prefix
+        .iter()
+        .filter(|(k, _)| !k.starts_with('-'))
+        .count();
+    let total = 3 * n_key + WRITES + n_puts;
+    // Read everything, by watcher.
+    let mut got: BTreeMap<i64, Vec<(String, i64, Option<String>)>> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut n = 0;
+    while n < total {
+        let resp = next(
+            &mut stream,
+            deadline.saturating_duration_since(Instant::now()),
+        )
+        .await;
+        assert!(!resp.canceled(), "canceled: {resp:?}");
+        for e in resp.events() {
+            let kv = e.kv().expect("event kv");
+            let mut key = String::from_utf8_lossy(kv.key()).into_owned();
+            if e.event_type() == EventType::Delete {
+                key.insert(0, '-');
+            }
+            let prev = e
+                .prev_kv()
+                .map(|p| String::from_utf8_lossy(p.value()).into_owned());
+            got.entry(resp.watch_id())
+                .or_default()
+                .push((key, kv.mod_revision(), prev));
+            n += 1;
+        }
+    }
+    for (w, id) in ids.iter().enumerate() {
+        let events = got.remove(id).unwrap_or_default();
+        let revs: Vec<i64> = events.iter().map(|e| e.1).collect();
+        match w {
+            0..=2 => assert_eq!(revs, want_key, "watcher {w}"),
+            3 => {
+                let all: Vec<(String, i64)> = events.iter().map(|e| (e.0.clone(), e.1)).collect();
+                assert_eq!(all, want_prefix, "watcher {w}");
+            }
+            _ => {
+                let puts: Vec<(String, i64)> = want_prefix
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with('-'))
+                    .cloned()
+                    .collect();
+                let all: Vec<(String, i64)> = events.iter().map(|e| (e.0.clone(), e.1)).collect();
+                assert_eq!(all, puts, "watcher {w}");
+            }
+        }
+        // Previous values only where asked for: the value of the put before (none for the
+        // put that created the key).
+        for (i, e) in events.iter().enumerate() {
+            let expected = match w {
+                2 => i.checked_sub(1).map(|before| values_of_key[before].clone()),
+                _ => None,
+            };
+            assert_eq!(e.2, expected, "watcher {w}, event {i}");
+        }
+    }
+    assert!(
+        got.is_empty(),
+        "events for unknown watchers: {:?}",
+        got.keys()
+    );
+}
+
 /// A watcher that stops reading until its history is compacted is canceled with the
 /// compaction revision rather than silently losing events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,13 +6,22 @@
 //! stream): control responses are queued in an outbox that is always drained before more
 //! events are taken from the channel, so a watcher's `created` response precedes its events
 //! and a progress report follows every event it covers.
+//!
+//! The hub names in one message every watcher of the stream that gets the same events. The
+//! stream answers each of them with its own response, made when it is sent, and merges the
+//! messages already waiting in the channel: a stream that fell behind answers each watcher
+//! once for all of them (etcd's catch-up too sends many revisions in one response), so the
+//! work per event shrinks as the load grows instead of the stream falling further behind.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use etcdrs_mvcc::{Filters, HubMsg, KeyRange, RangeParams, StreamId, WatchId, WatchRange};
+use etcdrs_mvcc::{
+    Filters, HubMsg, KeyRange, RangeParams, SharedEvent, StreamId, WatchId, WatchRange,
+};
 use etcdrs_proto::etcdserverpb::watch_create_request::FilterType;
 use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
 use etcdrs_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
@@ -32,6 +41,12 @@ const STREAM_CHANNEL: usize = 128;
 const PROGRESS_POLL: Duration = Duration::from_millis(50);
 /// etcd's id for responses that belong to no watcher.
 const INVALID_WATCH_ID: WatchId = -1;
+/// Most hub messages merged into one round of responses (`StreamState::take_hub`): the
+/// channel's capacity, so a stream that fell behind by a whole channel catches up at once.
+const MAX_MERGED_MESSAGES: usize = STREAM_CHANNEL;
+/// Most events merged into one watcher's response (etcd's catch-up sends at most 1000
+/// revisions at a time), which bounds a merged response's size.
+const MAX_MERGED_EVENTS: usize = 1000;
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchOut, Status>> + Send>>;
 
@@ -52,12 +67,17 @@ struct StreamState {
     rx: mpsc::Receiver<HubMsg>,
     watches: HashMap<WatchId, WatchOpts>,
     next_id: WatchId,
-    /// Responses to send, events pre-encoded (`proto::fanout`): an event going to many
-    /// watchers is encoded once.
-    outbox: VecDeque<WatchOut>,
+    /// What to send, in order: responses, and batches of events answered one watcher at a
+    /// time as they are sent (so a message naming many watchers costs one response's memory
+    /// at a time), events pre-encoded (`proto::fanout`): an event going to many watchers is
+    /// encoded once.
+    outbox: VecDeque<Queued>,
     progress_tick: tokio::time::Interval,
     progress_poll: tokio::time::Interval,
     progress_pending: bool,
+    /// Some watcher of the stream asked for progress notifications (so receiving events
+    /// marks watchers as sent to since the last tick).
+    any_progress_notify: bool,
     /// Who opened the stream (auth on): every watch it creates must be readable by them. An
     /// invalid token makes every create fail the permission check, as in etcd (the stream
     /// itself stays open).
@@ -68,6 +88,38 @@ impl Drop for StreamState {
     fn drop(&mut self) {
         self.server.watch_hub().close_stream(self.stream);
     }
+}
+
+/// An entry of a stream's outbox.
+enum Queued {
+    /// A response as it goes out.
+    Ready(WatchOut),
+    /// The same events for each of some watchers.
+    Events(EventBatch),
+    /// A watcher canceled because its history was compacted, answered after the events
+    /// queued before it.
+    Compacted {
+        watch_id: WatchId,
+        compact_revision: i64,
+    },
+}
+
+/// Events for some watchers, each answered with one response when the outbox reaches it.
+struct EventBatch {
+    /// The revision of the responses' header.
+    revision: i64,
+    /// The watchers still to answer.
+    watch_ids: std::vec::IntoIter<WatchId>,
+    events: Vec<Arc<SharedEvent>>,
+    /// `events` encoded, without and with previous values, each made when first needed.
+    plain: Option<Vec<Bytes>>,
+    with_prev: Option<Vec<Bytes>>,
+}
+
+/// Consecutive hub messages naming the same watchers, their events joined.
+struct Run {
+    watch_ids: Vec<WatchId>,
+    events: Vec<Arc<SharedEvent>>,
 }
 
 enum Step {
@@ -110,7 +162,7 @@ impl StreamState {
                 status.code(),
                 status.message()
             );
-            self.outbox.push_back(resp.into());
+            self.outbox.push_back(Queued::Ready(resp.into()));
             return;
         }
         let key = if req.key.is_empty() { vec![0] } else { req.key };
@@ -123,7 +175,7 @@ impl StreamState {
             resp.created = true;
             resp.canceled = true;
             resp.cancel_reason = reason.to_string();
-            state.outbox.push_back(resp.into());
+            state.outbox.push_back(Queued::Ready(resp.into()));
         };
         if range.is_empty_range() {
             refuse(self, "mvcc: watcher range is empty");
@@ -150,6 +202,7 @@ impl StreamState {
             no_put: req.filters.contains(&(FilterType::Noput as i32)),
             no_delete: req.filters.contains(&(FilterType::Nodelete as i32)),
         };
+        self.any_progress_notify |= req.progress_notify;
         self.watches.insert(
             id,
             WatchOpts {
@@ -161,7 +214,7 @@ impl StreamState {
         );
         let mut resp = self.control(id, current);
         resp.created = true;
-        self.outbox.push_back(resp.into());
+        self.outbox.push_back(Queued::Ready(resp.into()));
         let start = if req.start_revision > 0 {
             req.start_revision
         } else {
@@ -186,7 +239,7 @@ impl StreamState {
                 let current = self.server.store().current_rev();
                 let mut resp = self.control(cancel.watch_id, current);
                 resp.canceled = true;
-                self.outbox.push_back(resp.into());
+                self.outbox.push_back(Queued::Ready(resp.into()));
             }
             // Canceling an unknown watcher gets no answer, as in etcd.
             Some(RequestUnion::CancelRequest(_)) => {}
@@ -210,91 +263,182 @@ impl StreamState {
         self.drain_channel();
         self.progress_pending = false;
         let resp = self.control(INVALID_WATCH_ID, revision);
-        self.outbox.push_back(resp.into());
+        self.outbox.push_back(Queued::Ready(resp.into()));
     }
 
     fn drain_channel(&mut self) {
         while let Ok(msg) = self.rx.try_recv() {
-            self.handle_hub(msg);
+            self.take_hub(msg);
         }
     }
 
-    fn handle_hub(&mut self, msg: HubMsg) {
-        match msg {
-            HubMsg::Events {
-                watch_ids,
-                events,
+    /// Queues `first` and the hub messages already waiting behind it (up to
+    /// [`MAX_MERGED_MESSAGES`] and [`MAX_MERGED_EVENTS`]), merged: each watcher they name gets
+    /// one response with its events of all of them, in order, as etcd's catch-up answers a
+    /// watcher with many revisions at once. A stream that keeps up merges nothing; one that
+    /// falls behind answers with fewer, larger responses instead of a response per revision.
+    fn take_hub(&mut self, first: HubMsg) {
+        let mut runs: Vec<Run> = Vec::new();
+        let mut revision = 0;
+        let mut n_messages = 0;
+        let mut n_events = 0;
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                HubMsg::Events {
+                    watch_ids,
+                    events,
+                    revision: msg_revision,
+                    ..
+                } => {
+                    revision = revision.max(msg_revision);
+                    n_messages += 1;
+                    n_events += events.len();
+                    if self.any_progress_notify {
+                        for id in &watch_ids {
+                            if let Some(opts) = self.watches.get_mut(id) {
+                                opts.sent_since_tick = true;
+                            }
+                        }
+                    }
+                    // The hub names a key's watchers in the same order each revision, so
+                    // consecutive messages to the same watchers are one run.
+                    match runs.last_mut() {
+                        Some(last) if last.watch_ids == watch_ids => last.events.extend(events),
+                        _ => runs.push(Run { watch_ids, events }),
+                    }
+                }
+                // A cancel goes after the events queued before it, and ends the merge.
+                HubMsg::Compacted {
+                    watch_id,
+                    compact_revision,
+                } => {
+                    self.queue_runs(std::mem::take(&mut runs), revision);
+                    self.outbox.push_back(Queued::Compacted {
+                        watch_id,
+                        compact_revision,
+                    });
+                    return;
+                }
+            }
+            if n_messages < MAX_MERGED_MESSAGES && n_events < MAX_MERGED_EVENTS {
+                next = self.rx.try_recv().ok();
+            }
+        }
+        self.queue_runs(runs, revision);
+    }
+
+    /// Queues the merged `runs` (see [`StreamState::take_hub`]): one [`EventBatch`] per set of
+    /// watchers wanting the same events.
+    fn queue_runs(&mut self, runs: Vec<Run>, revision: i64) {
+        let batch = |watch_ids: Vec<WatchId>, events| {
+            Queued::Events(EventBatch {
                 revision,
-                ..
-            } => {
-                // One header and one list of encoded events for every watcher of the message
-                // (with and without previous values, each made when first needed).
-                let header = self.header(revision);
-                let mut plain: Option<Vec<Bytes>> = None;
-                let mut with_prev: Option<Vec<Bytes>> = None;
-                let max = self.server.config().max_request_bytes as usize;
-                for watch_id in watch_ids {
-                    let Some(opts) = self.watches.get_mut(&watch_id) else {
+                watch_ids: watch_ids.into_iter(),
+                events,
+                plain: None,
+                with_prev: None,
+            })
+        };
+        if runs.len() <= 1 {
+            for run in runs {
+                self.outbox.push_back(batch(run.watch_ids, run.events));
+            }
+            return;
+        }
+        // Which runs each watcher is in (in order), then the watchers with the same runs.
+        let mut runs_of: HashMap<WatchId, Vec<usize>> = HashMap::new();
+        for (i, run) in runs.iter().enumerate() {
+            for id in &run.watch_ids {
+                runs_of.entry(*id).or_default().push(i);
+            }
+        }
+        let mut watchers_of: HashMap<Vec<usize>, Vec<WatchId>> = HashMap::new();
+        for (id, indexes) in runs_of {
+            watchers_of.entry(indexes).or_default().push(id);
+        }
+        for (indexes, mut watch_ids) in watchers_of {
+            watch_ids.sort_unstable();
+            let events = indexes
+                .iter()
+                .flat_map(|i| runs[*i].events.iter().cloned())
+                .collect();
+            self.outbox.push_back(batch(watch_ids, events));
+        }
+    }
+
+    /// The next response to send: the outbox's front, a queued batch answering its next
+    /// watcher (one response, or its fragments), or a queued cancel.
+    fn next_out(&mut self) -> Option<WatchOut> {
+        loop {
+            match self.outbox.pop_front()? {
+                Queued::Ready(resp) => return Some(resp),
+                Queued::Compacted {
+                    watch_id,
+                    compact_revision,
+                } => {
+                    if self.watches.remove(&watch_id).is_none() {
+                        continue;
+                    }
+                    let current = self.server.store().current_rev();
+                    let mut resp = self.control(watch_id, current);
+                    resp.canceled = true;
+                    resp.compact_revision = compact_revision;
+                    return Some(resp.into());
+                }
+                Queued::Events(mut batch) => {
+                    let Some(watch_id) = batch.watch_ids.next() else {
                         continue;
                     };
-                    opts.sent_since_tick = true;
-                    let opts = *opts;
-                    let encoded = if opts.prev_kv {
-                        with_prev.get_or_insert_with(|| {
-                            events
-                                .iter()
-                                .map(|e| e.encoded_with_prev(|event| self.prev_kv(event)))
-                                .collect()
-                        })
-                    } else {
-                        plain.get_or_insert_with(|| events.iter().map(|e| e.encoded()).collect())
+                    let resp = self.answer(&mut batch, watch_id);
+                    if batch.watch_ids.len() > 0 {
+                        self.outbox.push_front(Queued::Events(batch));
+                    }
+                    let Some((resp, fragment)) = resp else {
+                        continue;
                     };
-                    let resp = WatchOut {
-                        header,
-                        watch_id,
-                        events: encoded.clone(),
-                        ..WatchOut::default()
-                    };
-                    if opts.fragment {
-                        self.outbox.extend(resp.fragments(max));
-                    } else {
-                        self.outbox.push_back(resp);
+                    if !fragment {
+                        return Some(resp);
+                    }
+                    let max = self.server.config().max_request_bytes as usize;
+                    let mut parts = resp.fragments(max).into_iter();
+                    let first = parts.next();
+                    for part in parts.rev() {
+                        self.outbox.push_front(Queued::Ready(part));
+                    }
+                    if first.is_some() {
+                        return first;
                     }
                 }
             }
-            HubMsg::Compacted {
-                watch_id,
-                compact_revision,
-            } => {
-                if self.watches.remove(&watch_id).is_none() {
-                    return;
-                }
-                let current = self.server.store().current_rev();
-                let mut resp = self.control(watch_id, current);
-                resp.canceled = true;
-                resp.compact_revision = compact_revision;
-                self.outbox.push_back(resp.into());
-            }
         }
     }
 
-    /// The value `event`'s key had just before it (none for a creation).
-    fn prev_kv(&self, event: &Event) -> Option<KeyValue> {
-        let kv = event.kv.as_ref()?;
-        let is_create = event.r#type == EventType::Put as i32 && kv.version == 1;
-        if is_create {
-            return None;
-        }
-        let params = RangeParams {
-            rev: kv.mod_revision - 1,
-            ..RangeParams::default()
+    /// `batch`'s response to `watch_id` (none for a watcher canceled since), and whether the
+    /// watcher wants it in fragments. The events are encoded once per batch, with and without
+    /// previous values, each when first needed.
+    fn answer(&self, batch: &mut EventBatch, watch_id: WatchId) -> Option<(WatchOut, bool)> {
+        let opts = self.watches.get(&watch_id)?;
+        let events = if opts.prev_kv {
+            batch.with_prev.get_or_insert_with(|| {
+                batch
+                    .events
+                    .iter()
+                    .map(|e| e.encoded_with_prev(|event| prev_kv(&self.server, event)))
+                    .collect()
+            })
+        } else {
+            batch
+                .plain
+                .get_or_insert_with(|| batch.events.iter().map(|e| e.encoded()).collect())
         };
-        let mut prev = self
-            .server
-            .store()
-            .range(KeyRange::new(&kv.key, &[]), params)
-            .ok()?;
-        prev.kvs.pop()
+        let resp = WatchOut {
+            header: self.header(batch.revision),
+            watch_id,
+            events: events.clone(),
+            ..WatchOut::default()
+        };
+        Some((resp, opts.fragment))
     }
 
     fn progress_notifications(&mut self) {
@@ -318,13 +462,13 @@ impl StreamState {
         due.sort_unstable();
         for id in due {
             let resp = self.control(id, revision);
-            self.outbox.push_back(resp.into());
+            self.outbox.push_back(Queued::Ready(resp.into()));
         }
     }
 
     async fn next_response(&mut self) -> Option<Result<WatchOut, Status>> {
         loop {
-            if let Some(resp) = self.outbox.pop_front() {
+            if let Some(resp) = self.next_out() {
                 return Some(Ok(resp));
             }
             let step = tokio::select! {
@@ -342,7 +486,7 @@ impl StreamState {
                 }
                 Step::Request(None) => return None,
                 Step::Hub(Some(msg)) => {
-                    self.handle_hub(msg);
+                    self.take_hub(msg);
                     self.try_progress();
                 }
                 Step::Hub(None) => return None,
@@ -351,6 +495,24 @@ impl StreamState {
             }
         }
     }
+}
+
+/// The value `event`'s key had just before it (none for a creation).
+fn prev_kv(server: &EtcdServer, event: &Event) -> Option<KeyValue> {
+    let kv = event.kv.as_ref()?;
+    let is_create = event.r#type == EventType::Put as i32 && kv.version == 1;
+    if is_create {
+        return None;
+    }
+    let params = RangeParams {
+        rev: kv.mod_revision - 1,
+        ..RangeParams::default()
+    };
+    let mut prev = server
+        .store()
+        .range(KeyRange::new(&kv.key, &[]), params)
+        .ok()?;
+    prev.kvs.pop()
 }
 
 #[tonic::async_trait]
@@ -386,6 +548,7 @@ impl Watch for Rpc {
             progress_tick,
             progress_poll,
             progress_pending: false,
+            any_progress_notify: false,
             auth,
         };
         let stream = futures::stream::unfold(state, |mut state| async move {
