@@ -25,8 +25,8 @@ use etcdrs_mvcc::{
 use etcdrs_proto::etcdserverpb::watch_create_request::FilterType;
 use etcdrs_proto::etcdserverpb::watch_request::RequestUnion;
 use etcdrs_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
-use etcdrs_proto::fanout::WatchOut;
 use etcdrs_proto::fanout::watch_server::Watch;
+use etcdrs_proto::fanout::{WatchOut, frame_events};
 use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -111,9 +111,10 @@ struct EventBatch {
     /// The watchers still to answer.
     watch_ids: std::vec::IntoIter<WatchId>,
     events: Vec<Arc<SharedEvent>>,
-    /// `events` encoded, without and with previous values, each made when first needed.
-    plain: Option<Vec<Bytes>>,
-    with_prev: Option<Vec<Bytes>>,
+    /// `events` encoded and framed for every response (`WatchOut::framed_events`), without
+    /// and with previous values, each made when first needed.
+    plain: Option<Bytes>,
+    with_prev: Option<Bytes>,
 }
 
 /// Consecutive hub messages naming the same watchers, their events joined.
@@ -415,27 +416,30 @@ impl StreamState {
     }
 
     /// `batch`'s response to `watch_id` (none for a watcher canceled since), and whether the
-    /// watcher wants it in fragments. The events are encoded once per batch, with and without
-    /// previous values, each when first needed.
+    /// watcher wants it in fragments. The events are encoded and framed once per batch, with
+    /// and without previous values, each when first needed: a response costs its header, its
+    /// watch id and one reference to the framed events.
     fn answer(&self, batch: &mut EventBatch, watch_id: WatchId) -> Option<(WatchOut, bool)> {
         let opts = self.watches.get(&watch_id)?;
         let events = if opts.prev_kv {
             batch.with_prev.get_or_insert_with(|| {
-                batch
+                let encoded: Vec<Bytes> = batch
                     .events
                     .iter()
                     .map(|e| e.encoded_with_prev(|event| prev_kv(&self.server, event)))
-                    .collect()
+                    .collect();
+                frame_events(&encoded)
             })
         } else {
-            batch
-                .plain
-                .get_or_insert_with(|| batch.events.iter().map(|e| e.encoded()).collect())
+            batch.plain.get_or_insert_with(|| {
+                let encoded: Vec<Bytes> = batch.events.iter().map(|e| e.encoded()).collect();
+                frame_events(&encoded)
+            })
         };
         let resp = WatchOut {
             header: self.header(batch.revision),
             watch_id,
-            events: events.clone(),
+            framed_events: events.clone(),
             ..WatchOut::default()
         };
         Some((resp, opts.fragment))
