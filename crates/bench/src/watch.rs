@@ -40,10 +40,11 @@ impl Clock {
         v
     }
 
-    /// The delay from the stamp in `value` until now; `None` for a value without a stamp.
-    fn since_stamp(self, value: &[u8]) -> Option<Duration> {
+    /// The delay from the stamp in `value` until `now` (a reading of [`Clock::now_nanos`]);
+    /// `None` for a value without a stamp.
+    fn stamp_until(value: &[u8], now: u64) -> Option<Duration> {
         let stamp = u64::from_le_bytes(value.get(..STAMP)?.try_into().ok()?);
-        Some(Duration::from_nanos(self.now_nanos().saturating_sub(stamp)))
+        Some(Duration::from_nanos(now.saturating_sub(stamp)))
     }
 }
 
@@ -107,18 +108,25 @@ async fn receive(
             rec.record_error(&format!("watch canceled: {}", resp.cancel_reason()));
             break;
         }
-        for ev in resp.events() {
-            let latency = ev.kv().and_then(|kv| clock.since_stamp(kv.value()));
+        let events = resp.events();
+        if events.is_empty() {
+            continue;
+        }
+        // The events of one response arrived together: one reading of the clock times them
+        // all (and keeps the generator's own work per event small).
+        let now = clock.now_nanos();
+        for ev in events {
+            let latency = ev.kv().and_then(|kv| Clock::stamp_until(kv.value(), now));
             match latency {
                 Some(l) => rec.record(l),
                 None => rec.record_error("event value carries no timestamp"),
             }
-            received.fetch_add(1, Ordering::Relaxed);
-            last_event.fetch_max(clock.now_nanos(), Ordering::Relaxed);
             if let Some(n) = &notify {
                 let _ = n.send(());
             }
         }
+        received.fetch_add(events.len() as u64, Ordering::Relaxed);
+        last_event.fetch_max(now, Ordering::Relaxed);
     }
     rec
 }
@@ -373,8 +381,13 @@ mod tests {
         let v = clock.stamped(&[7u8; 32]);
         assert_eq!(v.len(), 32);
         assert_eq!(&v[STAMP..], &[7u8; 24]);
-        assert!(clock.since_stamp(&v).is_some());
+        let stamp = u64::from_le_bytes(v[..STAMP].try_into().unwrap());
+        assert_eq!(
+            Clock::stamp_until(&v, stamp + 1500),
+            Some(Duration::from_nanos(1500))
+        );
+        assert_eq!(Clock::stamp_until(&v, 0), Some(Duration::ZERO));
         assert_eq!(clock.stamped(&[]).len(), STAMP);
-        assert_eq!(clock.since_stamp(b"data"), None);
+        assert_eq!(Clock::stamp_until(b"data", stamp), None);
     }
 }
