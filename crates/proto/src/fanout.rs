@@ -298,9 +298,10 @@ mod tests {
         assert_eq!(back.ok(), Some(resp));
     }
 
-    #[test]
-    fn fragments_stay_under_the_limit_and_rejoin_in_order() {
-        let events: Vec<Event> = (0..10)
+    /// `n` puts of 100-byte values at revision 10, and the response of watcher `watch_id`
+    /// carrying them.
+    fn puts_at_revision_10(n: usize, watch_id: i64) -> (Vec<Event>, WatchResponse) {
+        let events: Vec<Event> = (0..n)
             .map(|i| Event {
                 r#type: EventType::Put as i32,
                 kv: Some(kv(format!("k{i}").as_bytes(), &[b'v'; 100], 10)),
@@ -312,10 +313,16 @@ mod tests {
                 revision: 10,
                 ..Default::default()
             }),
-            watch_id: 3,
+            watch_id,
             events: events.clone(),
             ..Default::default()
         };
+        (events, resp)
+    }
+
+    #[test]
+    fn fragments_stay_under_the_limit_and_rejoin_in_order() {
+        let (events, resp) = puts_at_revision_10(10, 3);
         let whole = WatchOut::from(resp.clone());
         let max = 400;
         let parts = whole.clone().fragments(max);
@@ -341,22 +348,7 @@ mod tests {
 
     #[test]
     fn framed_events_encode_as_events_and_fragment_like_them() {
-        let events: Vec<Event> = (0..6)
-            .map(|i| Event {
-                r#type: EventType::Put as i32,
-                kv: Some(kv(format!("k{i}").as_bytes(), &[b'v'; 100], 10)),
-                prev_kv: None,
-            })
-            .collect();
-        let resp = WatchResponse {
-            header: Some(ResponseHeader {
-                revision: 10,
-                ..Default::default()
-            }),
-            watch_id: 4,
-            events: events.clone(),
-            ..Default::default()
-        };
+        let (_, resp) = puts_at_revision_10(6, 4);
         let plain = WatchOut::from(resp.clone());
         // Some events as they are, the rest framed: the same bytes as the whole response.
         let framed = WatchOut {
