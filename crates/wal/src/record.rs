@@ -160,6 +160,11 @@ pub(crate) enum Decoded {
     Record { offset: u64, record: Record },
     /// Clean end of file at a record boundary.
     End,
+    /// Zeros where a frame header should start (fewer than a header's bytes if that is all
+    /// the file has left): the start of preallocated space, if every byte after it is zero
+    /// too (see [`SegmentReader::rest_is_zero`]). Real frames never start with zeros, since
+    /// `len_inv` is `!len`.
+    ZeroFill { offset: u64 },
     /// A bad frame; decoding must stop.
     Damaged(Damage),
 }
@@ -183,8 +188,9 @@ impl<R: Read> SegmentReader<R> {
         }
     }
 
-    /// Decodes the next record. After `End` or `Damaged` the reader must not be used again,
-    /// except through [`SegmentReader::rest_is_zero`] right after a `TornIfRestIsZero` damage.
+    /// Decodes the next record. After `End`, `ZeroFill` or `Damaged` the reader must not be
+    /// used again, except through [`SegmentReader::rest_is_zero`] right after a `ZeroFill` or
+    /// a `TornIfRestIsZero` damage.
     pub(crate) fn next(&mut self) -> io::Result<Decoded> {
         let offset = self.offset;
         let remaining = self.file_len - offset;
@@ -192,6 +198,12 @@ impl<R: Read> SegmentReader<R> {
             return Ok(Decoded::End);
         }
         if remaining < HEADER_LEN as u64 {
+            // `remaining < HEADER_LEN`, so this cannot truncate.
+            let mut partial = vec![0u8; remaining as usize];
+            self.reader.read_exact(&mut partial)?;
+            if partial.iter().all(|b| *b == 0) {
+                return Ok(Decoded::ZeroFill { offset });
+            }
             return Ok(damaged(
                 offset,
                 CorruptReason::TruncatedHeader,
@@ -200,6 +212,9 @@ impl<R: Read> SegmentReader<R> {
         }
         let mut header = [0u8; HEADER_LEN];
         self.reader.read_exact(&mut header)?;
+        if header.iter().all(|b| *b == 0) {
+            return Ok(Decoded::ZeroFill { offset });
+        }
         let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
         let len_inv = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
         let stored_crc = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
@@ -401,19 +416,33 @@ mod tests {
     }
 
     #[test]
-    fn zero_header_is_torn_if_rest_is_zero() {
+    fn zeros_at_a_frame_boundary_are_zero_fill() {
         let mut buf = [0u8; 40];
+        let mut reader = SegmentReader::new(&buf[..], buf.len() as u64);
+        assert_eq!(reader.next().unwrap(), Decoded::ZeroFill { offset: 0 });
+        assert!(reader.rest_is_zero().unwrap());
+
+        // Fewer zero bytes than a header: still zero fill.
+        let mut reader = SegmentReader::new(&buf[..5], 5);
+        assert_eq!(reader.next().unwrap(), Decoded::ZeroFill { offset: 0 });
+
+        buf[30] = 1;
+        let mut reader = SegmentReader::new(&buf[..], buf.len() as u64);
+        assert_eq!(reader.next().unwrap(), Decoded::ZeroFill { offset: 0 });
+        assert!(!reader.rest_is_zero().unwrap());
+    }
+
+    #[test]
+    fn a_zero_length_with_a_bad_inverse_is_torn_if_rest_is_zero() {
+        let mut buf = [0u8; 40];
+        buf[4] = 0x12;
         let mut reader = SegmentReader::new(&buf[..], buf.len() as u64);
         let Decoded::Damaged(damage) = reader.next().unwrap() else {
             panic!("expected damage");
         };
+        assert_eq!(damage.reason, CorruptReason::BadLength);
         assert_eq!(damage.extent, Extent::TornIfRestIsZero);
         assert!(reader.rest_is_zero().unwrap());
-
-        buf[30] = 1;
-        let mut reader = SegmentReader::new(&buf[..], buf.len() as u64);
-        assert!(matches!(reader.next().unwrap(), Decoded::Damaged(_)));
-        assert!(!reader.rest_is_zero().unwrap());
     }
 
     #[test]

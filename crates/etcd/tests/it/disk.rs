@@ -329,8 +329,13 @@ async fn a_bit_flip_in_a_wal_record_refuses_to_start_naming_the_file_and_offset(
         .pop()
         .expect("a WAL segment");
     let mut bytes = std::fs::read(&segment).expect("read segment");
-    // Inside the records, well before the tail: damage, not a torn write.
-    let at = bytes.len() / 2;
+    // Inside the records, well before the tail: damage, not a torn write. The zeros after
+    // the last record are preallocated room, not records.
+    let used = bytes
+        .iter()
+        .rposition(|b| *b != 0)
+        .map_or(0, |last| last + 1);
+    let at = used / 2;
     bytes[at] ^= 0x40;
     std::fs::write(&segment, &bytes).expect("write segment");
 

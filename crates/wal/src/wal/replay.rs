@@ -43,18 +43,33 @@ pub(super) fn corrupt(path: &Path, damage: Damage) -> Error {
     }
 }
 
-/// Replays one segment into `replay`. Returns the torn tail to cut off, if any; only the
-/// last segment (`is_last`) may have one, and never inside its header, which
-/// `segment::create` synced before the segment became visible.
+/// Where a segment's records end.
+#[derive(Debug)]
+pub(super) enum SegmentEnd {
+    /// At `records_end`: the end of the file, or the start of zeros that run to it (space
+    /// preallocated for records not written yet).
+    Clean { records_end: u64 },
+    /// A torn tail to cut off (only in the last segment).
+    Torn(Damage),
+}
+
+/// Replays one segment into `replay`. Returns where its records end: cleanly, or at a torn
+/// tail to cut off; only the last segment (`is_last`) may have one, and never inside its
+/// header, which `segment::create` synced before the segment became visible.
 pub(super) fn replay_segment(
     replay: &mut Replay,
     path: &Path,
     file: &File,
     is_last: bool,
-) -> Result<Option<Damage>> {
+) -> Result<SegmentEnd> {
     let len = file_len(file, path)?;
     let mut reader = SegmentReader::new(BufReader::with_capacity(REPLAY_READ_BUFFER, file), len);
     let mut position = 0;
+    let header_cut_short = |position: usize, offset: u64| Error::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        reason: CorruptReason::BadSegmentHeader { position },
+    };
     loop {
         match reader.next().map_err(Error::io(path))? {
             Decoded::Record { offset, record } => {
@@ -63,13 +78,25 @@ pub(super) fn replay_segment(
             }
             Decoded::End => {
                 if position < HEADER_RECORDS {
-                    return Err(Error::Corrupt {
-                        path: path.to_path_buf(),
-                        offset: reader.offset(),
-                        reason: CorruptReason::BadSegmentHeader { position },
+                    return Err(header_cut_short(position, reader.offset()));
+                }
+                return Ok(SegmentEnd::Clean { records_end: len });
+            }
+            Decoded::ZeroFill { offset } => {
+                if position < HEADER_RECORDS {
+                    return Err(header_cut_short(position, offset));
+                }
+                if reader.rest_is_zero().map_err(Error::io(path))? {
+                    return Ok(SegmentEnd::Clean {
+                        records_end: offset,
                     });
                 }
-                return Ok(None);
+                // Zeros, then data: no write order leaves that behind.
+                return Err(Error::Corrupt {
+                    path: path.to_path_buf(),
+                    offset,
+                    reason: CorruptReason::BadLength,
+                });
             }
             Decoded::Damaged(damage) => {
                 let torn = is_last
@@ -82,7 +109,7 @@ pub(super) fn replay_segment(
                         Extent::Never => false,
                     };
                 if torn {
-                    return Ok(Some(damage));
+                    return Ok(SegmentEnd::Torn(damage));
                 }
                 return Err(corrupt(path, damage));
             }

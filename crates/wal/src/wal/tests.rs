@@ -45,6 +45,18 @@ fn file_size(path: &Path) -> u64 {
     fs::metadata(path).unwrap().len()
 }
 
+/// Where the records of the segment at `path` end: its length less the zeros preallocated
+/// after them.
+fn records_end(path: &Path) -> u64 {
+    let bytes = fs::read(path).unwrap();
+    let mut reader = record::SegmentReader::new(&bytes[..], bytes.len() as u64);
+    let mut end = 0;
+    while let record::Decoded::Record { .. } = reader.next().unwrap() {
+        end = reader.offset();
+    }
+    end
+}
+
 /// A copy of the WAL directory `src` in a fresh temporary directory.
 fn copy_wal(src: &Path) -> tempfile::TempDir {
     let copy = tempfile::tempdir().unwrap();
@@ -232,7 +244,7 @@ fn save_rejects_gaps_and_mark_regressions_without_writing() {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = Wal::create(dir.path(), b"").unwrap();
     wal.save(None, &entries(1..=3, 1)).unwrap();
-    let size_before = file_size(&last_segment(dir.path()));
+    let size_before = records_end(&last_segment(dir.path()));
 
     let gap_after_last = wal.save(None, &entries(5..=6, 1)).unwrap_err();
     assert!(matches!(
@@ -253,12 +265,15 @@ fn save_rejects_gaps_and_mark_regressions_without_writing() {
 
     wal.save_snapshot_mark(SnapshotMark { index: 2, term: 1 })
         .unwrap();
-    let size_before_regression = file_size(&last_segment(dir.path()));
+    let size_before_regression = records_end(&last_segment(dir.path()));
     let regression = wal
         .save_snapshot_mark(SnapshotMark { index: 1, term: 1 })
         .unwrap_err();
     assert!(matches!(regression, Error::SnapshotMarkRegression { .. }));
-    assert_eq!(file_size(&last_segment(dir.path())), size_before_regression);
+    assert_eq!(
+        records_end(&last_segment(dir.path())),
+        size_before_regression
+    );
     assert!(size_before_regression > size_before);
 
     // The rejections did not poison the handle.
@@ -269,9 +284,9 @@ fn save_rejects_gaps_and_mark_regressions_without_writing() {
 fn empty_save_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = Wal::create(dir.path(), b"").unwrap();
-    let size = file_size(&last_segment(dir.path()));
+    let size = records_end(&last_segment(dir.path()));
     wal.save(None, &[]).unwrap();
-    assert_eq!(file_size(&last_segment(dir.path())), size);
+    assert_eq!(records_end(&last_segment(dir.path())), size);
 }
 
 #[test]
@@ -287,10 +302,14 @@ fn one_save_appends_exactly_its_records() {
     record::encode_hard_state(&mut expected, &hs).unwrap();
 
     let path = last_segment(dir.path());
-    let size_before = file_size(&path);
+    let size_before = records_end(&path);
     wal.save(Some(hs), &batch).unwrap();
     let bytes = fs::read(&path).unwrap();
-    assert_eq!(&bytes[size_before as usize..], &expected[..]);
+    let size_after = records_end(&path);
+    assert_eq!(
+        &bytes[size_before as usize..size_after as usize],
+        &expected[..]
+    );
 }
 
 #[test]
@@ -385,9 +404,9 @@ fn torn_tail_at_every_offset_of_last_record_is_repaired() {
     wal.save(Some(hard_state(1, 1, 2)), &entries(1..=3, 1))
         .unwrap();
     let path = last_segment(dir.path());
-    let record_start = file_size(&path);
+    let record_start = records_end(&path);
     wal.save(None, &entries(4..=4, 1)).unwrap();
-    let record_end = file_size(&path);
+    let record_end = records_end(&path);
     drop(wal);
 
     for cut in record_start..record_end {
@@ -408,10 +427,10 @@ fn torn_batch_replays_a_prefix() {
     wal.save(Some(hard_state(1, 1, 0)), &entries(1..=2, 1))
         .unwrap();
     let path = last_segment(dir.path());
-    let batch_start = file_size(&path);
+    let batch_start = records_end(&path);
     wal.save(Some(hard_state(1, 1, 6)), &entries(3..=6, 1))
         .unwrap();
-    let batch_end = file_size(&path);
+    let batch_end = records_end(&path);
     drop(wal);
 
     let mut n_entries_seen = 2;
@@ -435,9 +454,9 @@ fn crc_bad_or_zero_filled_tail_is_repaired() {
     let mut wal = Wal::create(dir.path(), b"").unwrap();
     wal.save(None, &entries(1..=3, 1)).unwrap();
     let path = last_segment(dir.path());
-    let good_len = file_size(&path);
+    let good_len = records_end(&path);
     wal.save(None, &entries(4..=4, 1)).unwrap();
-    let full_len = file_size(&path);
+    let full_len = records_end(&path);
     drop(wal);
 
     // The last record's payload is damaged (its sector never reached the disk).
@@ -447,14 +466,15 @@ fn crc_bad_or_zero_filled_tail_is_repaired() {
     assert_eq!(state.entries, entries(1..=3, 1));
     assert_eq!(file_size(&last_segment(copy.path())), good_len);
 
-    // The file grew but the new data is zeros (crash before the data blocks were written).
+    // The file grew but the new data is zeros (crash before the data blocks were written):
+    // the same as space preallocated for records not written yet, so nothing is cut.
     let copy = copy_wal(dir.path());
     let copy_path = last_segment(copy.path());
     truncate_file(&copy_path, good_len);
     truncate_file(&copy_path, good_len + 100);
     let (_, state) = Wal::open(copy.path()).unwrap();
     assert_eq!(state.entries, entries(1..=3, 1));
-    assert_eq!(file_size(&copy_path), good_len);
+    assert_eq!(file_size(&copy_path), good_len + 100);
 
     // A damaged last record followed only by zeros is torn as well.
     let copy = copy_wal(dir.path());
@@ -471,10 +491,10 @@ fn corrupted_byte_in_a_middle_record_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = Wal::create(dir.path(), b"").unwrap();
     let path = last_segment(dir.path());
-    let mut boundaries = vec![file_size(&path)];
+    let mut boundaries = vec![records_end(&path)];
     for index in 1..=5 {
         wal.save(None, &entries(index..=index, 1)).unwrap();
-        boundaries.push(file_size(&path));
+        boundaries.push(records_end(&path));
     }
     drop(wal);
 
@@ -488,7 +508,7 @@ fn corrupted_byte_in_a_middle_record_is_corrupt() {
         assert_eq!(corrupt_path, copy_path, "byte {offset}");
         assert_eq!(corrupt_offset, start, "byte {offset}");
         // Nothing was repaired behind our back.
-        assert_eq!(file_size(&copy_path), boundaries[5]);
+        assert_eq!(file_size(&copy_path), file_size(&path));
     }
 
     // Damage inside the segment header is never treated as a torn tail.
@@ -555,7 +575,7 @@ fn reopen_and_continue_appending_after_repair() {
     }
     drop(wal);
     let path = last_segment(dir.path());
-    truncate_file(&path, file_size(&path) - 3);
+    truncate_file(&path, records_end(&path) - 3);
 
     let (mut wal, state) = Wal::open_with_options(dir.path(), small_segments()).unwrap();
     // The last batch lost its hard state record but kept its entry.
@@ -649,4 +669,59 @@ fn conflicting_metadata_is_rejected() {
         Wal::open(dir.path()),
         Err(Error::MetadataConflict { .. })
     ));
+}
+
+#[test]
+fn the_tail_is_preallocated_and_its_zeros_end_the_records_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wal = Wal::create(dir.path(), b"p").unwrap();
+    wal.save(Some(hard_state(1, 1, 1)), &entries(1..=3, 1))
+        .unwrap();
+    let path = last_segment(dir.path());
+    let written = records_end(&path);
+    // Writes go into space allocated ahead of them, a chunk at a time.
+    assert_eq!(file_size(&path), PREALLOCATE_CHUNK);
+    assert_eq!(wal.tail_len, written);
+    drop(wal);
+
+    // Reopening neither cuts nor complains: the zeros are room, not damage.
+    let (mut wal, state) = Wal::open(dir.path()).unwrap();
+    assert_eq!(state.entries, entries(1..=3, 1));
+    assert_eq!(file_size(&path), PREALLOCATE_CHUNK);
+    wal.save(Some(hard_state(1, 1, 4)), &entries(4..=4, 1))
+        .unwrap();
+    drop(wal);
+    let (_, state) = Wal::open(dir.path()).unwrap();
+    assert_eq!(state.entries, entries(1..=4, 1));
+    assert_eq!(state.hard_state, hard_state(1, 1, 4));
+
+    // Data somewhere in the zeros after the records is damage no crash explains.
+    let copy = copy_wal(dir.path());
+    let copy_path = last_segment(copy.path());
+    let end = records_end(&copy_path);
+    flip_byte(&copy_path, end + 1000);
+    let (corrupt_path, offset, reason) = expect_corrupt(copy.path());
+    assert_eq!((corrupt_path, offset), (copy_path, end));
+    assert_eq!(reason, CorruptReason::BadLength);
+}
+
+#[test]
+fn preallocation_stops_at_the_segment_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wal = Wal::create_with_options(dir.path(), b"", small_segments()).unwrap();
+    for index in 1..=40 {
+        wal.save(None, &entries(index..=index, 1)).unwrap();
+    }
+    let paths = segment_paths(dir.path());
+    let (tail, closed) = paths.split_last().unwrap();
+    // A cut segment holds its records and nothing else; the tail is allocated up to the
+    // segment size, and grows past it only by the save that fills it.
+    for path in closed {
+        assert_eq!(file_size(path), records_end(path), "{path:?}");
+    }
+    let tail_len = file_size(tail);
+    assert!(
+        tail_len == 256 || tail_len == records_end(tail) && tail_len > 256,
+        "{tail:?}: {tail_len} bytes"
+    );
 }
