@@ -658,3 +658,63 @@ async fn next_on(responses: &mut etcd_client::WatchResponseStream) -> WatchRespo
         .expect("stream")
         .expect("open")
 }
+
+/// A stream whose watchers get many events a second answers each hot watcher with the
+/// events of a short hold in one response (fewer, larger responses: what a Go client spends
+/// its CPU on), every event still once and in order; a quiet stream's watcher gets each
+/// event in a response of its own, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_stream_batches_hot_watchers_and_a_quiet_one_gets_each_event_alone() {
+    const WATCHERS: usize = 200;
+    const PUTS: usize = 300;
+    let (_m, mut c) = start().await;
+    let mut hot: Option<WatchStream> = None;
+    let mut ids = Vec::new();
+    for _ in 0..WATCHERS {
+        let s = match hot.as_mut() {
+            None => hot.insert(c.watch("hot", None).await.expect("watch")),
+            Some(s) => {
+                s.watch("hot", None).await.expect("watch");
+                s
+            }
+        };
+        let resp = next(s, Duration::from_secs(5)).await;
+        assert!(resp.created(), "{resp:?}");
+        ids.push(resp.watch_id());
+    }
+    let mut hot = hot.expect("a stream");
+    let mut revs = Vec::new();
+    for i in 0..PUTS {
+        let r = c.put("hot", format!("{i}"), None).await.expect("put");
+        revs.push(r.header().expect("header").revision());
+    }
+    let mut got: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    let (mut responses, mut events) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while events < WATCHERS * PUTS {
+        let resp = next(&mut hot, deadline.saturating_duration_since(Instant::now())).await;
+        assert!(!resp.canceled(), "{resp:?}");
+        responses += 1;
+        for e in resp.events() {
+            let rev = e.kv().expect("event kv").mod_revision();
+            got.entry(resp.watch_id()).or_default().push(rev);
+            events += 1;
+        }
+    }
+    for id in &ids {
+        assert_eq!(got.get(id), Some(&revs), "watcher {id}");
+    }
+    assert!(
+        responses * 2 <= events,
+        "{responses} responses for {events} events"
+    );
+
+    let (mut quiet, _) = created(&mut c, "quiet", WatchOptions::new()).await;
+    for i in 0..5 {
+        let r = c.put("quiet", format!("{i}"), None).await.expect("put");
+        let rev = r.header().expect("header").revision();
+        let resp = next(&mut quiet, Duration::from_secs(5)).await;
+        let got: Vec<i64> = events_of(&resp).iter().map(|e| e.3).collect();
+        assert_eq!(got, vec![rev], "{resp:?}");
+    }
+}
