@@ -199,8 +199,8 @@ impl<R: Read> SegmentReader<R> {
         }
         if remaining < HEADER_LEN as u64 {
             // `remaining < HEADER_LEN`, so this cannot truncate.
-            let mut partial = vec![0u8; remaining as usize];
-            self.reader.read_exact(&mut partial)?;
+            let partial = &mut [0u8; HEADER_LEN][..remaining as usize];
+            self.reader.read_exact(partial)?;
             if partial.iter().all(|b| *b == 0) {
                 return Ok(Decoded::ZeroFill { offset });
             }

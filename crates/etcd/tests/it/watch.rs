@@ -62,6 +62,29 @@ async fn created(client: &mut Client, key: &str, opts: WatchOptions) -> (WatchSt
     (stream, resp.watch_id())
 }
 
+/// One stream with a watcher for each `(key, options)`, each created; returns the stream
+/// and the watchers' ids in order.
+async fn on_one_stream<'a>(
+    client: &mut Client,
+    watchers: impl IntoIterator<Item = (&'a str, WatchOptions)>,
+) -> (WatchStream, Vec<i64>) {
+    let mut stream: Option<WatchStream> = None;
+    let mut ids = Vec::new();
+    for (key, opts) in watchers {
+        let s = match stream.as_mut() {
+            None => stream.insert(client.watch(key, Some(opts)).await.expect("watch")),
+            Some(s) => {
+                s.watch(key, Some(opts)).await.expect("watch");
+                s
+            }
+        };
+        let resp = next(s, Duration::from_secs(5)).await;
+        assert!(resp.created() && !resp.canceled(), "{resp:?}");
+        ids.push(resp.watch_id());
+    }
+    (stream.expect("at least one watcher"), ids)
+}
+
 fn ev(kind: &'static str, key: &str, value: &str, rev: i64) -> Ev {
     (kind, key.to_string(), value.to_string(), rev)
 }
@@ -339,21 +362,7 @@ async fn watchers_sharing_a_stream_each_get_their_events_once_in_order() {
             .with_filters([WatchFilterType::NoDelete]),
     ];
     let keys = ["m/a", "m/a", "m/a", "m/", "m/"];
-    let mut stream: Option<WatchStream> = None;
-    let mut ids = Vec::new();
-    for (key, opts) in keys.iter().zip(options) {
-        let s = match stream.as_mut() {
-            None => stream.insert(c.watch(*key, Some(opts)).await.expect("watch")),
-            Some(s) => {
-                s.watch(*key, Some(opts)).await.expect("watch");
-                s
-            }
-        };
-        let resp = next(s, Duration::from_secs(5)).await;
-        assert!(resp.created() && !resp.canceled(), "{resp:?}");
-        ids.push(resp.watch_id());
-    }
-    let mut stream = stream.expect("a stream");
+    let (mut stream, ids) = on_one_stream(&mut c, keys.iter().copied().zip(options)).await;
     // Writes on the key, beside it and deletes, while the stream is not read.
     let value = "v".repeat(1024);
     let mut want_key = Vec::new();
@@ -668,21 +677,8 @@ async fn a_busy_stream_batches_hot_watchers_and_a_quiet_one_gets_each_event_alon
     const WATCHERS: usize = 200;
     const PUTS: usize = 300;
     let (_m, mut c) = start().await;
-    let mut hot: Option<WatchStream> = None;
-    let mut ids = Vec::new();
-    for _ in 0..WATCHERS {
-        let s = match hot.as_mut() {
-            None => hot.insert(c.watch("hot", None).await.expect("watch")),
-            Some(s) => {
-                s.watch("hot", None).await.expect("watch");
-                s
-            }
-        };
-        let resp = next(s, Duration::from_secs(5)).await;
-        assert!(resp.created(), "{resp:?}");
-        ids.push(resp.watch_id());
-    }
-    let mut hot = hot.expect("a stream");
+    let watchers = (0..WATCHERS).map(|_| ("hot", WatchOptions::new()));
+    let (mut hot, ids) = on_one_stream(&mut c, watchers).await;
     let mut revs = Vec::new();
     for i in 0..PUTS {
         let r = c.put("hot", format!("{i}"), None).await.expect("put");

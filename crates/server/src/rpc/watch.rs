@@ -536,9 +536,10 @@ impl StreamState {
         }
     }
 
-    /// Until when events for the watchers `msg` names wait for more to join them: a
-    /// watcher sent events less than [`HOT_WATCHER_HOLD`] ago on a busy stream gets its next ones at most once
-    /// per hold, all that came in between in one response.
+    /// Until when events for the watchers `msg` names wait for more to join them: on a busy
+    /// stream, a watcher sent events less than [`HOT_WATCHER_HOLD`] ago gets its next ones at
+    /// most once per hold, all that came in between in one response. The stream's requests
+    /// wait out the hold too (at most 20 ms), which keeps every response in order.
     fn hold_until(&self, msg: &HubMsg) -> Option<tokio::time::Instant> {
         let HubMsg::Events { watch_ids, .. } = msg else {
             return None;
