@@ -50,7 +50,9 @@ impl Target {
 pub struct DialOptions {
     /// How long one connection attempt may take.
     pub connect_timeout: Duration,
-    /// The interval of HTTP/2 PINGs, sent also while no call is open.
+    /// The interval of HTTP/2 PINGs while a call is open. Like clientv3 (grpc-go's
+    /// `PermitWithoutStream` false), an idle connection is not pinged: etcd's servers send
+    /// away a client that pings with no call open (`too_many_pings`).
     pub keepalive_time: Duration,
     /// How long a PING may go unanswered before the connection is dropped.
     pub keepalive_timeout: Duration,
@@ -71,7 +73,7 @@ impl DialOptions {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(self.keepalive_time)
             .keep_alive_timeout(self.keepalive_timeout)
-            .keep_alive_while_idle(true))
+            .keep_alive_while_idle(false))
     }
 }
 

@@ -120,6 +120,7 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         cors: cfg.cors.clone(),
         host_whitelist: cfg.host_whitelist.clone(),
         max_concurrent_streams: cfg.max_concurrent_streams,
+        grpc_keepalive_min_time: cfg.grpc_keepalive_min_time,
         grpc_keepalive_interval: cfg.grpc_keepalive_interval,
         grpc_keepalive_timeout: cfg.grpc_keepalive_timeout,
         initial_corrupt_check: cfg.experimental_initial_corrupt_check,

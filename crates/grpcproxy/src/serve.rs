@@ -35,6 +35,7 @@ use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_serve::grpc_metrics::wire::{CountGrpc, Counted};
 use etcdrs_serve::h2authority::LenientAuthority;
+use etcdrs_serve::keepalive::Policed;
 use etcdrs_serve::leader::LeaderSource;
 use etcdrs_serve::listener::{Handler, Peer};
 use futures::StreamExt;
@@ -561,7 +562,7 @@ struct Connections {
 impl Handler for Connections {
     fn serve<IO>(
         self,
-        io: LenientAuthority<IO>,
+        io: LenientAuthority<Policed<IO>>,
         _peer: Peer,
         watcher: Watcher,
     ) -> impl Future<Output = ()> + Send

@@ -8,6 +8,8 @@
 //!   caller's [`listener::Handler`].
 //! - [`h2authority`]: accepts etcd 3.4 etcdctl's URL-shaped HTTP/2 `:authority`, which hyper
 //!   rejects, by rewriting it in the bytes the client sends (HPACK from `etcdrs_hpack`).
+//! - [`keepalive`]: etcd's keep-alive enforcement (`--grpc-keepalive-min-time`): a client that
+//!   pings too often gets grpc-go's `GOAWAY` (`too_many_pings`) and is disconnected.
 //! - [`leader`]: etcd's require-leader contract (`hasleader` metadata) as an axum middleware
 //!   over a [`leader::LeaderSource`], which the server and the proxy each implement.
 //! - [`not_found`]: the fallback for unknown paths (gRPC "unimplemented" or Go's 404).
@@ -26,6 +28,7 @@ mod fallback;
 pub mod grpc_metrics;
 pub mod grpc_size;
 pub mod h2authority;
+pub mod keepalive;
 pub mod leader;
 pub mod listener;
 pub mod process;

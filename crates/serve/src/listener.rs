@@ -6,7 +6,8 @@
 //! (small answers such as put acknowledgements and watch events must not wait for Nagle's
 //! algorithm), and runs each connection as a task of its own [`tokio::task::JoinSet`]: first
 //! the TLS handshake when the listener has TLS (bounded by [`HANDSHAKE_TIMEOUT`]), then the
-//! [`LenientAuthority`] filter, then the caller's [`Handler`]. On shutdown it stops accepting,
+//! handler's ping policy ([`Policed`]), then the [`LenientAuthority`] filter, then the
+//! caller's [`Handler`]. On shutdown it stops accepting,
 //! asks every connection for a graceful close through the [`Watcher`] handed to the handler,
 //! and aborts what is still open after [`SHUTDOWN_GRACE`].
 //!
@@ -36,6 +37,7 @@ use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
 
 use crate::h2authority::LenientAuthority;
+use crate::keepalive::{PingPolicy, Policed};
 
 /// How long a client has to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -182,12 +184,18 @@ pub trait Handler: Clone + Send + 'static {
     /// graceful close), so that shutdown can close it cleanly.
     fn serve<IO>(
         self,
-        io: LenientAuthority<IO>,
+        io: LenientAuthority<Policed<IO>>,
         peer: Peer,
         watcher: Watcher,
     ) -> impl Future<Output = ()> + Send
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// How this listener polices its clients' HTTP/2 pings; `None`, the default, answers
+    /// them all.
+    fn ping_policy(&self) -> Option<PingPolicy> {
+        None
+    }
 }
 
 /// Whether a listener's connections count against the process's connection cap.
@@ -247,11 +255,13 @@ pub async fn serve<L: Incoming, H: Handler>(
                 let tls = tls.clone();
                 // Task: one client connection (the TLS handshake, then HTTP until either side
                 // closes).
+                let policy = handler.ping_policy();
                 connections.spawn(async move {
                     let _slot = slot;
                     let Some(tls) = tls else {
                         let peer = Peer { addr, certificate: None };
-                        handler.serve(LenientAuthority::new(conn), peer, watcher).await;
+                        let io = LenientAuthority::new(Policed::new(conn, policy, addr));
+                        handler.serve(io, peer, watcher).await;
                         return;
                     };
                     let handshake = tls.acceptor().accept(conn);
@@ -270,7 +280,8 @@ pub async fn serve<L: Incoming, H: Handler>(
                         .and_then(|certs| certs.first())
                         .cloned();
                     let peer = Peer { addr, certificate };
-                    handler.serve(LenientAuthority::new(stream), peer, watcher).await;
+                    let io = LenientAuthority::new(Policed::new(stream, policy, addr));
+                    handler.serve(io, peer, watcher).await;
                 });
             }
         }
@@ -295,8 +306,12 @@ mod tests {
     struct EchoPeer;
 
     impl Handler for EchoPeer {
-        async fn serve<IO>(self, mut io: LenientAuthority<IO>, peer: Peer, watcher: Watcher)
-        where
+        async fn serve<IO>(
+            self,
+            mut io: LenientAuthority<Policed<IO>>,
+            peer: Peer,
+            watcher: Watcher,
+        ) where
             IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         {
             drop(watcher);

@@ -102,6 +102,9 @@ pub struct ServerConfig {
     pub host_whitelist: Vec<String>,
     /// `--max-concurrent-streams`: HTTP/2 streams per client connection.
     pub max_concurrent_streams: u32,
+    /// `--grpc-keepalive-min-time`: the shortest interval between a client's pings (while it
+    /// has a stream open) that the client port tolerates.
+    pub grpc_keepalive_min_time: Duration,
     /// `--grpc-keepalive-interval`: how often the server pings an idle client connection.
     pub grpc_keepalive_interval: Duration,
     /// `--grpc-keepalive-timeout`: how long a ping may go unanswered before the connection
@@ -166,6 +169,7 @@ impl ServerConfig {
             cors: vec!["*".into()],
             host_whitelist: vec!["*".into()],
             max_concurrent_streams: u32::MAX,
+            grpc_keepalive_min_time: Duration::from_secs(5),
             grpc_keepalive_interval: Duration::from_secs(2 * 3600),
             grpc_keepalive_timeout: Duration::from_secs(20),
             initial_corrupt_check: false,

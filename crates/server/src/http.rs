@@ -17,6 +17,7 @@ use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
 use etcdrs_serve::h2authority::LenientAuthority;
+use etcdrs_serve::keepalive::{PingPolicy, Policed};
 use etcdrs_serve::leader::LeaderSource;
 use etcdrs_serve::listener::{Admission, Handler, Peer};
 use etcdrs_serve::not_found;
@@ -157,12 +158,14 @@ pub async fn serve(
         Serves::Grpc
     };
     let kv = kv_service(&Rpc::new(server.clone()));
+    // etcd hands grpc-go its keep-alive enforcement policy for the client port only.
+    let ping_policy = PingPolicy::etcd(config.grpc_keepalive_min_time);
     serve_with(
         dispatch::Dispatch::new(Some(kv), client_router(server.clone(), serves)),
         builder,
         listener,
         tls,
-        Admission::Capped,
+        (Admission::Capped, Some(ping_policy)),
         shutdown,
     )
     .await
@@ -387,19 +390,20 @@ async fn serve_router_with(
         builder,
         listener,
         tls,
-        admission,
+        (admission, None),
         shutdown,
     )
     .await
 }
 
-/// [`serve_router_with`] for a front service of the caller's.
+/// [`serve_router_with`] for a front service of the caller's, with the listener's
+/// admission and ping policy.
 async fn serve_with(
     service: dispatch::Dispatch,
     mut builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     listener: TcpListener,
     tls: Option<Arc<TlsServer>>,
-    admission: Admission,
+    (admission, ping_policy): (Admission, Option<PingPolicy>),
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     // gRPC answers carry no `date` (grpc-go, behind etcd, sends none); HTTP/1.1 keeps it.
@@ -408,6 +412,7 @@ async fn serve_with(
         service,
         builder,
         tls: tls.clone(),
+        ping_policy,
     };
     let acceptor = tls.map(|tls| tls as Arc<dyn etcdrs_serve::listener::Acceptor>);
     etcdrs_serve::listener::serve(listener, acceptor, handler, admission, shutdown).await;
@@ -428,10 +433,16 @@ struct Connections {
     builder: hyper_util::server::conn::auto::Builder<TokioExecutor>,
     /// The listener's TLS: a client certificate must also pass its allowed CN/hostname check.
     tls: Option<Arc<TlsServer>>,
+    /// How the listener polices clients' pings (the client port's `--grpc-keepalive-min-time`).
+    ping_policy: Option<PingPolicy>,
 }
 
 impl Handler for Connections {
-    async fn serve<IO>(self, io: LenientAuthority<IO>, peer: Peer, watcher: Watcher)
+    fn ping_policy(&self) -> Option<PingPolicy> {
+        self.ping_policy
+    }
+
+    async fn serve<IO>(self, io: LenientAuthority<Policed<IO>>, peer: Peer, watcher: Watcher)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {

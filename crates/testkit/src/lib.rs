@@ -37,6 +37,8 @@
 //!   the exit status is not the expected one.
 //! - [`poll_until`]: retry an async check until it succeeds or a deadline passes. Tests never sleep
 //!   to wait for a state.
+//! - [`memory`]: a process's resident set size, and the check that it stayed flat while a
+//!   test drove a bound past its limit.
 //! - [`http_get`]: a minimal HTTP/1.1 GET over loopback for `/health`, `/version`, `/metrics`.
 //! - [`grpc_error`] / [`assert_grpc_error`]: the gRPC code and message of an `etcd_client::Error`;
 //!   messages must be byte-identical to etcd's because clients match on them.
@@ -72,6 +74,7 @@ mod http;
 #[cfg(test)]
 mod layering;
 mod member;
+pub mod memory;
 mod poll;
 pub mod ports;
 pub mod powerloss;

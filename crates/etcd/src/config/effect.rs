@@ -10,7 +10,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("max-snapshots", "one raft snapshot is kept; older ones are removed"),
     ("max-wals", "WAL segments are released once the backend holds their entries"),
     ("backend-bbolt-freelist-type", "the backend is redb, not bbolt"),
-    ("grpc-keepalive-min-time", "client keepalive pings are not policed"),
     ("raft-read-timeout", "peer links use their own fixed timeouts"),
     ("raft-write-timeout", "peer links use their own fixed timeouts"),
     ("enable-pprof", "there is no /debug/pprof"),

@@ -25,6 +25,7 @@ mod gateway;
 mod grpcproxy;
 mod health;
 mod http;
+mod keepalive;
 mod kv;
 mod l4gateway;
 mod lease;
