@@ -369,6 +369,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Policed<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Policed<IO> {
+    /// The GOAWAY is written and the write side closed.
+    fn sent_away(&self) -> bool {
+        self.police
+            .as_deref()
+            .is_some_and(|p| matches!(p.goaway, GoAway::Done))
+    }
+
     /// Before a write: a due GOAWAY goes first when the server's writes are at a frame
     /// boundary, and after it nothing more is written.
     fn poll_before_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -429,11 +436,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Policed<IO> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this
-            .police
-            .as_deref()
-            .is_some_and(|p| matches!(p.goaway, GoAway::Done))
-        {
+        if this.sent_away() {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_flush(cx)
@@ -441,11 +444,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Policed<IO> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this
-            .police
-            .as_deref()
-            .is_some_and(|p| matches!(p.goaway, GoAway::Done))
-        {
+        if this.sent_away() {
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_shutdown(cx)

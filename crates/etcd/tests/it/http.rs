@@ -261,6 +261,51 @@ async fn max_concurrent_streams_is_announced_in_settings() {
     assert_eq!(announced_max_streams(&m.client_addr()).await, Some(7));
 }
 
+/// `--max-concurrent-streams` driven past its limit (issue 20): on a connection with 7 streams
+/// open, each of 100 more is refused with RST_STREAM REFUSED_STREAM (as grpc-go refuses
+/// it), the open ones stay, the member's memory stays flat and another client is served.
+#[tokio::test]
+async fn streams_past_max_concurrent_streams_are_refused() {
+    use crate::keepalive::RawH2;
+    const RST_STREAM: u8 = 3;
+    const REFUSED_STREAM: u32 = 7;
+    let (m, mut client) = crate::start_with(&["--max-concurrent-streams=7"]).await;
+    let pid = m.pid().expect("running");
+    let mut c = RawH2::connect(&m.client_addr()).await;
+    for id in (1..=13).step_by(2) {
+        c.open_watch(id).await;
+    }
+    let before = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
+    for n in 0..100u32 {
+        let id = 15 + 2 * n;
+        c.open_stream(id).await;
+        let refusal = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let frame = c.read_frame().await.expect("the connection stays open");
+                if frame.kind == RST_STREAM {
+                    return frame.payload;
+                }
+            }
+        })
+        .await
+        .expect("a refusal within 10 s");
+        assert_eq!(refusal, REFUSED_STREAM.to_be_bytes(), "stream {id}");
+    }
+    client.put("during", "v", None).await.expect("served");
+    etcdrs_testkit::memory::assert_rss_flat(pid, before, 8 << 20, "100 refused streams");
+    // The open watchers still see writes: seven events.
+    client.put("k", "v", None).await.expect("put");
+    let events = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut events = 0;
+        while events < 7 {
+            let frame = c.read_frame().await.expect("the connection stays open");
+            events += usize::from(frame.kind == 0);
+        }
+    })
+    .await;
+    assert!(events.is_ok(), "the seven open watchers each got the put");
+}
+
 /// SETTINGS_MAX_CONCURRENT_STREAMS as the server at `addr` announces it.
 pub(crate) async fn announced_max_streams(addr: &str) -> Option<u32> {
     let mut tcp = h2_connect(addr).await;

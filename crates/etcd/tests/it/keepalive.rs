@@ -6,29 +6,29 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
 
 use crate::{start, start_with};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+use crate::http::{H2_SETTINGS as SETTINGS, h2_connect, h2_frame};
+
 const DATA: u8 = 0x0;
-const SETTINGS: u8 = 0x4;
 const HEADERS: u8 = 0x1;
 const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 /// One frame read from the server.
-struct Frame {
-    kind: u8,
-    flags: u8,
-    payload: Vec<u8>,
+pub(crate) struct Frame {
+    pub(crate) kind: u8,
+    pub(crate) flags: u8,
+    pub(crate) payload: Vec<u8>,
 }
 
-/// An HTTP/2 connection driven frame by frame.
-struct RawH2 {
+/// An HTTP/2 connection driven frame by frame (also for the stream limit's test).
+pub(crate) struct RawH2 {
     tcp: TcpStream,
     authority: String,
 }
@@ -46,18 +46,14 @@ enum Heard {
 
 impl RawH2 {
     /// Connects and sends the client preface and an empty SETTINGS.
-    async fn connect(addr: &str) -> RawH2 {
-        let tcp = TcpStream::connect(addr).await.expect("connect");
-        let mut c = RawH2 {
-            tcp,
+    pub(crate) async fn connect(addr: &str) -> RawH2 {
+        RawH2 {
+            tcp: h2_connect(addr).await,
             authority: addr.to_owned(),
-        };
-        c.tcp.write_all(PREFACE).await.expect("preface");
-        c.send(SETTINGS, 0, 0, &[]).await;
-        c
+        }
     }
 
-    async fn send(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    pub(crate) async fn send(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
         let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
         f.extend([kind, flags]);
         f.extend(stream.to_be_bytes());
@@ -72,7 +68,34 @@ impl RawH2 {
 
     /// Opens stream `id` as a Watch call with one watcher and reads the server's answer
     /// (the watcher created): a stream the server then holds open and writes nothing on.
-    async fn open_watch(&mut self, id: u32) {
+    pub(crate) async fn open_watch(&mut self, id: u32) {
+        self.start_watch(id).await;
+        let created = timeout(Duration::from_secs(10), async {
+            loop {
+                let frame = self.read_frame().await.expect("the connection stays open");
+                match frame.kind {
+                    SETTINGS if frame.flags & 0x1 == 0 => self.send(SETTINGS, 0x1, 0, &[]).await,
+                    DATA => return,
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        assert!(created.is_ok(), "the watcher is created within 10 s");
+    }
+
+    /// Sends the HEADERS and the create request of a Watch call on stream `id`.
+    async fn start_watch(&mut self, id: u32) {
+        self.open_stream(id).await;
+        // A gRPC message: WatchRequest { create_request { key: "k" } }.
+        let request = [0x0a, 0x03, 0x0a, 0x01, b'k'];
+        let mut message = vec![0, 0, 0, 0, request.len() as u8];
+        message.extend(request);
+        self.send(DATA, 0, id, &message).await;
+    }
+
+    /// Sends the HEADERS of a Watch call on stream `id`.
+    pub(crate) async fn open_stream(&mut self, id: u32) {
         let mut block = Vec::new();
         let authority = self.authority.clone();
         for (name, value) in [
@@ -91,34 +114,13 @@ impl RawH2 {
             block.extend(value.as_bytes());
         }
         self.send(HEADERS, 0x4, id, &block).await;
-        // A gRPC message: WatchRequest { create_request { key: "k" } }.
-        let request = [0x0a, 0x03, 0x0a, 0x01, b'k'];
-        let mut message = vec![0, 0, 0, 0, request.len() as u8];
-        message.extend(request);
-        self.send(DATA, 0, id, &message).await;
-        let created = timeout(Duration::from_secs(10), async {
-            loop {
-                let frame = self.read_frame().await.expect("the connection stays open");
-                match frame.kind {
-                    SETTINGS if frame.flags & 0x1 == 0 => self.send(SETTINGS, 0x1, 0, &[]).await,
-                    DATA => return,
-                    _ => {}
-                }
-            }
-        })
-        .await;
-        assert!(created.is_ok(), "the watcher is created within 10 s");
     }
 
-    async fn read_frame(&mut self) -> Option<Frame> {
-        let mut head = [0u8; 9];
-        self.tcp.read_exact(&mut head).await.ok()?;
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0; len];
-        self.tcp.read_exact(&mut payload).await.ok()?;
+    pub(crate) async fn read_frame(&mut self) -> Option<Frame> {
+        let (kind, flags, payload) = h2_frame(&mut self.tcp).await?;
         Some(Frame {
-            kind: head[3],
-            flags: head[4],
+            kind,
+            flags,
             payload,
         })
     }

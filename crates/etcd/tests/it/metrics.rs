@@ -662,6 +662,22 @@ async fn abandoned_proposals_leave_the_pending_gauge() {
         let gave_up = impatient.put(format!("k{i}"), "v", None).await;
         assert!(gave_up.is_err(), "a write committed without a quorum");
     }
+    // 1,000 more in rounds of 200 at once: the member's memory stays flat (each abandoned
+    // proposal leaves only its entry in the leader's uncommitted log).
+    let pid = m.pid().expect("running");
+    let before = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
+    for round in 0..5 {
+        let puts = (0..200).map(|i| {
+            let mut c = impatient.clone();
+            async move { c.put(format!("r{round}/{i}"), "v", None).await }
+        });
+        let gave_up = futures::future::join_all(puts).await;
+        assert!(
+            gave_up.iter().all(Result::is_err),
+            "a write committed without a quorum"
+        );
+    }
+    etcdrs_testkit::memory::assert_rss_flat(pid, before, 8 << 20, "1,000 abandoned proposals");
     // Well inside the request timeout (5 s and two election timeouts) of the proposals.
     poll_until(Duration::from_secs(3), || async {
         let pending = Scrape::of(m)
@@ -689,6 +705,8 @@ async fn unknown_grpc_methods_and_peer_senders_add_no_series() {
         scrape.samples.iter().map(|(s, _)| s.clone()).collect()
     };
     let before = series(&Scrape::of(&m).await);
+    let pid = m.pid().expect("running");
+    let rss_before = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
 
     // Over one connection, as the generated clients call, with paths of our choosing.
     let channel = tonic::transport::Endpoint::from_shared(m.endpoint())
@@ -752,6 +770,12 @@ async fn unknown_grpc_methods_and_peer_senders_add_no_series() {
         .expect("the peer port answers");
     }
     client.put("after", "v", None).await.expect("put");
+    etcdrs_testkit::memory::assert_rss_flat(
+        pid,
+        rss_before,
+        8 << 20,
+        "1,000 unknown methods and 300 made-up senders",
+    );
 
     let after = series(&Scrape::of(&m).await);
     let added: Vec<&String> = after.difference(&before).collect();

@@ -109,6 +109,15 @@ async fn snapshot_uploads_only_from_members_and_within_a_bound() {
         "{huge:?}"
     );
     no_partial_files(&m);
+    // Ten more past the bound: the member's memory stays where the first left it.
+    let pid = m.pid().expect("running");
+    let before = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
+    for _ in 0..10 {
+        let refused = upload(&m, &cluster, &member, 7 * 512 * 1024).await;
+        assert_eq!(refused.status, 413, "{refused:?}");
+    }
+    etcdrs_testkit::memory::assert_rss_flat(pid, before, 16 << 20, "ten 3.5 MiB uploads");
+    no_partial_files(&m);
     client.put("still", "serving", None).await.expect("serving");
 }
 

@@ -274,6 +274,17 @@ async fn a_connection_flood_leaves_the_member_its_own_descriptors() {
         }
     }
     before.put("during", "flood", None).await.unwrap();
+    // 2,000 more connections past the cap: each is accepted and closed at once, and the
+    // member's memory stays where the cap left it.
+    let pid = m.pid().expect("running");
+    let at_cap = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
+    for _ in 0..2000 {
+        if let Ok(conn) = tokio::net::TcpStream::connect(m.client_addr()).await {
+            drop(conn);
+        }
+    }
+    before.put("after", "flood", None).await.unwrap();
+    etcdrs_testkit::memory::assert_rss_flat(pid, at_cap, 8 << 20, "2,000 connections past the cap");
     let mut stream = before.snapshot().await.unwrap();
     let mut bytes = 0;
     while let Some(chunk) = stream.message().await.unwrap() {

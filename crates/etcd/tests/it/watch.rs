@@ -614,12 +614,17 @@ async fn one_stream_holds_at_most_a_bounded_number_of_watchers() {
         return;
     }
     const LIMIT: usize = 100_000;
-    let (_member, mut client) = start().await;
+    // Creates past the bound: each is refused, and the member's memory stays where the
+    // bound left it.
+    const PAST: usize = 50_000;
+    let (member, mut client) = start().await;
+    let pid = member.pid().expect("running");
+    let start_rss = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
     let (stream, _) = created(&mut client, "w/0", WatchOptions::new()).await;
     let (mut sender, mut responses) = stream.split();
     // The creates are sent without waiting for their answers.
     let writer = tokio::spawn(async move {
-        for i in 1..=LIMIT {
+        for i in 1..LIMIT + PAST {
             sender
                 .watch(format!("w/{i}"), None)
                 .await
@@ -646,6 +651,25 @@ async fn one_stream_holds_at_most_a_bounded_number_of_watchers() {
     assert_eq!(
         refused.cancel_reason(),
         format!("too many watchers on one stream (limit {LIMIT})")
+    );
+    let at_limit = etcdrs_testkit::memory::rss_bytes(pid).expect("rss");
+    eprintln!(
+        "{LIMIT} watchers: RSS {} -> {} KiB",
+        start_rss / 1024,
+        at_limit / 1024
+    );
+    for i in 1..PAST {
+        let resp = next_on(&mut responses).await;
+        assert!(
+            resp.canceled() && resp.watch_id() == -1,
+            "create {i} past the bound: {resp:?}"
+        );
+    }
+    etcdrs_testkit::memory::assert_rss_flat(
+        pid,
+        at_limit,
+        16 << 20,
+        "50,000 creates past the bound",
     );
     // Canceling one makes room for one more.
     let mut sender = writer.await.expect("writer");
