@@ -699,6 +699,9 @@ async fn abandoned_proposals_leave_the_pending_gauge() {
 /// senders leave the set of series as it was, and a client is served throughout.
 #[tokio::test]
 async fn unknown_grpc_methods_and_peer_senders_add_no_series() {
+    if !crate::ours() {
+        return; // etcd 3.4 adds series named after unknown methods: the bound is ours.
+    }
     let (m, mut client) = start().await;
     client.put("before", "v", None).await.expect("put");
     let series = |scrape: &Scrape| -> std::collections::BTreeSet<String> {
