@@ -7,7 +7,10 @@
 //! fail), registers, reads the members again and then watches `members/` until `size` members
 //! are known. The first `size` registrations by creation revision form the cluster; anyone
 //! else finds it full. Failures to reach the service are retried with etcd's back-off (2 s
-//! doubling up to 256 s, without end); a missing or bad size key is not.
+//! doubling up to 256 s, without end); a missing or bad size key is not. A watch that breaks
+//! after it had been up for a while (a service sends a connection away when its pings come
+//! faster than its `--grpc-keepalive-min-time`) is set up again at once, as clientv3's watch
+//! re-establishes itself, rather than counted as a failure.
 
 use std::time::Duration;
 
@@ -34,6 +37,20 @@ pub const REGISTRY_PREFIX: &str = "/_etcd/registry";
 
 /// Most exponent of the retry back-off (2^8 s), as etcd.
 const MAX_BACKOFF_EXPONENT: u32 = 8;
+
+/// How long a watch must have been up for its end to count as an interruption, set up again
+/// at once, rather than a failure, retried after the back-off: at most one re-watch this
+/// often, whatever the service does.
+const WATCH_SETTLED: Duration = Duration::from_secs(1);
+
+/// Why a watch of the registry ended before it saw every member.
+enum WatchEnd {
+    /// It failed, or broke before it settled: retried after the back-off.
+    Failed(Status),
+    /// It broke after it had been up for [`WATCH_SETTLED`]: set up again at once (the
+    /// registry is read again first, as after a failure).
+    Interrupted(Status),
+}
 
 /// How to reach the discovery cluster (etcd's `clientv3.ConfigSpec` from the
 /// `--discovery-*` flags).
@@ -416,18 +433,21 @@ impl Discovery {
                 "waiting for peers from discovery service"
             );
             match self.watch_members(&mut registry, size, rev).await {
-                Ok(()) => {}
-                Err(status) => {
+                Ok(()) => continue,
+                Err(WatchEnd::Failed(status)) => {
                     tracing::warn!(error = %status.message(), "watching the discovery service failed");
                     self.backoff("waiting for other nodes").await;
-                    match self.check_cluster().await {
-                        Ok((fresh, _, fresh_rev)) => {
-                            registry = fresh;
-                            rev = fresh_rev;
-                        }
-                        Err((e, _)) => return Err(e),
-                    }
                 }
+                Err(WatchEnd::Interrupted(status)) => {
+                    tracing::info!(error = %status.message(), "the discovery service ended the watch; watching again");
+                }
+            }
+            match self.check_cluster().await {
+                Ok((fresh, _, fresh_rev)) => {
+                    registry = fresh;
+                    rev = fresh_rev;
+                }
+                Err((e, _)) => return Err(e),
             }
         }
         tracing::info!(
@@ -443,11 +463,11 @@ impl Discovery {
         registry: &mut Registry,
         size: usize,
         rev: i64,
-    ) -> std::result::Result<(), Status> {
+    ) -> std::result::Result<(), WatchEnd> {
         let (idx, channel) = self.endpoints.current();
         if let Err(status) = self.authenticate(channel.clone()).await {
             self.endpoints.failed(idx);
-            return Err(status);
+            return Err(WatchEnd::Failed(status));
         }
         let key = self.keys.members.as_bytes().to_vec();
         let create = WatchRequest {
@@ -461,23 +481,35 @@ impl Discovery {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tx.send(create)
             .await
-            .map_err(|_| Status::internal("watch request not sent"))?;
+            .map_err(|_| WatchEnd::Failed(Status::internal("watch request not sent")))?;
         let request = self.request(tokio_stream::wrappers::ReceiverStream::new(rx));
         let mut stream = match WatchClient::new(channel).watch(request).await {
             Ok(resp) => resp.into_inner(),
             Err(status) => {
                 self.endpoints.failed(idx);
-                return Err(status);
+                return Err(WatchEnd::Failed(status));
             }
         };
-        while let Some(resp) = stream.message().await? {
-            add_watched(registry, resp)?;
-            if registry.len() >= size {
-                drop(tx);
-                return Ok(());
+        // When the watch counts as settled: a while after its first response.
+        let mut settled_at = None;
+        let broke = loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    settled_at.get_or_insert_with(|| tokio::time::Instant::now() + WATCH_SETTLED);
+                    add_watched(registry, resp).map_err(WatchEnd::Failed)?;
+                    if registry.len() >= size {
+                        drop(tx);
+                        return Ok(());
+                    }
+                }
+                Ok(None) => break Status::unavailable("watch stream ended"),
+                Err(status) => break status,
             }
+        };
+        match settled_at {
+            Some(at) if tokio::time::Instant::now() >= at => Err(WatchEnd::Interrupted(broke)),
+            _ => Err(WatchEnd::Failed(broke)),
         }
-        Err(Status::unavailable("watch stream ended"))
     }
 }
 
