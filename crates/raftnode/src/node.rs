@@ -101,6 +101,7 @@ impl NodeCore {
             pending_reads: HashMap::new(),
             next_read: 0,
             last_mark: applied,
+            bytes_since_mark: 0,
             compact_requested: false,
             deferred_conf: VecDeque::new(),
         })

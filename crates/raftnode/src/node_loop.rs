@@ -7,6 +7,16 @@
 
 use super::*;
 
+/// Bytes of applied entries after which a snapshot mark comes early, whatever
+/// `--snapshot-count` says: raft's log is held in memory from the mark's catch-up entries
+/// on, and `--snapshot-count` entries of up to `--max-request-bytes` each could otherwise fill
+/// the machine's memory (100,000 entries of 1.5 MiB). Small entries never reach it first.
+pub(crate) const LOG_BYTES_BETWEEN_MARKS: u64 = 64 << 20;
+/// Bytes of entries at most kept behind a mark for lagging followers (with at most
+/// `catch_up_entries` of them); a follower further behind gets a snapshot, as one more than
+/// `catch_up_entries` behind does.
+pub(crate) const CATCH_UP_BYTES: u64 = 32 << 20;
+
 pub(crate) struct NodeCore {
     pub(crate) config: NodeConfig,
     pub(crate) node: RawNode<NodeStorage>,
@@ -18,6 +28,9 @@ pub(crate) struct NodeCore {
     pub(crate) pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
     pub(crate) next_read: u64,
     pub(crate) last_mark: u64,
+    /// Bytes of entry data applied since the last snapshot mark: the log held in memory
+    /// past the mark, which [`LOG_BYTES_BETWEEN_MARKS`] bounds.
+    pub(crate) bytes_since_mark: u64,
     /// The state machine asked for the whole applied log to go ([`crate::Applied::compact_log`]).
     pub(crate) compact_requested: bool,
     /// Membership changes that arrived while another was still in flight (raft would turn
@@ -329,6 +342,10 @@ impl NodeCore {
             term: raft.term,
             leader: raft.leader_id,
         };
+        self.bytes_since_mark += entries
+            .iter()
+            .map(|e| e.data.len() as u64 + e.context.len() as u64)
+            .sum::<u64>();
         let machine = &mut self.state_machine;
         let applied = machine
             .apply(Apply {
@@ -359,6 +376,7 @@ impl NodeCore {
         store.mem.wl().apply_snapshot(snapshot)?;
         *store.applied.lock() = (index, term);
         self.last_mark = index;
+        self.bytes_since_mark = 0;
         self.status.write().applied = index;
         tracing::info!(index, term, "applied snapshot from the leader");
         Ok(())
@@ -376,18 +394,26 @@ impl NodeCore {
 
     fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {
         let forced = self.compact_requested;
-        if !durable || (!forced && index < self.last_mark + self.config.snapshot_count) {
+        let due = index >= self.last_mark + self.config.snapshot_count
+            || self.bytes_since_mark >= LOG_BYTES_BETWEEN_MARKS;
+        if !durable || (!forced && !due) {
             return Ok(());
         }
         self.compact_requested = false;
         // Everything up to `index` is durable in the backend: the WAL no longer needs it.
         self.log.mark_snapshot(index, term)?;
         self.log.release_to(index)?;
+        // Catch-up entries, as many as fit in CATCH_UP_BYTES at the mean size since the last
+        // mark.
+        let since = index.saturating_sub(self.last_mark).max(1);
+        let mean = (self.bytes_since_mark / since).max(1);
+        let catch_up = self.config.catch_up_entries.min(CATCH_UP_BYTES / mean);
         self.last_mark = index;
+        self.bytes_since_mark = 0;
         let keep_from = if forced {
             index
         } else {
-            index.saturating_sub(self.config.catch_up_entries)
+            index.saturating_sub(catch_up)
         };
         let store = self.node.raft.raft_log.store.mem.clone();
         let first = store.first_index().unwrap_or(1);

@@ -258,3 +258,92 @@ async fn a_restart_replays_only_what_the_state_machine_had_not_applied() {
     assert_eq!(restarted.seen.lock().entries[2].2, b"after");
     restarted.stop().await;
 }
+
+/// A log kept in memory: what was saved, the snapshot marks and how far it was released.
+#[derive(Default)]
+struct MemLog {
+    state: Arc<Mutex<MemLogState>>,
+}
+
+#[derive(Default)]
+struct MemLogState {
+    saved: u64,
+    marks: Vec<u64>,
+    released_to: u64,
+}
+
+impl etcdrs_raftnode::LogStore for MemLog {
+    fn save(
+        &mut self,
+        _hard_state: Option<&etcdrs_raftnode::eraftpb::HardState>,
+        entries: &[etcdrs_raftnode::eraftpb::Entry],
+    ) -> etcdrs_raftnode::Result<()> {
+        self.state.lock().saved += entries.len() as u64;
+        Ok(())
+    }
+
+    fn mark_snapshot(&mut self, index: u64, _term: u64) -> etcdrs_raftnode::Result<()> {
+        self.state.lock().marks.push(index);
+        Ok(())
+    }
+
+    fn release_to(&mut self, index: u64) -> etcdrs_raftnode::Result<()> {
+        self.state.lock().released_to = index;
+        Ok(())
+    }
+}
+
+#[test]
+fn large_entries_bring_snapshot_marks_early_and_bound_the_log_held_in_memory() {
+    // --snapshot-count 10,000 entries of 1 MiB would hold 10 GiB of log in memory; marks come
+    // every 64 MiB of applied entries instead, and each keeps at most 32 MiB behind it.
+    const ENTRY: usize = 1 << 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = MemLog::default();
+    let marks = log.state.clone();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (batches, _batches) = tokio::sync::watch::channel(0);
+    let mut node = etcdrs_raftnode::Node::new(
+        config(dir.path()),
+        new_member(),
+        Box::new(log),
+        etcdrs_raftnode::Recovered::default(),
+        Arc::new(NoPeers),
+        Box::new(Recorder {
+            seen: seen.clone(),
+            batches,
+        }),
+    )
+    .expect("node");
+    for _ in 0..1000 {
+        node.process().expect("process");
+        if node.status().is_leader {
+            break;
+        }
+        node.tick();
+    }
+    assert!(node.status().is_leader, "a member of one leads itself");
+    let mut most_held = 0;
+    for i in 0..300u32 {
+        let mut data = vec![0u8; ENTRY];
+        data[..4].copy_from_slice(&i.to_be_bytes());
+        node.propose(data).expect("propose");
+        node.process().expect("process");
+        let log = &node.raw().raft.raft_log;
+        use raft::Storage as _;
+        let first = log.store.first_index().expect("first index");
+        most_held = most_held.max(log.last_index() + 1 - first);
+    }
+    assert_eq!(seen.lock().entries.len(), 300, "every entry applied");
+    let marks = marks.lock();
+    assert!(
+        marks.marks.len() >= 4,
+        "300 MiB of entries: a mark every 64 MiB, got {:?}",
+        marks.marks
+    );
+    assert_eq!(marks.released_to, *marks.marks.last().expect("a mark"));
+    assert!(
+        most_held <= 64 + 32 + 2,
+        "at most 96 MiB of 1 MiB entries held in memory, held {most_held}"
+    );
+}
