@@ -254,18 +254,18 @@ async fn a_client_pinging_with_no_stream_open_is_sent_away_and_others_are_served
 
 #[tokio::test]
 async fn the_min_time_sets_how_often_a_client_with_a_stream_open_may_ping() {
-    // --grpc-keepalive-min-time=300ms: pings 400 ms apart on a connection with a stream
+    // --grpc-keepalive-min-time=500ms: pings 600 ms apart on a connection with a stream
     // open are allowed, and a burst is not.
-    let (m, _client) = start_with(&["--grpc-keepalive-min-time=300ms"]).await;
+    let (m, _client) = start_with(&["--grpc-keepalive-min-time=500ms"]).await;
     let mut c = RawH2::connect(&m.client_addr()).await;
     c.open_watch(1).await;
-    let heard = pings(&mut c, 6, Duration::from_millis(400)).await;
-    assert_eq!(heard, vec![Heard::Quiet; 6], "pings at the allowed pace");
-    let heard = pings(&mut c, 5, Duration::from_millis(100)).await;
+    let heard = pings(&mut c, 5, Duration::from_millis(600)).await;
+    assert_eq!(heard, vec![Heard::Quiet; 5], "pings at the allowed pace");
+    let heard = pings(&mut c, 5, Duration::from_millis(50)).await;
     assert_eq!(
         heard,
         [Heard::Quiet, Heard::Quiet, Heard::Quiet, too_many_pings(1)],
-        "faster than 300 ms: the first is 400 ms after the last paced one, then three strikes"
+        "faster than 500 ms: the first is 600 ms after the last paced one, then three strikes"
     );
     c.closes().await;
 
