@@ -240,6 +240,23 @@ impl Node {
         answer
     }
 
+    /// Propose a membership change, as [`RaftNodeHandle::propose_conf_change`] does on the
+    /// raft thread (held back while another is in flight); the answer is on the returned
+    /// receiver once raft took it into its log or refused it.
+    pub fn propose_conf_change(
+        &mut self,
+        change: crate::confchange::EtcdConfChange,
+    ) -> oneshot::Receiver<Result<()>> {
+        let (done, answer) = oneshot::channel();
+        if let Err(e) = self
+            .core
+            .handle(crate::NodeMsg::ProposeConfChange { change, done })
+        {
+            tracing::warn!(error = %e, "membership change not proposed");
+        }
+        answer
+    }
+
     /// Ask the leader to hand leadership to `to`.
     pub fn transfer_leader(&mut self, to: u64) {
         self.core.node.transfer_leader(to);

@@ -134,7 +134,7 @@ impl NodeCore {
         }
     }
 
-    fn handle(&mut self, msg: NodeMsg) -> Result<()> {
+    pub(crate) fn handle(&mut self, msg: NodeMsg) -> Result<()> {
         match msg {
             NodeMsg::Propose { data, on_refused } => self.propose(data, on_refused),
             NodeMsg::ReadIndex { done } => self.read_index(done),

@@ -1,14 +1,16 @@
 //! The simulator: one seed drives the members, the network, the clock and the clients.
 //! This file holds the configuration, the report, the state and the event loop; by seam:
-//! `members` (starts, crashes, faults), `network`, `ready` (each member's Ready step and the
-//! checks after it), `leases`, `clients`, `invariants` and `storage` (what stands for the
-//! disk, the clock and the network).
+//! `members` (starts, crashes, faults), `membership` (members removed at run time),
+//! `network`, `ready` (each member's Ready step and the checks after it), `leases`,
+//! `clients`, `invariants` and `storage` (what stands for the disk, the clock and the
+//! network).
 //!
 //! # What is real and what is glue
 //!
 //! - Real, the member's own code: `raftnode`'s node ([`etcdrs_raftnode::Node`], the loop body
 //!   the raft thread runs: proposals, ReadIndex, the Ready step in its order, membership
-//!   changes from a new cluster's `AddNode` entries, snapshot installation, the snapshot marks
+//!   changes from a new cluster's `AddNode` entries and from run-time removals proposed by
+//!   the leader (etcd's MemberRemove), snapshot installation, the snapshot marks
 //!   and log compaction every `--snapshot-count` entries); the server's applier behind it
 //!   ([`etcdrs_server::StandaloneMember`]: request decoding, one backend transaction per
 //!   batch, the consistent index, the lessor promoted on the leader and demoted elsewhere,
@@ -41,6 +43,7 @@
 //! - at equal applied index, equal MVCC revision, and (sampled every [`HASH_EVERY`] entries,
 //!   and at the end) equal `HashKV`;
 //! - a snapshot's backend image is never older than the snapshot;
+//! - raft's configuration and the applier's membership name the same members;
 //! - no lease is revoked before its TTL has run since its grant and every renewal its leader
 //!   knew of;
 //! - at the end, with the faults over: every member converges to the same applied index,
@@ -83,6 +86,7 @@ mod clients;
 mod invariants;
 mod leases;
 mod members;
+mod membership;
 mod network;
 mod ready;
 mod storage;
@@ -155,15 +159,21 @@ pub struct Config {
     /// `catch_up` entries goes, so a member that lags further gets a snapshot: the leader's
     /// backend image (`Backend::snapshot`), installed with `KvStore::install_snapshot`.
     pub compaction: Option<(u64, u64)>,
+    /// Whether the leader removes members at run time (etcd's MemberRemove), five-member
+    /// clusters only, at most two.
+    pub removals: bool,
 }
 
 impl Config {
     /// A configuration drawn from `seed`.
     pub fn from_seed(seed: u64) -> Config {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+        // Drawn apart, so that the draws below are what they were before removals came.
+        let removals = StdRng::seed_from_u64(seed ^ 0x5eed_4e40_7e00_0001).random_bool(0.5);
+        let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
-            members: [3, 3, 5][rng.random_range(0..3)],
+            members,
             clients: rng.random_range(2..=6),
             keys: rng.random_range(1..=3),
             fault_ms: 3000,
@@ -182,6 +192,7 @@ impl Config {
             compaction: rng
                 .random_bool(0.5)
                 .then(|| (rng.random_range(5..=40), rng.random_range(1..=10))),
+            removals: removals && members == 5,
         }
     }
 }
@@ -235,6 +246,8 @@ pub struct Report {
     /// Leaders first seen leading a term below the highest any member had reached: raft allows
     /// them (votes delivered late), and leader completeness does not cover them.
     pub late_leaders: u32,
+    /// Members removed at run time.
+    pub removed: u32,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -402,6 +415,11 @@ struct Member {
     paused_until: u64,
     /// Its tick interval: clocks drift apart a little.
     tick_ms: u64,
+    /// Removed from the cluster: stopped for good.
+    removed: bool,
+    /// The applied index at which raft's configuration and the applier's membership were
+    /// last compared.
+    membership_checked: u64,
 }
 
 impl Member {
@@ -493,6 +511,9 @@ struct Sim {
     last_put: BTreeMap<u64, Option<u64>>,
     snapshots: u32,
     late_leaders: u32,
+    /// Members the leader proposed to remove, and how many of them are gone.
+    removal_targets: Vec<u64>,
+    removed: u32,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -572,6 +593,8 @@ impl Sim {
                     promoted_at: None,
                     paused_until: 0,
                     tick_ms: TICK_MS,
+                    removed: false,
+                    membership_checked: 0,
                 }
             })
             .collect();
@@ -611,6 +634,8 @@ impl Sim {
             last_put: BTreeMap::new(),
             snapshots: 0,
             late_leaders: 0,
+            removal_targets: Vec::new(),
+            removed: 0,
             _dir: dir,
             cfg,
         };
@@ -686,6 +711,8 @@ impl Sim {
             self.handle(event)?;
             self.pin_election_timeouts();
             self.process_readies()?;
+            self.retire_removed();
+            self.check_membership()?;
             self.check_leaders()?;
             if !self.faults && self.converged() {
                 return self.finish();
@@ -735,7 +762,7 @@ impl Sim {
             Event::Fault => self.fault(),
             Event::Crash(i) => self.crash(i),
             Event::Restart(i) => {
-                if self.members[i].node.is_none() {
+                if self.members[i].node.is_none() && !self.members[i].removed {
                     self.start_member(i)?;
                 }
             }
@@ -749,7 +776,7 @@ impl Sim {
                 self.groups = None;
                 self.note("end-faults", 0, 0, 0);
                 for i in 0..self.members.len() {
-                    if self.members[i].node.is_none() {
+                    if self.members[i].node.is_none() && !self.members[i].removed {
                         self.start_member(i)?;
                     }
                 }

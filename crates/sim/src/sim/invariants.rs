@@ -72,6 +72,7 @@ impl Sim {
             && self
                 .members
                 .iter()
+                .filter(|m| !m.removed)
                 .all(|m| m.node.is_some() && m.applied == commit)
     }
 
@@ -80,6 +81,7 @@ impl Sim {
             .members
             .iter()
             .map(|m| match &m.node {
+                None if m.removed => format!("{}: removed", m.id),
                 None => format!("{}: down", m.id),
                 Some(n) => {
                     let raft = &n.raw().raft;
@@ -96,7 +98,7 @@ impl Sim {
 
     pub(super) fn finish(&mut self) -> Step<Report> {
         let mut first: Option<(u64, i64, u32, u32)> = None;
-        for member in &self.members {
+        for member in self.members.iter().filter(|m| !m.removed) {
             let Some(kv) = member.store() else {
                 return Err(format!("member {} is down at the end", member.id));
             };
@@ -169,6 +171,7 @@ impl Sim {
             replayed: self.replayed,
             snapshots: self.snapshots,
             late_leaders: self.late_leaders,
+            removed: self.removed,
         })
     }
 }

@@ -126,6 +126,12 @@ impl Sim {
         if !self.faults {
             return;
         }
+        if self.cfg.removals && self.rng.random_bool(0.1) {
+            self.remove_member();
+            let after = self.rng.random_range(50..=500);
+            self.schedule(after, Event::Fault);
+            return;
+        }
         match self.rng.random_range(0..6) {
             0 | 1 if self.cfg.partitions && self.groups.is_none() => {
                 let n = self.members.len();

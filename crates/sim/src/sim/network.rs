@@ -89,10 +89,13 @@ impl Sim {
         else {
             return;
         };
-        let cut = self
-            .groups
-            .as_ref()
-            .is_some_and(|g| g[(from - 1) as usize] != g[i]);
+        // etcd's peers refuse a removed member's messages, and it takes none.
+        let cut = self.is_removed(from)
+            || self.is_removed(to)
+            || self
+                .groups
+                .as_ref()
+                .is_some_and(|g| g[(from - 1) as usize] != g[i]);
         let up = self.members[i].node.is_some();
         if let Some(image) = image {
             // The sender learns whether the snapshot arrived.

@@ -23,9 +23,21 @@ impl Sim {
         let Some(node) = self.members[i].node.as_mut() else {
             return Ok(false);
         };
-        let had_ready = node
-            .process()
-            .map_err(|e| format!("member {} stopped on an error: {e}", self.members[i].id))?;
+        let had_ready = match node.process() {
+            Ok(had_ready) => had_ready,
+            // The applier stops a member that applied its own removal, as etcd's server
+            // exits then.
+            Err(e) if self.removed_itself(i, &e) => {
+                self.retire(i);
+                return Ok(false);
+            }
+            Err(e) => {
+                return Err(format!(
+                    "member {} stopped on an error: {e}",
+                    self.members[i].id
+                ));
+            }
+        };
         // Messages, applies and read states all come out of a `Ready`.
         if had_ready {
             self.after_process(i)?;
