@@ -1,6 +1,6 @@
 //! The simulator: one seed drives the members, the network, the clock and the clients.
 //! This file holds the configuration, the report, the state and the event loop; by seam:
-//! `members` (starts, crashes, faults), `membership` (members removed at run time),
+//! `members` (starts, crashes, faults), `membership` (membership changes at run time),
 //! `network`, `ready` (each member's Ready step and the checks after it), `leases`,
 //! `clients`, `invariants` and `storage` (what stands for the disk, the clock and the
 //! network).
@@ -9,8 +9,9 @@
 //!
 //! - Real, the member's own code: `raftnode`'s node ([`etcdrs_raftnode::Node`], the loop body
 //!   the raft thread runs: proposals, ReadIndex, the Ready step in its order, membership
-//!   changes from a new cluster's `AddNode` entries and from run-time removals proposed by
-//!   the leader (etcd's MemberRemove), snapshot installation, the snapshot marks
+//!   changes from a new cluster's `AddNode` entries and from run-time changes proposed by
+//!   the leader (etcd's MemberAdd --learner, MemberPromote, MemberRemove), snapshot
+//!   installation, the snapshot marks
 //!   and log compaction every `--snapshot-count` entries); the server's applier behind it
 //!   ([`etcdrs_server::StandaloneMember`]: request decoding, one backend transaction per
 //!   batch, the consistent index, the lessor promoted on the leader and demoted elsewhere,
@@ -71,7 +72,7 @@ use etcdrs_proto::raft_internal::{InternalRaftRequest, RequestHeader};
 use etcdrs_raftnode::confchange::EtcdConfChange;
 use etcdrs_raftnode::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType};
 use etcdrs_raftnode::{
-    Applied, Apply, LogStore, Node, NodeConfig, Recovered, StateMachine, Transport,
+    Applied, Apply, LogStore, Node, NodeConfig, Recovered, Start, StateMachine, Transport,
 };
 use etcdrs_server::{ApplyOutput, StandaloneMember};
 use prost::Message as _;
@@ -159,8 +160,9 @@ pub struct Config {
     /// `catch_up` entries goes, so a member that lags further gets a snapshot: the leader's
     /// backend image (`Backend::snapshot`), installed with `KvStore::install_snapshot`.
     pub compaction: Option<(u64, u64)>,
-    /// Whether the leader removes members at run time (etcd's MemberRemove), five-member
-    /// clusters only, at most two.
+    /// Whether the leader changes the membership at run time (etcd's MemberAdd --learner,
+    /// MemberPromote, MemberRemove), five-member clusters only: at most one learner added and
+    /// two members removed.
     pub removals: bool,
 }
 
@@ -248,6 +250,8 @@ pub struct Report {
     pub late_leaders: u32,
     /// Members removed at run time.
     pub removed: u32,
+    /// Learners added at run time, and of them promoted to voters.
+    pub added: (u32, u32),
 }
 
 /// A run that broke an invariant (or could not run).
@@ -417,6 +421,12 @@ struct Member {
     tick_ms: u64,
     /// Removed from the cluster: stopped for good.
     removed: bool,
+    /// Added at run time: it joins with an empty log instead of bootstrapping.
+    joins: bool,
+    /// A learner not promoted yet: clients do not use it (etcd's learners serve no client).
+    learner: bool,
+    /// Added, but no member has applied the addition yet: not started, not a member.
+    awaiting_addition: bool,
     /// The applied index at which raft's configuration and the applier's membership were
     /// last compared.
     membership_checked: u64,
@@ -425,6 +435,11 @@ struct Member {
 impl Member {
     fn store(&self) -> Option<&Arc<KvStore>> {
         self.state.as_ref().map(StandaloneMember::store)
+    }
+
+    /// Part of the cluster: not removed, and not an addition still waiting to commit.
+    fn is_member(&self) -> bool {
+        !self.removed && !self.awaiting_addition
     }
 }
 
@@ -514,6 +529,9 @@ struct Sim {
     /// Members the leader proposed to remove, and how many of them are gone.
     removal_targets: Vec<u64>,
     removed: u32,
+    /// Learners added at run time, and of them promoted (their promotion proposed).
+    added: u32,
+    promoted: u32,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -595,6 +613,9 @@ impl Sim {
                     tick_ms: TICK_MS,
                     removed: false,
                     membership_checked: 0,
+                    joins: false,
+                    learner: false,
+                    awaiting_addition: false,
                 }
             })
             .collect();
@@ -636,6 +657,8 @@ impl Sim {
             late_leaders: 0,
             removal_targets: Vec::new(),
             removed: 0,
+            added: 0,
+            promoted: 0,
             _dir: dir,
             cfg,
         };
@@ -712,6 +735,7 @@ impl Sim {
             self.pin_election_timeouts();
             self.process_readies()?;
             self.retire_removed();
+            self.start_added()?;
             self.check_membership()?;
             self.check_leaders()?;
             if !self.faults && self.converged() {
@@ -759,10 +783,10 @@ impl Sim {
                 }
             }
             Event::Client { client, generation } => self.client_wakes(client, generation)?,
-            Event::Fault => self.fault(),
+            Event::Fault => self.fault()?,
             Event::Crash(i) => self.crash(i),
             Event::Restart(i) => {
-                if self.members[i].node.is_none() && !self.members[i].removed {
+                if self.members[i].node.is_none() && self.members[i].is_member() {
                     self.start_member(i)?;
                 }
             }
@@ -776,7 +800,7 @@ impl Sim {
                 self.groups = None;
                 self.note("end-faults", 0, 0, 0);
                 for i in 0..self.members.len() {
-                    if self.members[i].node.is_none() && !self.members[i].removed {
+                    if self.members[i].node.is_none() && self.members[i].is_member() {
                         self.start_member(i)?;
                     }
                 }

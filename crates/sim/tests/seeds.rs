@@ -86,7 +86,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let mut gave_up = 0;
     let (mut leases, mut lease_revokes, mut replayed, mut snapshots) = (0, 0, 0, 0);
     let (mut cas_held, mut cas_failed) = (0, 0);
-    let (mut pauses, mut transfers, mut removed) = (0, 0, 0);
+    let (mut pauses, mut transfers, mut removed, mut added, mut promoted) = (0, 0, 0, 0, 0);
     let mut late_leaders = Vec::new();
     for report in results.into_iter().flatten() {
         let seed = report.seed;
@@ -105,6 +105,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         pauses += report.pauses;
         transfers += report.transfers;
         removed += report.removed;
+        added += report.added.0;
+        promoted += report.added.1;
         cas_failed += report.cas.1;
         if report.late_leaders > 0 {
             late_leaders.push(seed);
@@ -122,7 +124,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes; \
          compare-and-sets: {cas_held} held, {cas_failed} failed), \
          {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, \
-         {pauses} stalls, {transfers} leader transfers, {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
+         {pauses} stalls, {transfers} leader transfers, {added} learners added ({promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()

@@ -28,7 +28,10 @@ impl Sim {
     pub(super) fn invoke(&mut self, client: usize) -> Step {
         // A stalled member takes no new requests (its clients time out on it instead).
         let up: Vec<usize> = (0..self.members.len())
-            .filter(|&i| self.members[i].node.is_some() && self.members[i].paused_until <= self.now)
+            .filter(|&i| {
+                let m = &self.members[i];
+                m.node.is_some() && m.paused_until <= self.now && !m.learner
+            })
             .collect();
         self.clients[client].generation += 1;
         let generation = self.clients[client].generation;

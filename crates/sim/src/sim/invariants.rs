@@ -72,7 +72,7 @@ impl Sim {
             && self
                 .members
                 .iter()
-                .filter(|m| !m.removed)
+                .filter(|m| m.is_member())
                 .all(|m| m.node.is_some() && m.applied == commit)
     }
 
@@ -82,6 +82,7 @@ impl Sim {
             .iter()
             .map(|m| match &m.node {
                 None if m.removed => format!("{}: removed", m.id),
+                None if m.awaiting_addition => format!("{}: addition not applied", m.id),
                 None => format!("{}: down", m.id),
                 Some(n) => {
                     let raft = &n.raw().raft;
@@ -98,7 +99,7 @@ impl Sim {
 
     pub(super) fn finish(&mut self) -> Step<Report> {
         let mut first: Option<(u64, i64, u32, u32)> = None;
-        for member in self.members.iter().filter(|m| !m.removed) {
+        for member in self.members.iter().filter(|m| m.is_member()) {
             let Some(kv) = member.store() else {
                 return Err(format!("member {} is down at the end", member.id));
             };
@@ -172,6 +173,7 @@ impl Sim {
             snapshots: self.snapshots,
             late_leaders: self.late_leaders,
             removed: self.removed,
+            added: (self.added, self.promoted),
         })
     }
 }

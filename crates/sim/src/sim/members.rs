@@ -8,7 +8,7 @@ impl Sim {
     /// clock), the server's state loaded from it, and `raftnode`'s node over its log: a new
     /// cluster's first entries while the log is empty, a restart from it otherwise.
     pub(super) fn start_member(&mut self, i: usize) -> Step {
-        let n = self.members.len() as u64;
+        let n = self.cfg.members as u64;
         let member = &mut self.members[i];
         let id = member.id;
         let mut backend = Backend::open(&member.db).map_err(|e| format!("open backend: {e}"))?;
@@ -36,6 +36,13 @@ impl Sim {
                 state.restart().map_err(|e| format!("restart: {e}"))?,
                 recovered,
             ),
+            // A member added at run time joins with an empty log: the leader sends it the
+            // log, or a snapshot.
+            None if member.joins => {
+                let mut metadata = id.to_be_bytes().to_vec();
+                metadata.extend_from_slice(&CLUSTER_ID.to_be_bytes());
+                (Start::Join { metadata }, Recovered::default())
+            }
             None => {
                 let members = (1..=n)
                     .map(|id| etcdrs_server::membership::Member {
@@ -122,15 +129,19 @@ impl Sim {
         self.schedule(after, Event::Restart(i));
     }
 
-    pub(super) fn fault(&mut self) {
+    pub(super) fn fault(&mut self) -> Step {
         if !self.faults {
-            return;
+            return Ok(());
         }
-        if self.cfg.removals && self.rng.random_bool(0.1) {
-            self.remove_member();
+        if self.cfg.removals && self.rng.random_bool(0.2) {
+            match self.rng.random_range(0..3) {
+                0 => self.add_learner()?,
+                1 => self.promote_learner()?,
+                _ => self.remove_member(),
+            }
             let after = self.rng.random_range(50..=500);
             self.schedule(after, Event::Fault);
-            return;
+            return Ok(());
         }
         match self.rng.random_range(0..6) {
             0 | 1 if self.cfg.partitions && self.groups.is_none() => {
@@ -191,5 +202,6 @@ impl Sim {
         }
         let after = self.rng.random_range(50..=500);
         self.schedule(after, Event::Fault);
+        Ok(())
     }
 }

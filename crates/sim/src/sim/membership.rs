@@ -1,19 +1,154 @@
-//! Members removed at run time (etcd's MemberRemove): the leader proposes the removal as the
-//! server does (etcd's `ConfChangeRemoveNode`, through `raftnode::Node`); once a member that
-//! has its whole bootstrap configuration applies it, the removed member is gone for good: it
-//! stops, is never restarted, and the network carries nothing from or to it (etcd's peers
-//! refuse a removed member's messages, and the removed member exits). Removals only shrink a
-//! five-member cluster to three, so that a quorum survives the other faults as in a
+//! Membership changes at run time, as an operator makes them with etcdctl: a learner added
+//! (etcd's MemberAdd --learner: `ConfChangeAddLearnerNode`, the new member started with an
+//! empty log to join), promoted (MemberPromote: `ConfChangeAddNode` of the learner) and
+//! members removed (MemberRemove: `ConfChangeRemoveNode`), each proposed by the leader through
+//! `raftnode::Node` as the server proposes it. Once a member that has its whole bootstrap
+//! configuration applies a removal, the removed member is gone for good: it stops, is never
+//! restarted, and the network carries nothing from or to it (etcd's peers refuse a removed
+//! member's messages, and the removed member exits). Only five-member clusters change, by at
+//! most one learner and two removals, so that a quorum survives the other faults as in a
 //! three-member cluster.
 
 use etcdrs_raftnode::confchange::ChangeKind;
+use etcdrs_server::membership::Member as ClusterMember;
 
 use super::*;
 
 /// Members a run removes at most.
 const MAX_REMOVALS: usize = 2;
+/// Learners a run adds at most.
+const MAX_ADDITIONS: u32 = 1;
 
 impl Sim {
+    /// The leader, if one is up and not stalled: its index.
+    fn running_leader(&self) -> Option<usize> {
+        (0..self.members.len()).find(|&i| {
+            let m = &self.members[i];
+            m.paused_until <= self.now
+                && m.node
+                    .as_ref()
+                    .is_some_and(|n| n.raw().raft.state == StateRole::Leader)
+        })
+    }
+
+    /// Proposes `change` on the leader `i`; whether raft took it.
+    fn propose_change(&mut self, i: usize, kind: ChangeKind, id: u64, learner: bool) -> bool {
+        let context = matches!(kind, ChangeKind::AddNode | ChangeKind::AddLearnerNode).then(|| {
+            let member = ClusterMember {
+                id,
+                name: format!("m{id}"),
+                peer_urls: Vec::new(),
+                client_urls: Vec::new(),
+                is_learner: learner,
+            };
+            serde_json::to_vec(&member).unwrap_or_default()
+        });
+        let change = EtcdConfChange {
+            id: self.next_request,
+            kind,
+            node_id: id,
+            context,
+        };
+        self.next_request += 1;
+        let Some(node) = self.members[i].node.as_mut() else {
+            return false;
+        };
+        let mut answer = node.propose_conf_change(change);
+        matches!(answer.try_recv(), Ok(Ok(())))
+    }
+
+    /// A fault: the leader adds a learner, and the new member starts with an empty log.
+    pub(super) fn add_learner(&mut self) -> Step {
+        if self.added >= MAX_ADDITIONS {
+            return Ok(());
+        }
+        let Some(leader) = self.running_leader() else {
+            return Ok(());
+        };
+        let id = self.members.len() as u64 + 1;
+        if !self.propose_change(leader, ChangeKind::AddLearnerNode, id, true) {
+            return Ok(());
+        }
+        let observed = Observations::default();
+        let dir = self._dir.path();
+        self.members.push(Member {
+            id,
+            log: SimLog::new(observed.clone()),
+            node: None,
+            state: None,
+            outbox: Outbox::default(),
+            observed,
+            db: dir.join(format!("member-{id}.redb")),
+            durable_db: dir.join(format!("member-{id}.durable")),
+            applied: 0,
+            waiters: BTreeMap::new(),
+            reads: Vec::new(),
+            read_waits: Vec::new(),
+            promoted_at: None,
+            paused_until: 0,
+            tick_ms: TICK_MS,
+            removed: false,
+            membership_checked: 0,
+            joins: true,
+            learner: true,
+            awaiting_addition: true,
+        });
+        self.added += 1;
+        let leader_id = self.members[leader].id;
+        self.note("add-learner", leader_id, id, 0);
+        Ok(())
+    }
+
+    /// Starts each added member once some member has applied its addition, as an operator
+    /// starts one once `etcdctl member add` has answered (an addition that never commits
+    /// leaves it unstarted, not a member).
+    pub(super) fn start_added(&mut self) -> Step {
+        for i in 0..self.members.len() {
+            if !self.members[i].awaiting_addition {
+                continue;
+            }
+            let id = self.members[i].id;
+            let applied = self.members.iter().any(|m| {
+                m.node.as_ref().is_some_and(|n| {
+                    let conf = n.raw().raft.prs().conf();
+                    conf.learners().contains(&id) || conf.voters().ids().iter().any(|v| v == id)
+                })
+            });
+            if !applied {
+                continue;
+            }
+            self.members[i].awaiting_addition = false;
+            self.start_member(i)?;
+            self.schedule(TICK_MS, Event::Tick(i));
+            self.schedule(LEASE_EXPIRY_MS, Event::LeaseExpiry(i));
+        }
+        Ok(())
+    }
+
+    /// A fault: the leader promotes the learner to a voter.
+    pub(super) fn promote_learner(&mut self) -> Step {
+        let Some(i) = self
+            .members
+            .iter()
+            .position(|m| m.learner && !m.removed && !m.awaiting_addition)
+        else {
+            return Ok(());
+        };
+        let Some(leader) = self.running_leader() else {
+            return Ok(());
+        };
+        let id = self.members[i].id;
+        if self.propose_change(leader, ChangeKind::AddNode, id, false) {
+            // Clients may use it from now on; if the promotion is lost it serves as a
+            // learner would not, which raft still keeps linearizable.
+            self.members[i].learner = false;
+            self.promoted += 1;
+            let leader_id = self.members[leader].id;
+            self.note("promote", leader_id, id, 0);
+        }
+        Ok(())
+    }
+
     /// A fault: the leader proposes to remove a member (possibly itself).
     pub(super) fn remove_member(&mut self) {
         if self.removal_targets.len() >= MAX_REMOVALS {
@@ -22,6 +157,7 @@ impl Sim {
         let candidates: Vec<u64> = self
             .members
             .iter()
+            .filter(|m| !m.awaiting_addition)
             .map(|m| m.id)
             .filter(|id| !self.removal_targets.contains(id))
             .collect();
@@ -29,31 +165,12 @@ impl Sim {
             return;
         }
         let target = candidates[self.rng.random_range(0..candidates.len())];
-        let now = self.now;
-        let leader = self.members.iter_mut().find(|m| {
-            m.paused_until <= now
-                && m.node
-                    .as_ref()
-                    .is_some_and(|n| n.raw().raft.state == StateRole::Leader)
-        });
-        let Some(leader) = leader else {
+        let Some(leader) = self.running_leader() else {
             return;
         };
-        let Some(node) = leader.node.as_mut() else {
-            return;
-        };
-        let change = EtcdConfChange {
-            id: self.next_request,
-            kind: ChangeKind::RemoveNode,
-            node_id: target,
-            context: None,
-        };
-        let mut answer = node.propose_conf_change(change);
-        let accepted = matches!(answer.try_recv(), Ok(Ok(())));
-        let leader_id = leader.id;
-        self.next_request += 1;
-        if accepted {
+        if self.propose_change(leader, ChangeKind::RemoveNode, target, false) {
             self.removal_targets.push(target);
+            let leader_id = self.members[leader].id;
             self.note("remove-member", leader_id, target, 0);
         }
     }

@@ -95,7 +95,7 @@ impl Sim {
             || self
                 .groups
                 .as_ref()
-                .is_some_and(|g| g[(from - 1) as usize] != g[i]);
+                .is_some_and(|g| side(g, (from - 1) as usize) != side(g, i));
         let up = self.members[i].node.is_some();
         if let Some(image) = image {
             // The sender learns whether the snapshot arrived.
@@ -124,4 +124,9 @@ impl Sim {
         let stepped = node.step(msg);
         self.note("deliver", kind, from * 100 + to, u64::from(stepped));
     }
+}
+
+/// A member's side of a partition; one added after the partition began is on side 0.
+fn side(groups: &[u8], i: usize) -> u8 {
+    groups.get(i).copied().unwrap_or(0)
 }
