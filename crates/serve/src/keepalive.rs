@@ -90,11 +90,6 @@ impl<IO> Policed<IO> {
         let police = policy.map(|policy| Box::new(Police::new(policy, peer)));
         Policed { io, police }
     }
-
-    /// The inner connection.
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
 }
 
 /// Where the HTTP/2 frame headers are in one direction of a connection.

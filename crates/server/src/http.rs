@@ -158,7 +158,9 @@ pub async fn serve(
         Serves::Grpc
     };
     let kv = kv_service(&Rpc::new(server.clone()));
-    // etcd hands grpc-go its keep-alive enforcement policy for the client port only.
+    // --grpc-keepalive-min-time, as etcd hands it to grpc-go for the client port. etcd's
+    // peer port serves gRPC too, under grpc-go's default policy (5 min); ours polices no
+    // ping there: its clients are members and proxies, and the port is not capped either.
     let ping_policy = PingPolicy::etcd(config.grpc_keepalive_min_time);
     serve_with(
         dispatch::Dispatch::new(Some(kv), client_router(server.clone(), serves)),

@@ -163,15 +163,16 @@ pub struct Config {
     /// Whether the leader changes the membership at run time (etcd's MemberAdd --learner,
     /// MemberPromote, MemberRemove), five-member clusters only: at most one learner added and
     /// two members removed.
-    pub removals: bool,
+    pub membership_changes: bool,
 }
 
 impl Config {
     /// A configuration drawn from `seed`.
     pub fn from_seed(seed: u64) -> Config {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
-        // Drawn apart, so that the draws below are what they were before removals came.
-        let removals = StdRng::seed_from_u64(seed ^ 0x5eed_4e40_7e00_0001).random_bool(0.5);
+        // Drawn apart, so that the draws below are what they were before membership changes came.
+        let membership_changes =
+            StdRng::seed_from_u64(seed ^ 0x5eed_4e40_7e00_0001).random_bool(0.5);
         let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
@@ -194,7 +195,7 @@ impl Config {
             compaction: rng
                 .random_bool(0.5)
                 .then(|| (rng.random_range(5..=40), rng.random_range(1..=10))),
-            removals: removals && members == 5,
+            membership_changes: membership_changes && members == 5,
         }
     }
 }
@@ -421,8 +422,6 @@ struct Member {
     tick_ms: u64,
     /// Removed from the cluster: stopped for good.
     removed: bool,
-    /// Added at run time: it joins with an empty log instead of bootstrapping.
-    joins: bool,
     /// A learner not promoted yet: clients do not use it (etcd's learners serve no client).
     learner: bool,
     /// Added, but no member has applied the addition yet: not started, not a member.
@@ -433,6 +432,44 @@ struct Member {
 }
 
 impl Member {
+    /// Member `id`, not started, its files in `dir`; `added` for one added at run time (a
+    /// learner whose addition is not applied yet).
+    fn new(id: u64, dir: &std::path::Path, added: bool) -> Member {
+        let observed = Observations::default();
+        Member {
+            id,
+            log: SimLog::new(observed.clone()),
+            node: None,
+            state: None,
+            outbox: Outbox::default(),
+            observed,
+            db: dir.join(format!("member-{id}.redb")),
+            durable_db: dir.join(format!("member-{id}.durable")),
+            applied: 0,
+            waiters: BTreeMap::new(),
+            reads: Vec::new(),
+            read_waits: Vec::new(),
+            promoted_at: None,
+            paused_until: 0,
+            tick_ms: TICK_MS,
+            removed: false,
+            membership_checked: 0,
+            learner: added,
+            awaiting_addition: added,
+        }
+    }
+
+    /// What a stopped member's process held goes with it: requests waiting on it, messages
+    /// not sent, reports not read, its lessor's promotion.
+    fn forget_process(&mut self) {
+        self.waiters.clear();
+        self.reads.clear();
+        self.read_waits.clear();
+        lock(&self.outbox.0).clear();
+        lock(&self.observed).clear();
+        self.promoted_at = None;
+    }
+
     fn store(&self) -> Option<&Arc<KvStore>> {
         self.state.as_ref().map(StandaloneMember::store)
     }
@@ -593,31 +630,7 @@ impl Sim {
         let voters: Vec<u64> = (1..=cfg.members as u64).collect();
         let members = voters
             .iter()
-            .map(|&id| {
-                let observed = Observations::default();
-                Member {
-                    id,
-                    log: SimLog::new(observed.clone()),
-                    node: None,
-                    state: None,
-                    outbox: Outbox::default(),
-                    observed,
-                    db: dir.path().join(format!("member-{id}.redb")),
-                    durable_db: dir.path().join(format!("member-{id}.durable")),
-                    applied: 0,
-                    waiters: BTreeMap::new(),
-                    reads: Vec::new(),
-                    read_waits: Vec::new(),
-                    promoted_at: None,
-                    paused_until: 0,
-                    tick_ms: TICK_MS,
-                    removed: false,
-                    membership_checked: 0,
-                    joins: false,
-                    learner: false,
-                    awaiting_addition: false,
-                }
-            })
+            .map(|&id| Member::new(id, dir.path(), false))
             .collect();
         let mut sim = Sim {
             rng: StdRng::seed_from_u64(cfg.seed),

@@ -141,8 +141,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         assert!(crashes > 0 && partitions > 0 && replayed > 0 && snapshots > 0);
         assert!(cas_held > 0 && cas_failed > 0 && pauses > 0 && transfers > 0);
         assert!(
-            removed > 0,
-            "no member was removed: removals went unexercised"
+            removed > 0 && added > 0 && promoted > 0,
+            "membership changes went unexercised"
         );
     }
     assert!(longest.history > 0);

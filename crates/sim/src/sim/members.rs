@@ -38,7 +38,7 @@ impl Sim {
             ),
             // A member added at run time joins with an empty log: the leader sends it the
             // log, or a snapshot.
-            None if member.joins => {
+            None if id > n => {
                 let mut metadata = id.to_be_bytes().to_vec();
                 metadata.extend_from_slice(&CLUSTER_ID.to_be_bytes());
                 (Start::Join { metadata }, Recovered::default())
@@ -116,12 +116,7 @@ impl Sim {
                 let _ = std::fs::copy(&member.durable_db, &member.db);
             }
         }
-        member.waiters.clear();
-        member.reads.clear();
-        member.read_waits.clear();
-        lock(&member.outbox.0).clear();
-        lock(&member.observed).clear();
-        member.promoted_at = None;
+        member.forget_process();
         let id = member.id;
         self.crashes += 1;
         self.note("crash", id, u64::from(clean), 0);
@@ -133,7 +128,7 @@ impl Sim {
         if !self.faults {
             return Ok(());
         }
-        if self.cfg.removals && self.rng.random_bool(0.2) {
+        if self.cfg.membership_changes && self.rng.random_bool(0.2) {
             match self.rng.random_range(0..3) {
                 0 => self.add_learner()?,
                 1 => self.promote_learner()?,

@@ -69,30 +69,8 @@ impl Sim {
         if !self.propose_change(leader, ChangeKind::AddLearnerNode, id, true) {
             return Ok(());
         }
-        let observed = Observations::default();
-        let dir = self._dir.path();
-        self.members.push(Member {
-            id,
-            log: SimLog::new(observed.clone()),
-            node: None,
-            state: None,
-            outbox: Outbox::default(),
-            observed,
-            db: dir.join(format!("member-{id}.redb")),
-            durable_db: dir.join(format!("member-{id}.durable")),
-            applied: 0,
-            waiters: BTreeMap::new(),
-            reads: Vec::new(),
-            read_waits: Vec::new(),
-            promoted_at: None,
-            paused_until: 0,
-            tick_ms: TICK_MS,
-            removed: false,
-            membership_checked: 0,
-            joins: true,
-            learner: true,
-            awaiting_addition: true,
-        });
+        let member = Member::new(id, self._dir.path(), true);
+        self.members.push(member);
         self.added += 1;
         let leader_id = self.members[leader].id;
         self.note("add-learner", leader_id, id, 0);
@@ -247,12 +225,7 @@ impl Sim {
         member.removed = true;
         drop(member.node.take());
         drop(member.state.take());
-        member.waiters.clear();
-        member.reads.clear();
-        member.read_waits.clear();
-        lock(&member.outbox.0).clear();
-        lock(&member.observed).clear();
-        member.promoted_at = None;
+        member.forget_process();
         let id = member.id;
         self.removed += 1;
         self.note("member-removed", id, 0, 0);
