@@ -23,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod coalesce;
 pub mod error;
 mod fallback;
 pub mod grpc_metrics;

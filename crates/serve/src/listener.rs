@@ -36,6 +36,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
 
+use crate::coalesce::Coalesced;
 use crate::h2authority::LenientAuthority;
 use crate::keepalive::{PingPolicy, Policed};
 
@@ -260,7 +261,7 @@ pub async fn serve<L: Incoming, H: Handler>(
                     let _slot = slot;
                     let Some(tls) = tls else {
                         let peer = Peer { addr, certificate: None };
-                        let io = LenientAuthority::new(Policed::new(conn, policy, addr));
+                        let io = LenientAuthority::new(Policed::new(Coalesced::new(conn), policy, addr));
                         handler.serve(io, peer, watcher).await;
                         return;
                     };
@@ -280,7 +281,7 @@ pub async fn serve<L: Incoming, H: Handler>(
                         .and_then(|certs| certs.first())
                         .cloned();
                     let peer = Peer { addr, certificate };
-                    let io = LenientAuthority::new(Policed::new(stream, policy, addr));
+                    let io = LenientAuthority::new(Policed::new(Coalesced::new(stream), policy, addr));
                     handler.serve(io, peer, watcher).await;
                 });
             }
