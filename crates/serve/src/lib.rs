@@ -8,6 +8,8 @@
 //!   caller's [`listener::Handler`].
 //! - [`h2authority`]: accepts etcd 3.4 etcdctl's URL-shaped HTTP/2 `:authority`, which hyper
 //!   rejects, by rewriting it in the bytes the client sends (HPACK from `etcdrs_hpack`).
+//! - [`coalesce`]: a connection's writes gathered into fewer socket writes (hyper flushes each
+//!   time a connection's task runs, once per answer when a raft batch completes many).
 //! - [`keepalive`]: etcd's keep-alive enforcement (`--grpc-keepalive-min-time`): a client that
 //!   pings too often gets grpc-go's `GOAWAY` (`too_many_pings`) and is disconnected.
 //! - [`leader`]: etcd's require-leader contract (`hasleader` metadata) as an axum middleware

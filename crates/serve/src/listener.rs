@@ -6,7 +6,8 @@
 //! (small answers such as put acknowledgements and watch events must not wait for Nagle's
 //! algorithm), and runs each connection as a task of its own [`tokio::task::JoinSet`]: first
 //! the TLS handshake when the listener has TLS (bounded by [`HANDSHAKE_TIMEOUT`]), then the
-//! handler's ping policy ([`Policed`]), then the [`LenientAuthority`] filter, then the
+//! write gathering of [`Coalesced`], then the handler's ping policy ([`Policed`]), then the
+//! [`LenientAuthority`] filter, then the
 //! caller's [`Handler`]. On shutdown it stops accepting,
 //! asks every connection for a graceful close through the [`Watcher`] handed to the handler,
 //! and aborts what is still open after [`SHUTDOWN_GRACE`].
