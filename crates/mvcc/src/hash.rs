@@ -124,7 +124,11 @@ fn revisions(read: &ReadTx) -> Result<(i64, i64)> {
 
 /// `HashKV` over `backend` at `rev` (`<= 0`: the current revision).
 pub fn hash_kv(backend: &Backend, rev: i64) -> Result<KvHash> {
-    let read = backend.read()?;
+    hash_kv_in(backend.read()?, rev)
+}
+
+/// `HashKV` as of `read`.
+fn hash_kv_in(read: ReadTx, rev: i64) -> Result<KvHash> {
     let (current_rev, compact_rev) = revisions(&read)?;
     if rev > 0 && rev <= compact_rev {
         return Err(Error::Compacted {
@@ -208,7 +212,7 @@ impl KvStore {
     /// `HashKV`: the key space up to `rev` (`<= 0`: current). See the module docs.
     pub fn hash_kv(&self, rev: i64) -> Result<KvHash> {
         let _timer = crate::metrics::HASH_REV_SECONDS.start_timer();
-        hash_kv(self.backend(), rev)
+        hash_kv_in(self.read_committed()?, rev)
     }
 
     /// `Hash`: CRC-32C of every bucket of the backend (etcd's `backend.Hash`), leaving out the
@@ -217,7 +221,7 @@ impl KvStore {
     /// Returns the hash and the current revision.
     pub fn hash(&self) -> Result<(u32, i64)> {
         let _timer = crate::metrics::HASH_SECONDS.start_timer();
-        let read = self.backend().read()?;
+        let read = self.read_committed()?;
         let (current_rev, _) = revisions(&read)?;
         let hash = read.hash(&[
             (Bucket::META, META_CONSISTENT_INDEX),

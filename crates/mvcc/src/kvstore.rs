@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::time::Instant;
 
-use etcdrs_backend::{Backend, Bucket, WriteTx};
+use etcdrs_backend::{Backend, Bucket, ReadTx, WriteTx};
 use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use prost::Message;
@@ -340,6 +340,14 @@ impl KvStore {
             rev: current_rev,
             count,
         })
+    }
+
+    /// A read transaction that holds every revision answered so far. A batch's proposers may
+    /// be answered before its commit (the server's applier does so), and the batch holds the
+    /// index lock until the commit: begun under that lock, the transaction waits for it.
+    pub fn read_committed(&self) -> Result<ReadTx> {
+        let _state = self.state.read();
+        Ok(self.backend.read()?)
     }
 
     /// Every change with a revision in `[from, to]`, in revision order, as watch events

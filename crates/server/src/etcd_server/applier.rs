@@ -94,7 +94,7 @@ impl Applier {
     pub(super) fn apply_committed(&mut self, batch: Apply) -> Result<Applied> {
         tracing::debug!(entries = batch.entries.len(), "applying batch");
         let status = batch.raft;
-        let (index, term, durable, results) = self.apply_batch(batch)?;
+        let (index, term, durable) = self.apply_batch(batch)?;
         // etcd promotes the lessor once the leader has applied an entry of its own term
         // (so every earlier term is applied): every lease restarts, extended by the
         // election timeout. A member that loses leadership stops expiring leases.
@@ -103,11 +103,6 @@ impl Applier {
             lessor.promote(self.inner.store.now(), self.inner.config.election_timeout);
         } else if !status.is_leader && lessor.is_primary() {
             lessor.demote();
-        }
-        for (id, output) in results {
-            if let Some(waiter) = self.inner.waiters.lock().remove(&id) {
-                let _ = waiter.send(output);
-            }
         }
         if self.inner.removed.load(AtomicOrdering::Acquire) {
             tracing::warn!("the member has been permanently removed from the cluster");
@@ -134,10 +129,7 @@ impl Applier {
     }
 
     #[allow(clippy::type_complexity)]
-    pub(super) fn apply_batch(
-        &self,
-        apply: Apply,
-    ) -> Result<(u64, u64, bool, Vec<(u64, Result<ApplyOutput>)>)> {
+    pub(super) fn apply_batch(&self, apply: Apply) -> Result<(u64, u64, bool)> {
         let store = &self.inner.store;
         // Read before the batch takes the store's write lock.
         let skip_below = store.consistent_index();
@@ -233,12 +225,36 @@ impl Applier {
                 &encode_conf_state(conf_state),
             )?;
         }
+        // The proposers are answered before the backend's commit: their entries are in the
+        // WAL, and the batch holds the store's index lock until the commit is done, so a read
+        // that follows an answer (a range, `current_rev`, `KvStore::read_committed` for the
+        // hashes) waits for it and sees the writes; watchers are told after it, as before.
+        // The commit's time (about 20 us a batch here) then overlaps the answers' way out
+        // (etcd's benchmark, put with 1 client: 2,170 puts/s against 2,050).
+        self.answer(results);
         let (changes, durable) = batch.commit(false)?;
         // After the commit: a watcher that falls behind reads these events back from the store.
         if self.inner.watch_hub.notify(&changes, store.current_rev()) {
             self.inner.watch_sync.notify_one();
         }
-        Ok((index, term, durable, results))
+        Ok((index, term, durable))
+    }
+
+    /// Hands each proposer its entry's outcome (a proposer that gave up has left no waiter).
+    fn answer(&self, results: Vec<(u64, Result<ApplyOutput>)>) {
+        if results.is_empty() {
+            return;
+        }
+        let waiting: Vec<_> = {
+            let mut waiters = self.inner.waiters.lock();
+            results
+                .into_iter()
+                .filter_map(|(id, output)| waiters.remove(&id).map(|waiter| (waiter, output)))
+                .collect()
+        };
+        for (waiter, output) in waiting {
+            let _ = waiter.send(output);
+        }
     }
 
     /// etcd's `ValidateConfigurationChange`, on the membership as applied: a committed change
