@@ -342,11 +342,18 @@ impl KvStore {
         })
     }
 
-    /// A read transaction that holds every revision answered so far. A batch's proposers may
-    /// be answered before its commit (the server's applier does so), and the batch holds the
-    /// index lock until the commit: begun under that lock, the transaction waits for it.
+    /// Returns once every revision answered so far is committed to the backend. A batch's
+    /// proposers may be answered before its commit (the server's applier does so), and the
+    /// batch holds the index lock from before the answers until the commit: taking the lock
+    /// waits for it. For readers of the backend itself (hashes, snapshots); ranges hold the
+    /// lock anyway.
+    pub fn wait_committed(&self) {
+        drop(self.state.read());
+    }
+
+    /// A read transaction that holds every revision answered so far ([`Self::wait_committed`]).
     pub fn read_committed(&self) -> Result<ReadTx> {
-        let _state = self.state.read();
+        self.wait_committed();
         Ok(self.backend.read()?)
     }
 

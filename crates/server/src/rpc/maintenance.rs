@@ -162,7 +162,12 @@ impl Maintenance for Rpc {
         self.check_maintenance_admin(&request)?;
         self.server.check_not_learner()?;
         let server = self.server.clone();
-        let snapshot = blocking(move || crate::etcd_db::snapshot(server.store().backend())).await?;
+        let snapshot = blocking(move || {
+            // Everything answered before the request is in the image (etcd commits first).
+            server.store().wait_committed();
+            crate::etcd_db::snapshot(server.store().backend())
+        })
+        .await?;
         let file = snapshot.open().map_err(backend_error)?;
         tracing::info!(
             total_bytes = snapshot.size(),
