@@ -122,13 +122,8 @@ fn revisions(read: &ReadTx) -> Result<(i64, i64)> {
     Ok((last_rev.max(compact_rev).max(1), compact_rev))
 }
 
-/// `HashKV` over `backend` at `rev` (`<= 0`: the current revision).
-pub fn hash_kv(backend: &Backend, rev: i64) -> Result<KvHash> {
-    hash_kv_in(backend.read()?, rev)
-}
-
-/// `HashKV` as of `read`.
-fn hash_kv_in(read: ReadTx, rev: i64) -> Result<KvHash> {
+/// `HashKV` as of `read` at `rev` (`<= 0`: the current revision).
+fn hash_kv(read: ReadTx, rev: i64) -> Result<KvHash> {
     let (current_rev, compact_rev) = revisions(&read)?;
     if rev > 0 && rev <= compact_rev {
         return Err(Error::Compacted {
@@ -212,7 +207,7 @@ impl KvStore {
     /// `HashKV`: the key space up to `rev` (`<= 0`: current). See the module docs.
     pub fn hash_kv(&self, rev: i64) -> Result<KvHash> {
         let _timer = crate::metrics::HASH_REV_SECONDS.start_timer();
-        hash_kv_in(self.read_committed()?, rev)
+        hash_kv(self.read_committed()?, rev)
     }
 
     /// `Hash`: CRC-32C of every bucket of the backend (etcd's `backend.Hash`), leaving out the

@@ -47,11 +47,6 @@ impl<IO> Coalesced<IO> {
         }
     }
 
-    /// The wrapped connection.
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
-
     fn pending(&self) -> usize {
         self.buf.len() - self.written
     }

@@ -61,7 +61,7 @@ use applier::Applier;
 pub(crate) use applier::alarm_key;
 use bootstrap::{
     bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade, load_members,
-    load_removed, new_cluster_start, read_u64, restart_start,
+    load_removed, new_cluster_start, read_u64, restart_start, wal_metadata,
 };
 pub use standalone::StandaloneMember;
 

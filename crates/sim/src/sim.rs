@@ -72,7 +72,7 @@ use etcdrs_proto::raft_internal::{InternalRaftRequest, RequestHeader};
 use etcdrs_raftnode::confchange::EtcdConfChange;
 use etcdrs_raftnode::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType};
 use etcdrs_raftnode::{
-    Applied, Apply, LogStore, Node, NodeConfig, Recovered, Start, StateMachine, Transport,
+    Applied, Apply, LogStore, Node, NodeConfig, Recovered, StateMachine, Transport,
 };
 use etcdrs_server::{ApplyOutput, StandaloneMember};
 use prost::Message as _;

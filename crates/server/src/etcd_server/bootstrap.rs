@@ -82,9 +82,15 @@ pub(super) fn new_cluster_start(
             .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
         peers.push((member.id, context));
     }
+    let metadata = wal_metadata(member_id, cluster_id);
+    Ok(Start::New { metadata, peers })
+}
+
+/// The WAL's metadata: the member's id, then its cluster's (big-endian).
+pub(super) fn wal_metadata(member_id: u64, cluster_id: u64) -> Vec<u8> {
     let mut metadata = member_id.to_be_bytes().to_vec();
     metadata.extend_from_slice(&cluster_id.to_be_bytes());
-    Ok(Start::New { metadata, peers })
+    metadata
 }
 
 /// A restart's raft start from what `store` holds: the consistent index as the applied index
@@ -157,8 +163,7 @@ pub(super) async fn join_existing(
     batch.bucket_put(Bucket::META, META_MEMBER_ID, &member_id.to_be_bytes())?;
     batch.bucket_put(Bucket::META, META_CLUSTER_ID, &cluster_id.to_be_bytes())?;
     batch.commit(true)?;
-    let mut metadata = member_id.to_be_bytes().to_vec();
-    metadata.extend_from_slice(&cluster_id.to_be_bytes());
+    let metadata = wal_metadata(member_id, cluster_id);
     let peers = remote_members
         .iter()
         .map(|m| (m.id, m.peer_urls.clone()))

@@ -53,6 +53,14 @@ impl StandaloneMember {
         new_cluster_start(members, member_id, cluster_id)
     }
 
+    /// The raft start of a member added to a running cluster: an empty log that the leader
+    /// fills, as the server joins one.
+    pub fn join(member_id: u64, cluster_id: u64) -> Start {
+        Start::Join {
+            metadata: wal_metadata(member_id, cluster_id),
+        }
+    }
+
     /// The raft start of a restart from what the store holds, as the server restarts.
     pub fn restart(&self) -> Result<Start> {
         restart_start(&self.inner.store, false)

@@ -38,11 +38,7 @@ impl Sim {
             ),
             // A member added at run time joins with an empty log: the leader sends it the
             // log, or a snapshot.
-            None if id > n => {
-                let mut metadata = id.to_be_bytes().to_vec();
-                metadata.extend_from_slice(&CLUSTER_ID.to_be_bytes());
-                (Start::Join { metadata }, Recovered::default())
-            }
+            None if id > n => (StandaloneMember::join(id, CLUSTER_ID), Recovered::default()),
             None => {
                 let members = (1..=n)
                     .map(|id| etcdrs_server::membership::Member {

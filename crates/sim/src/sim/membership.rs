@@ -86,12 +86,10 @@ impl Sim {
                 continue;
             }
             let id = self.members[i].id;
-            let applied = self.members.iter().any(|m| {
-                m.node.as_ref().is_some_and(|n| {
-                    let conf = n.raw().raft.prs().conf();
-                    conf.learners().contains(&id) || conf.voters().ids().iter().any(|v| v == id)
-                })
-            });
+            let applied = self
+                .members
+                .iter()
+                .any(|m| m.node.as_ref().is_some_and(|n| in_configuration(n, id)));
             if !applied {
                 continue;
             }
@@ -166,11 +164,9 @@ impl Sim {
             }
             let applied = self.members.iter().any(|m| {
                 m.applied > bootstrap
-                    && m.node.as_ref().is_some_and(|n| {
-                        let conf = n.raw().raft.prs().conf();
-                        !conf.voters().ids().iter().any(|id| id == target)
-                            && !conf.learners().contains(&target)
-                    })
+                    && m.node
+                        .as_ref()
+                        .is_some_and(|n| !in_configuration(n, target))
             });
             if applied {
                 self.retire(i);
@@ -238,4 +234,10 @@ impl Sim {
             .and_then(|i| self.members.get(i))
             .is_some_and(|m| m.removed)
     }
+}
+
+/// Whether `node`'s raft configuration holds `id`, as a voter or a learner.
+fn in_configuration(node: &Node, id: u64) -> bool {
+    let conf = node.raw().raft.prs().conf();
+    conf.voters().ids().contains(id) || conf.learners().contains(&id)
 }
