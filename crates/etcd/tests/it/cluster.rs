@@ -1107,9 +1107,11 @@ async fn require_leader_streams_end_and_requests_are_refused_without_a_leader() 
         "{event:?}"
     );
 
+    // Timed from before the kills: the survivor may lose its leader at the first signal (the
+    // leader was m1), and each kill9 also waits for the process to be reaped.
+    let lost = Instant::now();
     c.kill9(1).expect("kill m1");
     c.kill9(2).expect("kill m2");
-    let lost = Instant::now();
     // The stream ends with etcd's error; no event is expected meanwhile.
     let ended = tokio::time::timeout(WAIT, async {
         loop {
