@@ -359,8 +359,10 @@ impl KvStore {
 
     /// Every change with a revision in `[from, to]`, in revision order, as watch events
     /// (history a catching-up watcher needs). Revisions compacted away are simply absent.
+    /// Waits for the batch in progress ([`Self::wait_committed`]): watchers hear of a batch
+    /// before its commit.
     pub fn events_between(&self, from: i64, to: i64) -> Result<Vec<Change>> {
-        let read = self.backend.read()?;
+        let read = self.read_committed()?;
         let start = Revision::new(from, 0).to_bytes();
         let end = Revision::new(to.saturating_add(1), 0).to_bytes();
         let mut events = Vec::new();
