@@ -237,7 +237,11 @@ impl Applier {
             self.inner.watch_sync.notify_one();
         }
         self.answer(results);
-        let (_, durable) = batch.commit(false)?;
+        // A batch that asks for raft's log to go (a downgrade) commits durably, so the log
+        // goes before the raft thread takes its next message: a member added after the
+        // downgrade is applied gets a snapshot, never the entry that raised the version.
+        let compact = self.inner.compact_log.load(AtomicOrdering::Acquire);
+        let (_, durable) = batch.commit(compact)?;
         Ok((index, term, durable))
     }
 
