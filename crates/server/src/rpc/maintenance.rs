@@ -174,7 +174,10 @@ impl Maintenance for Rpc {
             "sending database snapshot to client"
         );
         let sender = SnapshotSender {
-            file: tokio::fs::File::from_std(file),
+            file: tokio::io::BufReader::with_capacity(
+                crate::etcd_db::IMAGE_BUFFER,
+                tokio::fs::File::from_std(file),
+            ),
             sent: 0,
             total: snapshot.size(),
             snapshot,
@@ -220,7 +223,8 @@ impl Maintenance for Rpc {
 /// The state of one snapshot stream. Owns the temporary file's guard: the file goes when
 /// the stream does.
 struct SnapshotSender {
-    file: tokio::fs::File,
+    /// Read a MiB at a time (a blocking read each), sent in etcd's 32 KiB messages.
+    file: tokio::io::BufReader<tokio::fs::File>,
     /// Image bytes sent so far.
     sent: u64,
     /// Image bytes in all.
