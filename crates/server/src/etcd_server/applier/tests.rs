@@ -326,3 +326,33 @@ async fn with_auth_on_a_write_needs_a_user_with_permission() {
         .expect("root writes");
     assert_eq!(h.value(b"k").as_deref(), Some(&b"v"[..]));
 }
+
+/// A downgrade asks for raft's log to go, and its batch commits durably so that the raft
+/// node drops the log at once (a member added next gets a snapshot, never the entry that
+/// raised the version).
+#[tokio::test]
+async fn a_downgrade_commits_durably_and_asks_for_the_log_to_go() {
+    let mut h = Harness::new();
+    let apply = |h: &mut Harness, version: &str| {
+        let data = crate::request::encode(
+            0,
+            None,
+            Op::ClusterVersionSet(version.to_owned()),
+            PublishForm::V3,
+        );
+        let entry = h.entry(EntryType::EntryNormal, data);
+        h.applier
+            .apply(Apply {
+                entries: vec![entry],
+                conf_state: None,
+                raft: h.raft,
+            })
+            .expect("apply")
+    };
+    let raised = apply(&mut h, "3.5.0");
+    assert!(!raised.compact_log);
+    let lowered = apply(&mut h, "3.4.0");
+    assert!(lowered.compact_log);
+    assert!(lowered.durable);
+    assert_eq!(h.inner().cluster_version.read().as_deref(), Some("3.4.0"));
+}
