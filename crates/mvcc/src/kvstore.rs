@@ -345,8 +345,9 @@ impl KvStore {
     /// Returns once every revision answered so far is committed to the backend. A batch's
     /// proposers may be answered before its commit (the server's applier does so), and the
     /// batch holds the index lock from before the answers until the commit: taking the lock
-    /// waits for it. For readers of the backend itself (hashes, snapshots); ranges hold the
-    /// lock anyway.
+    /// waits for it. For readers of the backend itself (hashes, snapshots, watchers' catch-up)
+    /// and of what the batch did before its commit (a progress report after the watch hub
+    /// heard of it); ranges hold the lock anyway.
     pub fn wait_committed(&self) {
         drop(self.state.read());
     }

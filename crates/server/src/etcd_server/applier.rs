@@ -1,4 +1,4 @@
-//! The applier: what the raft thread runs for each batch of committed entries (one backend transaction per batch; the watch hub and the proposers hear of it just before its commit), membership and alarm changes as they apply, snapshot installation, and the `StateMachine` the raft node calls.
+//! The applier: what the raft thread runs for each batch of committed entries (one backend transaction per batch; the proposers and the watch hub hear of it just before its commit), membership and alarm changes as they apply, snapshot installation, and the `StateMachine` the raft node calls.
 
 use super::*;
 
@@ -224,19 +224,20 @@ impl Applier {
                 &encode_conf_state(conf_state),
             )?;
         }
-        // Watchers are told, then the proposers answered, before the backend's commit: the
+        // The proposers are answered, then watchers told, before the backend's commit: the
         // entries are in the WAL, and the batch holds the store's index lock until the commit
         // is done, so a read that follows an answer or an event (a range, `current_rev`, a
-        // watcher's catch-up, and through `KvStore::wait_committed` the hashes and snapshots)
-        // waits for it and sees the writes. Watchers first, so a progress report asked for
-        // after an answer carries at least its revision, as in etcd.
-        // The commit's time (about 20 us a batch here) then overlaps the answers' way out
-        // (etcd's benchmark, put with 1 client: 2,170 puts/s against 2,050).
+        // watcher's catch-up, a progress report, and through `KvStore::wait_committed` the
+        // hashes and snapshots) waits for it and sees the writes, and the watchers' events.
+        // The commit's time (about 20 us a batch here) and the fan-out then overlap the
+        // answers' way out (etcd's benchmark, put with 1 client: 2,170 puts/s against 2,050;
+        // ours, 1000 watchers on one key: 3.7-4.2M events/s against 3.4-3.5M with the
+        // watchers told first).
         let changes = batch.take_changes();
+        self.answer(results);
         if self.inner.watch_hub.notify(&changes, batch.current_rev()) {
             self.inner.watch_sync.notify_one();
         }
-        self.answer(results);
         // A batch that asks for raft's log to go (a downgrade) commits durably, so the log
         // goes before the raft thread takes its next message: a member added after the
         // downgrade is applied gets a snapshot, never the entry that raised the version.

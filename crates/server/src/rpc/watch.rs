@@ -312,11 +312,14 @@ impl StreamState {
     }
 
     /// Answer a pending progress request once every watcher of the stream is synced, after
-    /// every event its revision covers.
+    /// every event its revision covers. The revision is at least that of every write
+    /// answered before: a batch's proposers are answered just before its watchers are told,
+    /// and both before its commit, which `wait_committed` waits for.
     fn try_progress(&mut self) {
         if !self.progress_pending {
             return;
         }
+        self.server.store().wait_committed();
         let Some(revision) = self.server.watch_hub().progress_rev(self.stream) else {
             return;
         };
