@@ -7,6 +7,7 @@ mod discovery;
 mod dns;
 mod gateway;
 mod grpcproxy;
+mod idle_memory;
 mod logging;
 mod run;
 mod snapshot;
@@ -250,19 +251,9 @@ fn raise_open_files_limit() {
     }
 }
 
-/// jemalloc hands freed pages back to the system only while the process allocates, so an idle
-/// member would keep the peak of its last burst; its background thread returns them after the
-/// decay time (10 s), as Go's scavenger does for etcd. Best effort: a jemalloc without
-/// background threads keeps its default.
-fn return_idle_memory() {
-    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
-        eprintln!("jemalloc background thread not started: {e}");
-    }
-}
-
 fn main() -> ExitCode {
     raise_open_files_limit();
-    return_idle_memory();
+    idle_memory::start();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let env: Vec<(String, String)> = std::env::vars().collect();
     let parsed = match config::parse(&args, &env) {
