@@ -220,6 +220,17 @@ pub struct NodeStatus {
     pub joint: bool,
 }
 
+/// The part of [`NodeStatus`] that a proposal checks ([`RaftNodeHandle::progress`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// The current term.
+    pub term: u64,
+    /// The commit index.
+    pub commit: u64,
+    /// Index of the last entry handed to the apply channel.
+    pub applied: u64,
+}
+
 enum NodeMsg {
     Propose {
         data: Vec<u8>,
@@ -326,6 +337,18 @@ impl RaftNodeHandle {
     /// The node's state as last seen by its loop.
     pub fn status(&self) -> NodeStatus {
         self.status.read().clone()
+    }
+
+    /// The term, commit index and applied index as last seen by the loop: what every proposal
+    /// checks, read without cloning the membership lists (three shared counters that each
+    /// clone would bump from every worker thread).
+    pub fn progress(&self) -> Progress {
+        let status = self.status.read();
+        Progress {
+            term: status.term,
+            commit: status.commit,
+            applied: status.applied,
+        }
     }
 }
 

@@ -175,8 +175,8 @@ impl EtcdServer {
         op: Op,
         auth: Option<&crate::auth::AuthInfo>,
     ) -> Result<ApplyOutput> {
-        let status = self.core.raft.status();
-        if status.commit > status.applied + MAX_GAP_APPLY_COMMIT {
+        let progress = self.core.raft.progress();
+        if progress.commit > progress.applied + MAX_GAP_APPLY_COMMIT {
             return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
         }
         let id = self.core.ids.next();
@@ -197,7 +197,7 @@ impl EtcdServer {
             id,
         };
         crate::metrics::PROPOSALS_PENDING.inc();
-        let outcome = self.wait_proposal(id, data, result).await;
+        let outcome = self.wait_proposal(id, data, result, progress.term).await;
         let failed = matches!(
             &outcome,
             Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT
@@ -210,11 +210,14 @@ impl EtcdServer {
         outcome
     }
 
+    /// Propose `data` (request `id`) and wait for its answer; `raft_term` is raft's term as
+    /// the proposal was made.
     pub(super) async fn wait_proposal(
         &self,
         id: u64,
         data: Vec<u8>,
         result: oneshot::Receiver<Result<ApplyOutput>>,
+        raft_term: u64,
     ) -> Result<ApplyOutput> {
         let inner = self.inner.clone();
         let on_refused = move |e: etcdrs_raftnode::Error| {
@@ -228,7 +231,7 @@ impl EtcdServer {
             }
         };
         // The raft status is published after each apply: the applied term may be ahead of it.
-        let term = self.core.raft.status().term.max(self.applied_term());
+        let term = raft_term.max(self.applied_term());
         if let Err(e) = self.core.raft.propose(data, on_refused).await {
             self.inner.waiters.lock().remove(&id);
             return Err(e.into());
