@@ -40,3 +40,35 @@ pub(crate) fn start() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The settings reach jemalloc: later arenas get the short decay, and every arena made so
+    /// far that purged later than it now purges within it.
+    #[test]
+    fn freed_pages_go_back_within_a_second() {
+        start();
+        let default: isize = b"arenas.dirty_decay_ms\0"
+            .name()
+            .read()
+            .expect("the default decay time reads");
+        assert_eq!(default, DIRTY_DECAY_MS);
+        let arenas = tikv_jemalloc_ctl::arenas::narenas::read().expect("the arena count reads");
+        let mut seen = 0;
+        for arena in 0..arenas {
+            let name = format!("arena.{arena}.dirty_decay_ms\0");
+            if let Ok(decay) = name.as_str().name().read() {
+                let decay: isize = decay;
+                assert!(
+                    (0..=DIRTY_DECAY_MS).contains(&decay),
+                    "arena {arena} decays in {decay} ms"
+                );
+                seen += 1;
+            }
+        }
+        assert!(seen > 0, "no arena in use");
+        assert!(tikv_jemalloc_ctl::background_thread::read().expect("the setting reads"));
+    }
+}
