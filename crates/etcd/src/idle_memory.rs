@@ -9,7 +9,8 @@
 //! requests/s or CPU per put between 1 s and 10 s (42.7-43.7k and 20.8-21.5 us against
 //! 42.7-43.4k and 20.5-21.2 us); 0 s cost a sixth of the rate.
 //!
-//! Best effort: a jemalloc that refuses a setting keeps its default, and the member says so.
+//! Best effort: a jemalloc that refuses the background thread or the new default keeps its own,
+//! and the member says so.
 
 use tikv_jemalloc_ctl::{Access, AsName};
 
@@ -28,7 +29,7 @@ pub(crate) fn start() {
     }
     let arenas = tikv_jemalloc_ctl::arenas::narenas::read().unwrap_or(0);
     for arena in 0..arenas {
-        let name = format!("arena.{arena}.dirty_decay_ms\0");
+        let name = arena_decay(arena);
         let name = name.as_str().name();
         // An arena not made yet refuses (it takes the default set above when it is made); the
         // arena of huge allocations purges at once (0), and keeps doing so.
@@ -39,6 +40,11 @@ pub(crate) fn start() {
             let _ = name.write(DIRTY_DECAY_MS);
         }
     }
+}
+
+/// The mallctl name of one arena's dirty decay time.
+fn arena_decay(arena: u32) -> String {
+    format!("arena.{arena}.dirty_decay_ms\0")
 }
 
 #[cfg(test)]
@@ -58,8 +64,7 @@ mod tests {
         let arenas = tikv_jemalloc_ctl::arenas::narenas::read().expect("the arena count reads");
         let mut seen = 0;
         for arena in 0..arenas {
-            let name = format!("arena.{arena}.dirty_decay_ms\0");
-            if let Ok(decay) = name.as_str().name().read() {
+            if let Ok(decay) = arena_decay(arena).as_str().name().read() {
                 let decay: isize = decay;
                 assert!(
                     (0..=DIRTY_DECAY_MS).contains(&decay),

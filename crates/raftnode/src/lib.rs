@@ -220,9 +220,10 @@ pub struct NodeStatus {
     pub joint: bool,
 }
 
-/// The part of [`NodeStatus`] that a proposal checks ([`RaftNodeHandle::progress`]).
+/// The part of [`NodeStatus`] that a proposal checks ([`RaftNodeHandle::log_state`]). Not
+/// raft's per-follower `Progress` (that is [`NodeStatus::matched`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Progress {
+pub struct LogState {
     /// The current term.
     pub term: u64,
     /// The commit index.
@@ -342,9 +343,9 @@ impl RaftNodeHandle {
     /// The term, commit index and applied index as last seen by the loop: what every proposal
     /// checks, read without cloning the membership lists (three shared counters that each
     /// clone would bump from every worker thread).
-    pub fn progress(&self) -> Progress {
+    pub fn log_state(&self) -> LogState {
         let status = self.status.read();
-        Progress {
+        LogState {
             term: status.term,
             commit: status.commit,
             applied: status.applied,

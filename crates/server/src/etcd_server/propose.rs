@@ -175,8 +175,8 @@ impl EtcdServer {
         op: Op,
         auth: Option<&crate::auth::AuthInfo>,
     ) -> Result<ApplyOutput> {
-        let progress = self.core.raft.progress();
-        if progress.commit > progress.applied + MAX_GAP_APPLY_COMMIT {
+        let log = self.core.raft.log_state();
+        if log.commit > log.applied + MAX_GAP_APPLY_COMMIT {
             return Err(ServerError::Etcd(&rpctypes::TOO_MANY_REQUESTS));
         }
         let id = self.core.ids.next();
@@ -197,7 +197,7 @@ impl EtcdServer {
             id,
         };
         crate::metrics::PROPOSALS_PENDING.inc();
-        let outcome = self.wait_proposal(id, data, result, progress.term).await;
+        let outcome = self.wait_proposal(id, data, result, log.term).await;
         let failed = matches!(
             &outcome,
             Err(ServerError::Etcd(e)) if **e == rpctypes::TIMEOUT
