@@ -34,6 +34,7 @@ use crate::tls::TlsServer;
 use crate::version::SERVER_VERSION;
 
 mod dispatch;
+mod unary;
 
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -84,7 +85,7 @@ fn max_decoding(rpc: &Rpc) -> usize {
     rpc.server.config().max_request_bytes as usize + GRPC_OVERHEAD_BYTES
 }
 
-/// The KV service, as both the router and the direct path (`http::dispatch`) serve it.
+/// The KV service, as both the router and the direct path (`http::unary`) serve it.
 fn kv_service(rpc: &Rpc) -> KvServer<Rpc> {
     KvServer::new(rpc.clone()).max_decoding_message_size(max_decoding(rpc))
 }
@@ -157,7 +158,8 @@ pub async fn serve(
     } else {
         Serves::Grpc
     };
-    let kv = kv_service(&Rpc::new(server.clone()));
+    let rpc = Rpc::new(server.clone());
+    let kv = unary::DirectKv::new(rpc.clone(), kv_service(&rpc), max_decoding(&rpc));
     // --grpc-keepalive-min-time, as etcd hands it to grpc-go for the client port. etcd's
     // peer port serves gRPC too, under grpc-go's default policy (5 min); ours polices no
     // ping there: its clients are members and proxies, and the port is not capped either.

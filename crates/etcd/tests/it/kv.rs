@@ -695,3 +695,184 @@ async fn compaction_and_compacted_reads() {
     let r = c.get("k", None).await.unwrap();
     assert_eq!(meta(&r), [("k".into(), 9, 9, 1, 0)]);
 }
+
+/// What a raw gRPC call was answered: HTTP status, content type, gRPC status and message
+/// (from the trailers, or the headers of a trailers-only answer), and the body's bytes.
+#[derive(Debug, PartialEq)]
+struct RawAnswer {
+    http: u16,
+    content_type: Option<String>,
+    grpc_status: Option<String>,
+    grpc_message: Option<String>,
+    body: Vec<u8>,
+}
+
+/// Sends `body` as the request of `path`, with `headers` added, over `channel`.
+async fn raw_call(
+    channel: &mut tonic::transport::Channel,
+    path: &str,
+    headers: &[(&'static str, &'static str)],
+    body: Vec<u8>,
+) -> RawAnswer {
+    use http_body_util::BodyExt;
+    use tonic::codegen::Service;
+    use tonic::codegen::http;
+
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://127.0.0.1{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            bytes::Bytes::from(body),
+        )))
+        .expect("a request");
+    futures::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .expect("connection ready");
+    let response = channel.call(request).await.expect("an answer");
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.expect("the whole answer");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    let field = |name: &str| {
+        trailers
+            .get(name)
+            .or_else(|| parts.headers.get(name))
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    RawAnswer {
+        http: parts.status.as_u16(),
+        content_type: parts
+            .headers
+            .get("content-type")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        grpc_status: field("grpc-status"),
+        grpc_message: field("grpc-message"),
+        body: collected.to_bytes().to_vec(),
+    }
+}
+
+/// A gRPC message: the uncompressed flag, the length, the bytes.
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend((message.len() as u32).to_be_bytes());
+    out.extend(message);
+    out
+}
+
+/// A KV call takes the member's direct path unless it asks for a leader (`hasleader`), which
+/// takes the router's and tonic's: both answer every request alike, the odd ones included
+/// (compressed, cut short, two messages, undecodable, oversized, unknown method, a
+/// compression the member does not take), and a good one with the same frames.
+#[tokio::test]
+async fn direct_kv_calls_are_answered_as_tonic_answers_them() {
+    use prost::Message;
+
+    let (m, _c) = crate::start_with(&["--max-request-bytes", "1024"]).await;
+    let mut channel = tonic::transport::Endpoint::from_shared(m.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let range = etcdrs_proto::etcdserverpb::RangeRequest {
+        key: b"k".to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let put = etcdrs_proto::etcdserverpb::PutRequest {
+        key: b"k".to_vec(),
+        value: b"v".to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut compressed = framed(&range);
+    compressed[0] = 1;
+    let mut two = framed(&range);
+    two.extend(framed(&range));
+    let short = framed(&range)[..4].to_vec();
+    let long_prefix = {
+        let mut out = framed(&range);
+        out[4] += 3;
+        out
+    };
+    let oversized = framed(
+        &etcdrs_proto::etcdserverpb::PutRequest {
+            key: b"k".to_vec(),
+            value: vec![b'x'; 1024 + 512 * 1024 + 100],
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    );
+    // (what, method, headers, body, answered with a success): tonic takes the first of two
+    // messages.
+    type Case = (
+        &'static str,
+        &'static str,
+        Vec<(&'static str, &'static str)>,
+        Vec<u8>,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        ("a range", "Range", vec![], framed(&range), true),
+        ("compressed flag", "Range", vec![], compressed, false),
+        ("two messages", "Range", vec![], two, true),
+        ("cut short", "Range", vec![], short, false),
+        ("length past the end", "Range", vec![], long_prefix, false),
+        ("no message", "Range", vec![], Vec::new(), false),
+        (
+            "not a message",
+            "Put",
+            vec![],
+            framed(&[0xff, 0xff, 0xff]),
+            false,
+        ),
+        (
+            "gzip",
+            "Range",
+            vec![("grpc-encoding", "gzip")],
+            framed(&range),
+            false,
+        ),
+        ("unknown method", "Nope", vec![], framed(&range), false),
+        ("over the size limit", "Put", vec![], oversized, false),
+    ];
+    for (what, method, headers, body, ok) in cases {
+        let path = format!("/etcdserverpb.KV/{method}");
+        let direct = raw_call(&mut channel, &path, &headers, body.clone()).await;
+        let mut via_router = headers.clone();
+        via_router.push(("hasleader", "true"));
+        let tonic = raw_call(&mut channel, &path, &via_router, body).await;
+        assert_eq!(direct, tonic, "{what}");
+        assert_eq!(
+            direct.grpc_status.as_deref() == Some("0"),
+            ok,
+            "{what}: {direct:?}"
+        );
+    }
+    // A put answers the same frames either way, the revision aside.
+    let direct = raw_call(&mut channel, "/etcdserverpb.KV/Put", &[], framed(&put)).await;
+    let tonic = raw_call(
+        &mut channel,
+        "/etcdserverpb.KV/Put",
+        &[("hasleader", "true")],
+        framed(&put),
+    )
+    .await;
+    let revision = |answer: &RawAnswer| {
+        let body = answer.body.get(5..).expect("one framed message");
+        etcdrs_proto::etcdserverpb::PutResponse::decode(body)
+            .expect("a put response")
+            .header
+            .expect("a header")
+            .revision
+    };
+    assert_eq!(revision(&tonic), revision(&direct) + 1);
+    assert_eq!(
+        (&direct.content_type, &direct.grpc_status, direct.body.len()),
+        (&tonic.content_type, &tonic.grpc_status, tonic.body.len())
+    );
+}

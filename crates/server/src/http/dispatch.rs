@@ -1,6 +1,6 @@
 //! The client port's front service: KV calls (the bulk of a member's traffic: every put, range,
-//! txn and delete) go straight to the tonic KV service; every other request goes through the
-//! axum router with its layers.
+//! txn and delete) go straight to the KV service (`http::unary`, tonic's KV service for what it
+//! does not handle itself); every other request goes through the axum router with its layers.
 //!
 //! Why: the router costs each request a path lookup, a boxed future per layer (the
 //! require-leader and size-error middlewares, the merged routers) and a boxed body per
@@ -17,32 +17,28 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
-use etcdrs_proto::etcdserverpb::kv_server::KvServer;
 use futures::FutureExt;
-use futures::future::{BoxFuture, Either, Map};
+use futures::future::{BoxFuture, Either};
 use tower::Service;
 
-use crate::rpc::Rpc;
+use super::unary::DirectKv;
 
 /// Paths of the KV service's methods start so (`/etcdserverpb.KV/Put`, …).
-const KV_PREFIX: &str = "/etcdserverpb.KV/";
+pub(super) const KV_PREFIX: &str = "/etcdserverpb.KV/";
 
-type KvFuture = Map<
-    BoxFuture<'static, Result<axum::http::Response<tonic::body::Body>, Infallible>>,
-    fn(Result<axum::http::Response<tonic::body::Body>, Infallible>) -> Result<Response, Infallible>,
->;
+type KvFuture = BoxFuture<'static, Result<Response, Infallible>>;
 
 /// The front service of a listener that serves gRPC (see the module docs).
 #[derive(Clone)]
 pub(super) struct Dispatch {
-    /// The KV service as the router holds it (same limits); `None` where the listener
-    /// serves no gRPC.
-    kv: Option<KvServer<Rpc>>,
+    /// The KV service (tonic's as the router holds it, same limits, behind it); `None` where
+    /// the listener serves no gRPC.
+    kv: Option<DirectKv>,
     router: Router,
 }
 
 impl Dispatch {
-    pub(super) fn new(kv: Option<KvServer<Rpc>>, router: Router) -> Dispatch {
+    pub(super) fn new(kv: Option<DirectKv>, router: Router) -> Dispatch {
         Dispatch { kv, router }
     }
 
@@ -53,7 +49,7 @@ impl Dispatch {
     }
 }
 
-fn into_axum(
+pub(super) fn into_axum(
     answered: Result<axum::http::Response<tonic::body::Body>, Infallible>,
 ) -> Result<Response, Infallible> {
     let Ok(mut response) = answered;
@@ -63,7 +59,7 @@ fn into_axum(
 
 impl<B> Service<Request<B>> for Dispatch
 where
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
 {
     type Response = Response;
@@ -78,8 +74,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         match &mut self.kv {
             Some(kv) if Dispatch::direct(&request) => {
-                let convert: fn(_) -> _ = into_axum;
-                Either::Left(kv.call(request).map(convert))
+                Either::Left(kv.clone().call(request).map(Ok).boxed())
             }
             _ => Either::Right(self.router.call(request)),
         }
