@@ -19,10 +19,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Version, header};
+use axum::http::{Method, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use bytes::{Bytes, BytesMut};
 use etcdrs_proto::etcdserverpb::RangeRequest;
 use etcdrs_proto::etcdserverpb::auth_server::AuthServer;
 use etcdrs_proto::etcdserverpb::cluster_server::ClusterServer;
@@ -38,10 +37,11 @@ use etcdrs_serve::h2authority::LenientAuthority;
 use etcdrs_serve::keepalive::Policed;
 use etcdrs_serve::leader::LeaderSource;
 use etcdrs_serve::listener::{Handler, Peer};
+use etcdrs_serve::unary;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use futures::task::AtomicWaker;
-use hyper::body::{Body as HttpBody, Frame, Incoming};
+use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::Watcher;
 use hyper_util::service::TowerToHyperService;
@@ -126,7 +126,6 @@ impl From<Router> for Front {
 /// Header names the fast path reads.
 const GRPC_ENCODING: header::HeaderName = header::HeaderName::from_static("grpc-encoding");
 const TOKEN: header::HeaderName = header::HeaderName::from_static("token");
-const GRPC_STATUS: header::HeaderName = header::HeaderName::from_static("grpc-status");
 
 /// Whether `req` is a gRPC KV.Range the fast path may read: HTTP/2, uncompressed, and not
 /// asking for a leader (the router's require-leader check answers those).
@@ -167,127 +166,29 @@ impl tower::Service<FrontRequest> for Front {
 }
 
 /// A range through the cache: its message read whole (up to `max_recv`), answered from the
-/// cache when it holds the answer, else handed to the router with the bytes read so far.
+/// cache when it holds the answer, else handed to the router with the bytes read so far
+/// (`etcdrs_serve::unary`).
 async fn fast_range(inner: Arc<FrontInner>, req: FrontRequest) -> Result<Response, Infallible> {
-    let (parts, mut body) = req.into_parts();
-    let limit = inner.max_recv.saturating_add(5);
-    let mut head: Option<Bytes> = None;
-    let mut more: Option<BytesMut> = None;
-    let mut read = 0usize;
-    let mut whole = false;
-    while read <= limit {
-        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
-        let Some(Ok(frame)) = frame else {
-            // The end, or a broken stream the router will see as such.
-            whole = frame.is_none();
-            break;
-        };
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        read += data.len();
-        match (&head, &mut more) {
-            (None, _) => head = Some(data),
-            (Some(first), None) => {
-                let mut buf = BytesMut::with_capacity(read);
-                buf.extend_from_slice(first);
-                buf.extend_from_slice(&data);
-                more = Some(buf);
-            }
-            (Some(_), Some(buf)) => buf.extend_from_slice(&data),
+    let (parts, body) = req.into_parts();
+    let body = unary::read_whole(body, inner.max_recv.saturating_add(unary::PREFIX)).await;
+    let message = body
+        .whole()
+        .and_then(|whole| unary::one_message(&whole, inner.max_recv));
+    if let (Some(message), Some(kv)) = (message, &inner.kv)
+        && let Ok(range) = RangeRequest::decode(message)
+    {
+        let token = parts
+            .headers
+            .get(TOKEN)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if let Some(wire) = kv.cached_range(token, range) {
+            return Ok(unary::answer(wire));
         }
     }
-    let head = match more {
-        Some(buf) => buf.freeze(),
-        None => head.unwrap_or_default(),
-    };
-    if whole && let Some(kv) = &inner.kv {
-        let message = (head.len() >= 5
-            && head[0] == 0
-            && u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize == head.len() - 5)
-            .then(|| RangeRequest::decode(head.slice(5..)).ok())
-            .flatten();
-        if let Some(range) = message {
-            let token = parts
-                .headers
-                .get(TOKEN)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            if let Some(wire) = kv.cached_range(token, range) {
-                let mut resp = Response::new(axum::body::Body::new(Unary(Some(wire), true)));
-                resp.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/grpc"),
-                );
-                return Ok(resp);
-            }
-        }
-    }
-    let body = axum::body::Body::new(Prefixed {
-        head: (!head.is_empty()).then_some(head),
-        rest: body,
-        done: whole,
-    });
-    let req = axum::http::Request::from_parts(parts, body);
+    let req = axum::http::Request::from_parts(parts, axum::body::Body::new(body));
     // Boxed: the router's future is large, and this one's state stays small for the hits.
     Box::pin(tower::ServiceExt::oneshot(inner.router.clone(), req)).await
-}
-
-/// A successful unary gRPC response body: one message, then `grpc-status: 0`.
-struct Unary(Option<Bytes>, bool);
-
-impl HttpBody for Unary {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(data) = self.0.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if std::mem::take(&mut self.1) {
-            let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_none() && !self.1
-    }
-}
-
-/// A request body of which `head` was already read from `rest`.
-struct Prefixed {
-    head: Option<Bytes>,
-    rest: Counted<Incoming>,
-    /// `rest` has ended.
-    done: bool,
-}
-
-impl HttpBody for Prefixed {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if let Some(head) = self.head.take() {
-            return Poll::Ready(Some(Ok(Frame::data(head))));
-        }
-        if self.done {
-            return Poll::Ready(None);
-        }
-        Pin::new(&mut self.rest).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.head.is_none() && (self.done || self.rest.is_end_stream())
-    }
 }
 
 /// The HTTP endpoints: `/health` (also as `/proxy/health`), `/metrics` (a member's, relayed,

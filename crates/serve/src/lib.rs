@@ -16,6 +16,8 @@
 //!   over a [`leader::LeaderSource`], which the server and the proxy each implement.
 //! - [`not_found`]: the fallback for unknown paths (gRPC "unimplemented" or Go's 404).
 //! - [`process`]: the `process_*` series of Go's process collector, for both `/metrics`.
+//! - [`unary`]: a unary gRPC call answered before any router (the request's one message read
+//!   whole, the answer's body), or handed on with what was read replayed.
 //! - [`grpc_metrics`]: go-grpc-prometheus's `grpc_server_*` series and etcd's message byte and
 //!   client request counters, counted by [`grpc_metrics::wire::CountGrpc`] around a router.
 //!
@@ -35,6 +37,7 @@ pub mod keepalive;
 pub mod leader;
 pub mod listener;
 pub mod process;
+pub mod unary;
 pub mod watch_limits;
 
 pub use error::{Error, Result};
