@@ -5,7 +5,8 @@
 //! Why: tonic serves a unary call through a 2 KiB boxed future, a streaming decoder, an
 //! encoder with an 8 KiB buffer per response and a header map built per trailer. A KV call
 //! needs none of it: answered here, a put under `etcd-benchmark put` with 1000 clients costs
-//! the member about 6% less CPU (15.6 µs against 16.6, four alternating rounds).
+//! the member 2-6% less CPU (three sets of alternating rounds; the rate moved within this
+//! machine's noise).
 //!
 //! The answers are tonic's, byte for byte where a client can see it: the same headers
 //! (`content-type: application/grpc`), the same frames (one DATA frame, then the trailers), and
