@@ -551,6 +551,28 @@ impl WriteTx<'_> {
         Ok(())
     }
 
+    /// Remove each of `keys` from `bucket` under one open table (a compaction's batch);
+    /// returns how many were there.
+    pub fn delete_all<'k>(
+        &self,
+        bucket: Bucket,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Result<u64> {
+        self.flush_puts()?;
+        let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let mut removed = 0;
+        let mut bytes = 0i64;
+        for key in keys {
+            if let Some(old) = table.remove(key).map_err(Error::storage)? {
+                removed += 1;
+                bytes += (key.len() + old.value().len()) as i64;
+            }
+        }
+        self.add(-bytes);
+        self.writes.set(self.writes.get() + removed);
+        Ok(removed)
+    }
+
     /// Remove every key in `[start, end)` from `bucket`; returns how many were removed.
     pub fn delete_range(&self, bucket: Bucket, start: &[u8], end: &[u8]) -> Result<u64> {
         self.flush_puts()?;

@@ -129,6 +129,13 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         lease_checkpoint: cfg.experimental_enable_lease_checkpoint,
         lease_checkpoint_persist: cfg.experimental_enable_lease_checkpoint_persist,
         lease_checkpoint_interval: lease_checkpoint_interval(),
+        compaction_batch_limit: usize::try_from(cfg.experimental_compaction_batch_limit)
+            .ok()
+            .filter(|limit| *limit > 0)
+            .unwrap_or(etcdrs_server::config::DEFAULT_COMPACTION_BATCH_LIMIT),
+        compaction_sleep_interval: Some(cfg.experimental_compaction_sleep_interval)
+            .filter(|pause| !pause.is_zero())
+            .unwrap_or(etcdrs_server::config::DEFAULT_COMPACTION_SLEEP_INTERVAL),
     })
 }
 

@@ -35,6 +35,8 @@ use crate::{Error, KvStore, Result};
 
 /// `meta` key of the last finished compaction (written by the store's compaction).
 const META_FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
+/// `meta` key of the last compaction applied, finished or not.
+const META_SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
 /// `meta` key of this member's id: differs between members, so [`KvStore::hash`] skips it.
 const META_MEMBER_ID: &[u8] = b"memberID";
 
@@ -110,9 +112,12 @@ fn for_each_rev(
 }
 
 /// The current and compacted revisions (0: never compacted) as of `read`, computed the way
-/// [`KvStore::open`] does.
+/// [`KvStore::open`] does: the compacted revision is the last one applied, finished or not
+/// (etcd's `compactMainRev`), so that a member whose compaction is midway hashes and refuses
+/// as one whose compaction is done.
 fn revisions(read: &ReadTx) -> Result<(i64, i64)> {
-    let compact_rev = read_i64(read.get(Bucket::META, META_FINISHED_COMPACT)?);
+    let compact_rev = read_i64(read.get(Bucket::META, META_FINISHED_COMPACT)?)
+        .max(read_i64(read.get(Bucket::META, META_SCHEDULED_COMPACT)?));
     let last_rev = match read.last(Bucket::KEY)? {
         Some((key, _)) => Revision::from_key(&key)
             .map(|(rev, _)| rev.main)

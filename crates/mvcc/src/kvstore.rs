@@ -15,8 +15,11 @@ use crate::key_index::KeyIndex;
 use crate::lease::{LeaseId, LeaseRecord, Lessor, NO_LEASE};
 use crate::revision::Revision;
 use crate::{Error, Result};
+mod compaction;
 mod write;
 
+use self::compaction::Compaction;
+pub use self::compaction::CompactionStep;
 pub use self::write::{Txn, WriteBatch};
 
 /// `meta` key of the raft index of the last applied entry (etcd's `consistent_index`).
@@ -234,43 +237,47 @@ pub struct KvStore {
     backend: Backend,
     state: RwLock<State>,
     lessor: Lessor,
+    /// Applied compactions and the pass that carries them out (`compaction`).
+    compaction: parking_lot::Mutex<Compaction>,
+    /// Held by the one [`KvStore::compaction_step`] running.
+    stepping: parking_lot::Mutex<()>,
 }
 
 impl KvStore {
     /// Open the store over `backend`, rebuilding the index and the leases from it.
     pub fn open(backend: Backend, min_lease_ttl: i64) -> Result<KvStore> {
         let lessor = Lessor::new(min_lease_ttl);
-        let (state, scheduled) = load(&backend, &lessor)?;
+        let (mut state, scheduled) = load(&backend, &lessor)?;
+        let compaction = Compaction::new(state.compact_rev, scheduled);
+        state.compact_rev = state.compact_rev.max(scheduled);
         let store = KvStore {
             backend,
             state: RwLock::new(state),
             lessor,
+            compaction: parking_lot::Mutex::new(compaction),
+            stepping: parking_lot::Mutex::new(()),
         };
-        store.finish_compaction(scheduled)?;
+        // A compaction applied but not finished before a crash is finished now.
+        store.finish_compactions()?;
         Ok(store)
-    }
-
-    /// A compaction applied but not finished before a crash is finished now.
-    fn finish_compaction(&self, scheduled: i64) -> Result<()> {
-        if scheduled > self.compact_rev() {
-            let mut batch = self.write()?;
-            batch.compact(scheduled)?;
-            batch.commit_meta_only(true)?;
-        }
-        Ok(())
     }
 
     /// Replace the whole store with the database image at `image` (a raft snapshot from the
     /// leader), keeping this member's own `meta` records named in `keep_meta`; the index and
-    /// leases are rebuilt. Readers wait meanwhile.
+    /// leases are rebuilt, and a compaction the image had not finished is finished. Readers
+    /// wait meanwhile.
     pub fn install_snapshot(&self, image: &std::path::Path, keep_meta: &[&[u8]]) -> Result<()> {
         let mut state = self.state.write();
+        // A pass in progress ends here: its steps delete nothing from the new contents.
+        self.compaction.lock().reset(i64::MAX, i64::MAX);
         self.backend.replace_with_image(image, keep_meta)?;
         self.lessor.clear();
-        let (loaded, scheduled) = load(&self.backend, &self.lessor)?;
+        let (mut loaded, scheduled) = load(&self.backend, &self.lessor)?;
+        self.compaction.lock().reset(loaded.compact_rev, scheduled);
+        loaded.compact_rev = loaded.compact_rev.max(scheduled);
         *state = loaded;
         drop(state);
-        self.finish_compaction(scheduled)
+        self.finish_compactions()
     }
 
     /// The backend underneath (for sizes, snapshots and defragmentation).

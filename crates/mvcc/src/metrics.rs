@@ -125,9 +125,8 @@ pub static INDEX_COMPACTION_PAUSE_MS: LazyLock<Histogram> = LazyLock::new(|| {
     ))
 });
 
-/// `etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds`: deleting compacted values
-/// (one step here: etcd deletes in batches of 1000 between which writers run; our compaction
-/// is part of one apply batch).
+/// `etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds`: one step of deleting
+/// compacted values (a batch of `--experimental-compaction-batch-limit` revisions, as etcd's).
 pub static DB_COMPACTION_PAUSE_MS: LazyLock<Histogram> = LazyLock::new(|| {
     register(histogram(
         "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds",

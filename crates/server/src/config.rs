@@ -121,7 +121,17 @@ pub struct ServerConfig {
     pub lease_checkpoint_persist: bool,
     /// How often (etcd: 5 minutes, not a flag).
     pub lease_checkpoint_interval: Duration,
+    /// `--experimental-compaction-batch-limit`: most revisions a compaction deletes in one
+    /// backend transaction.
+    pub compaction_batch_limit: usize,
+    /// `--experimental-compaction-sleep-interval`: the pause between those transactions.
+    pub compaction_sleep_interval: Duration,
 }
+
+/// etcd's default `--experimental-compaction-batch-limit`.
+pub const DEFAULT_COMPACTION_BATCH_LIMIT: usize = 1000;
+/// etcd's default `--experimental-compaction-sleep-interval`.
+pub const DEFAULT_COMPACTION_SLEEP_INTERVAL: Duration = Duration::from_millis(10);
 
 /// etcd's default backend quota: 2 GiB.
 pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
@@ -177,6 +187,8 @@ impl ServerConfig {
             lease_checkpoint: false,
             lease_checkpoint_persist: false,
             lease_checkpoint_interval: Duration::from_secs(300),
+            compaction_batch_limit: DEFAULT_COMPACTION_BATCH_LIMIT,
+            compaction_sleep_interval: DEFAULT_COMPACTION_SLEEP_INTERVAL,
         }
     }
 

@@ -190,6 +190,10 @@ struct Inner {
     pending_snapshot: Mutex<Option<(u64, std::path::PathBuf)>>,
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
     watch_sync: tokio::sync::Notify,
+    /// Wakes the compactor when a compaction is applied.
+    compactor: tokio::sync::Notify,
+    /// The newest compaction carried out to its end (a physical `Compact` waits for it).
+    compacted: watch::Sender<i64>,
     leader_changes: AtomicU64,
     /// Term of the last applied entry: what etcd reports as the raft term (`EtcdServer.Term`,
     /// in response headers and `Status`), which does not move with elections that commit
@@ -201,6 +205,15 @@ struct Inner {
 }
 
 impl Inner {
+    /// Records that the compactions up to `rev` are carried out (it never goes back).
+    fn note_compacted(&self, rev: i64) {
+        self.compacted.send_if_modified(|done| {
+            let raised = rev > *done;
+            *done = (*done).max(rev);
+            raised
+        });
+    }
+
     /// Records the term of the last applied entry; waiters are woken only when it changes.
     fn set_applied_term(&self, term: u64) {
         self.applied_term.send_if_modified(|applied| {
@@ -238,6 +251,8 @@ impl Inner {
             transport,
             pending_snapshot: Mutex::new(None),
             watch_sync: tokio::sync::Notify::new(),
+            compactor: tokio::sync::Notify::new(),
+            compacted: watch::Sender::new(store.finished_compact_rev()),
             leader_changes: AtomicU64::new(0),
             applied_term: watch::Sender::new(read_u64(store.meta(etcdrs_mvcc::META_TERM)?)),
             store,
@@ -475,6 +490,12 @@ impl EtcdServer {
         tasks.spawn(async move {
             compactor.run_auto_compaction(stop).await;
             ("auto compaction", Ok(()))
+        });
+        let compactor = server.clone();
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            let result = compactor.run_physical_compaction(stop).await;
+            ("physical compaction", result)
         });
         let monitor = server.clone();
         let stop = shutdown.clone();

@@ -18,8 +18,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("experimental-peer-skip-client-san-verification", "peer client certificates are verified as --peer-client-cert-auth says"),
     ("experimental-compact-hash-check-enabled", "compacted revisions' hashes are not compared"),
     ("experimental-compact-hash-check-time", "compacted revisions' hashes are not compared"),
-    ("experimental-compaction-batch-limit", "a compaction deletes in one backend transaction"),
-    ("experimental-compaction-sleep-interval", "a compaction deletes in one backend transaction"),
     ("experimental-bootstrap-defrag-threshold-megabytes", "the backend is not defragmented at start"),
     ("experimental-memory-mlock", "memory is not locked"),
     ("experimental-txn-mode-write-with-shared-buffer", "the backend has no shared read buffer"),

@@ -176,6 +176,7 @@ pub(super) fn finish(
         experimental_enable_lease_checkpoint_persist: flags
             .boolean("experimental-enable-lease-checkpoint-persist"),
         experimental_compaction_batch_limit: flags.signed("experimental-compaction-batch-limit"),
+        experimental_compaction_sleep_interval: dur("experimental-compaction-sleep-interval"),
         experimental_watch_progress_notify_interval: dur(
             "experimental-watch-progress-notify-interval",
         ),

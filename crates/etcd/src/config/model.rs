@@ -206,6 +206,8 @@ pub struct EtcdConfig {
     pub experimental_enable_lease_checkpoint_persist: bool,
     /// Zero means etcd's built-in 1000.
     pub experimental_compaction_batch_limit: i64,
+    /// Zero means etcd's built-in 10 ms.
+    pub experimental_compaction_sleep_interval: Duration,
     /// Zero means etcd's built-in 10 minutes.
     pub experimental_watch_progress_notify_interval: Duration,
     pub experimental_warning_apply_duration: Duration,

@@ -111,6 +111,111 @@ fn compaction_drops_history_and_survives_restart() {
     ));
 }
 
+/// Revisions stored in the backend's `key` bucket.
+fn stored_revisions(store: &KvStore) -> u64 {
+    store.backend().read().unwrap().len(Bucket::KEY).unwrap()
+}
+
+#[test]
+fn compaction_is_applied_at_once_and_carried_out_in_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // 300 keys, each written three times: revisions 2..=901.
+    for round in 0..3 {
+        let mut batch = store.write().unwrap();
+        for k in 0..300 {
+            let mut txn = batch.txn();
+            txn.put(
+                format!("k{k:03}").as_bytes(),
+                format!("v{round}").as_bytes(),
+                0,
+            )
+            .unwrap();
+            txn.end();
+        }
+        batch.commit(false).unwrap();
+    }
+    assert_eq!(stored_revisions(&store), 900);
+    let mut batch = store.write().unwrap();
+    batch.compact(901).unwrap();
+    batch.commit(false).unwrap();
+    // Applied: reads below are refused at once, nothing is deleted yet.
+    assert!(matches!(
+        store.range(KeyRange::new(b"k000", &[]), at(900)),
+        Err(Error::Compacted { .. })
+    ));
+    assert!(store.compaction_pending());
+    assert_eq!(stored_revisions(&store), 900);
+    let mid_hash = store.hash_kv(0).unwrap();
+    assert_eq!(mid_hash.compact_revision, 901);
+
+    // Steps of at most 50 revisions, with writes and reads between them.
+    // The hash does not move with the steps (only with the put made between them).
+    let mut steps = 0;
+    let mut expected = mid_hash.hash;
+    loop {
+        let step = store.compaction_step(50).unwrap();
+        steps += 1;
+        assert_eq!(store.hash_kv(0).unwrap().hash, expected);
+        assert_eq!(get(&store, b"k150", 0).unwrap().value, b"v2");
+        if step == CompactionStep::Finished(901) {
+            break;
+        }
+        assert_eq!(step, CompactionStep::Progress);
+        if steps == 3 {
+            let mut batch = store.write().unwrap();
+            let mut txn = batch.txn();
+            txn.put(b"k000", b"v3", 0).unwrap();
+            txn.end();
+            batch.commit(false).unwrap();
+            expected = store.hash_kv(0).unwrap().hash;
+        }
+    }
+    // 600 revisions dropped, 50 a step, and the put made meanwhile kept.
+    assert!(steps >= 12, "{steps} steps");
+    assert_eq!(store.compaction_step(50).unwrap(), CompactionStep::Idle);
+    assert!(!store.compaction_pending());
+    assert_eq!(stored_revisions(&store), 301);
+    assert_eq!(get(&store, b"k000", 0).unwrap().value, b"v3");
+    assert_eq!(get(&store, b"k000", 901).unwrap().value, b"v2");
+    assert_eq!(store.finished_compact_rev(), 901);
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.compact_rev(), 901);
+    assert_eq!(stored_revisions(&store), 301);
+}
+
+#[test]
+fn a_compaction_cut_short_is_finished_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut batch = store.write().unwrap();
+    for k in 0..100 {
+        for value in [b"1", b"2"] {
+            let mut txn = batch.txn();
+            txn.put(format!("k{k}").as_bytes(), value, 0).unwrap();
+            txn.end();
+        }
+    }
+    batch.commit(false).unwrap();
+    let mut batch = store.write().unwrap();
+    batch.compact(150).unwrap();
+    batch.commit(false).unwrap();
+    assert_eq!(store.compaction_step(10).unwrap(), CompactionStep::Progress);
+    let hash = store.hash_kv(0).unwrap();
+    store.force_durable().unwrap();
+    drop(store);
+    // Reopened midway (as after a crash): the open finishes the pass before serving.
+    let store = open(dir.path());
+    assert!(!store.compaction_pending());
+    assert_eq!(store.compact_rev(), 150);
+    assert_eq!(store.finished_compact_rev(), 150);
+    // Key k was written at 2k+2 and 2k+3: keys 0..=73 keep one revision, key 74 (150 and
+    // 151) and keys 75..=99 keep both.
+    assert_eq!(stored_revisions(&store), 74 + 2 + 2 * 25);
+    assert_eq!(store.hash_kv(0).unwrap(), hash);
+}
+
 #[test]
 fn leases_attach_and_revoke_in_one_revision() {
     let dir = tempfile::tempdir().unwrap();

@@ -43,7 +43,9 @@ impl<'a> WriteBatch<'a> {
         &self.store.lessor
     }
 
-    /// Compact history at `rev`: values no revision at or after `rev` needs are deleted.
+    /// Compact history at `rev`: from this batch's commit on, reads below `rev` are refused;
+    /// the history no revision at or after `rev` needs is dropped afterwards, step by step
+    /// ([`KvStore::compaction_step`]), so applying a compaction holds up nobody.
     pub fn compact(&mut self, rev: i64) -> Result<()> {
         if rev <= self.state.compact_rev {
             return Err(Error::Compacted {
@@ -57,32 +59,12 @@ impl<'a> WriteBatch<'a> {
                 current: self.state.current_rev,
             });
         }
-        let started = Instant::now();
         self.tx
             .put(Bucket::META, META_SCHEDULED_COMPACT, &rev.to_be_bytes())?;
-        let mut dropped = Vec::new();
-        self.state.index.retain(|_, key_index| {
-            dropped.extend(key_index.compact(rev));
-            !key_index.is_empty()
-        });
-        let index_done = Instant::now();
-        crate::metrics::INDEX_COMPACTION_PAUSE_MS
-            .observe((index_done - started).as_secs_f64() * 1000.0);
-        crate::metrics::COMPACTION_KEYS.inc_by(dropped.len() as u64);
-        for (revision, tombstone) in dropped {
-            self.tx.delete(Bucket::KEY, &revision.to_key(tombstone))?;
-        }
-        // Values go in the same batch as the index: the pause and the whole compaction are
-        // the same span here.
-        crate::metrics::DB_COMPACTION_PAUSE_MS.observe(index_done.elapsed().as_secs_f64() * 1000.0);
-        crate::metrics::DB_COMPACTION_TOTAL_MS.observe(started.elapsed().as_secs_f64() * 1000.0);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        crate::metrics::COMPACTION_LAST.set(i64::try_from(now).unwrap_or(i64::MAX));
-        self.tx
-            .put(Bucket::META, META_FINISHED_COMPACT, &rev.to_be_bytes())?;
         self.state.compact_rev = rev;
+        // The compactor's first step takes the index lock, which this batch holds until it
+        // commits: the pass never starts ahead of the scheduled mark it finishes.
+        self.store.compaction.lock().schedule(rev);
         Ok(())
     }
 
@@ -174,10 +156,6 @@ impl<'a> WriteBatch<'a> {
         // The index lock is released only now: readers never see uncommitted revisions.
         drop(state);
         Ok((changes, durable))
-    }
-
-    pub(super) fn commit_meta_only(self, durable: bool) -> Result<()> {
-        self.commit(durable).map(|_| ())
     }
 }
 

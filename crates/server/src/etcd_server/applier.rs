@@ -78,6 +78,9 @@ impl Applier {
         *self.inner.cluster_version.write() = load_cluster_version(store)?;
         *self.inner.downgrade.write() = load_downgrade(store)?;
         self.inner.auth.reload(store)?;
+        // The install finished the image's compactions: a physical Compact waiting on a
+        // compaction the image covers is answered.
+        self.inner.note_compacted(store.finished_compact_rev());
         self.refresh_peers();
         self.inner.watch_hub.store_replaced(store.current_rev());
         self.inner.watch_sync.notify_one();
@@ -499,10 +502,9 @@ impl Applier {
             }
             Op::Compaction(req) => {
                 let rev = apply::compact(batch, req.revision)?;
-                tracing::info!(
-                    compact_revision = req.revision,
-                    "finished scheduled compaction"
-                );
+                // Carried out by the compactor from the batch's commit on (it waits for the
+                // store's index lock that this batch holds).
+                self.inner.compactor.notify_one();
                 Ok(ApplyOutput::Compaction(CompactionResponse {
                     header: Some(ResponseHeader {
                         revision: rev,

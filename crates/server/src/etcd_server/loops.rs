@@ -184,3 +184,57 @@ impl EtcdServer {
         }
     }
 }
+
+impl EtcdServer {
+    /// The compactor: carries out applied compactions step by step
+    /// (`KvStore::compaction_step`), each step a bounded run of the index under its lock and
+    /// one backend transaction of deletions, with `--experimental-compaction-sleep-interval`
+    /// between steps so that the applier and readers go on meanwhile (etcd's scheduled
+    /// compaction). A failed step stops the member, as a failed apply does.
+    pub(super) async fn run_physical_compaction(
+        &self,
+        shutdown: CancellationToken,
+    ) -> std::result::Result<(), String> {
+        let batch = self.inner.config.compaction_batch_limit;
+        let pause = self.inner.config.compaction_sleep_interval;
+        loop {
+            // A compaction left by the open or an install is picked up by the first round.
+            loop {
+                let store = self.inner.store.clone();
+                let step = tokio::task::spawn_blocking(move || store.compaction_step(batch))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|step| step.map_err(|e| e.to_string()));
+                match step {
+                    Ok(etcdrs_mvcc::CompactionStep::Idle) => break,
+                    Ok(etcdrs_mvcc::CompactionStep::Finished(rev)) => {
+                        self.inner.note_compacted(rev);
+                    }
+                    Ok(etcdrs_mvcc::CompactionStep::Progress) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "failed to compact the backend");
+                        return Err(format!("failed to compact the backend: {e}"));
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = self.inner.compactor.notified() => {}
+            }
+        }
+    }
+
+    /// Waits until the compaction at `rev` is carried out to its end (a physical `Compact`;
+    /// as etcd, no server-side timeout: the client's deadline bounds it).
+    pub async fn wait_compacted(&self, rev: i64) -> Result<()> {
+        let mut compacted = self.inner.compacted.subscribe();
+        match compacted.wait_for(|done| *done >= rev).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(ServerError::Stopped),
+        }
+    }
+}

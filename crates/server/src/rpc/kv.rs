@@ -110,7 +110,13 @@ impl Kv for Rpc {
         self.server.auth().check_user(info.as_ref())?;
         let req = request.into_inner();
         self.server.check_not_learner()?;
+        let (rev, physical) = (req.revision, req.physical);
         let mut resp = self.server.request(req, None).await?;
+        if physical {
+            // As etcd: answered once the history is gone from the backend, however long
+            // that takes (the client's deadline bounds the wait, no server timeout).
+            self.server.wait_compacted(rev).await?;
+        }
         self.server.fill_header(&mut resp.header);
         Ok(Response::new(resp))
     }

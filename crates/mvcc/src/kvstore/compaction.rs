@@ -1,0 +1,231 @@
+//! Physical compaction in steps (etcd `server/storage/mvcc/kvstore_compaction.go`).
+//!
+//! Applying a compaction ([`WriteBatch::compact`]) only raises the compacted revision and
+//! records it as scheduled: from then on reads below it are refused, and nothing else waits.
+//! The work of forgetting history (dropping revisions from the key index and deleting their
+//! values from the backend) is done afterwards by [`KvStore::compaction_step`], called in a
+//! loop by the server's compactor: each step compacts the index of a bounded run of keys
+//! under the index lock, then deletes what they dropped in one backend transaction of its own,
+//! so readers and the one writer (the applier) wait for at most one step, never for the whole
+//! compaction. etcd does the same with batches of `--experimental-compaction-batch-limit`
+//! revisions and a pause between them.
+//!
+//! Why this is safe: a revision that compacting at `rev` drops is visible to no read at `rev`
+//! or later, and every read below `rev` is refused once the compaction is applied, so whether
+//! a dropped revision is still in the index or the backend changes no answer. A crash midway
+//! leaves `scheduledCompactRev` ahead of `finishedCompactRev`, and the next open finishes the
+//! compaction before serving (as etcd's restore does). `HashKV` counts revisions at or below
+//! the scheduled compaction only when they survive it, so a member midway hashes as one done.
+//!
+//! A snapshot installed from the leader replaces the store under a running pass: the pass
+//! belongs to an epoch that the install ends, and a step of an ended epoch deletes nothing.
+
+use super::*;
+
+/// What one [`KvStore::compaction_step`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompactionStep {
+    /// No compaction is waiting to be done.
+    Idle,
+    /// A part of the pending compaction was done; more remains.
+    Progress,
+    /// The compaction at this revision is finished: its history is gone from the index and the
+    /// backend, and `finishedCompactRev` says so.
+    Finished(i64),
+}
+
+/// The store's compaction bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct Compaction {
+    /// The newest compaction applied (the scheduled revision), 0 if none.
+    target: i64,
+    /// The newest compaction finished.
+    finished: i64,
+    /// The pass in progress.
+    pass: Option<Pass>,
+    /// Bumped when the store's contents are replaced: a step begun before does nothing.
+    epoch: u64,
+}
+
+#[derive(Debug)]
+struct Pass {
+    /// The revision this pass compacts at (a newer compaction applied meanwhile gets a pass
+    /// of its own after this one).
+    rev: i64,
+    /// The last key compacted; the next step starts after it.
+    after: Option<Vec<u8>>,
+    started: Instant,
+    /// Values deleted so far.
+    deleted: u64,
+    /// Time spent holding the index lock so far.
+    index_pause: std::time::Duration,
+}
+
+impl Compaction {
+    /// Bookkeeping for a store whose finished and scheduled compactions are these.
+    pub(super) fn new(finished: i64, scheduled: i64) -> Compaction {
+        Compaction {
+            target: scheduled.max(finished),
+            finished,
+            pass: None,
+            epoch: 0,
+        }
+    }
+
+    /// A compaction at `rev` was applied.
+    pub(super) fn schedule(&mut self, rev: i64) {
+        self.target = self.target.max(rev);
+    }
+
+    /// The store was replaced by one with these compactions: any pass in progress is over.
+    pub(super) fn reset(&mut self, finished: i64, scheduled: i64) {
+        self.target = scheduled.max(finished);
+        self.finished = finished;
+        self.pass = None;
+        self.epoch += 1;
+    }
+}
+
+/// Keys whose index entries one step looks at, at most, when they drop little.
+const KEYS_PER_STEP_FACTOR: usize = 16;
+
+impl KvStore {
+    /// Do one step of the pending compaction: compact the index of the next keys until they
+    /// dropped `batch_limit` revisions (or `16 * batch_limit` keys were looked at), then delete
+    /// those revisions' values in one backend transaction. When the step reaches the last key,
+    /// the compaction is finished and `finishedCompactRev` written with its deletions.
+    pub fn compaction_step(&self, batch_limit: usize) -> Result<CompactionStep> {
+        let batch_limit = batch_limit.max(1);
+        // One stepper at a time (the server's compactor, or an open or install finishing).
+        let _stepping = self.stepping.lock();
+        let (rev, after, epoch) = {
+            let mut compaction = self.compaction.lock();
+            if compaction.pass.is_none() {
+                if compaction.target <= compaction.finished {
+                    return Ok(CompactionStep::Idle);
+                }
+                compaction.pass = Some(Pass {
+                    rev: compaction.target,
+                    after: None,
+                    started: Instant::now(),
+                    deleted: 0,
+                    index_pause: std::time::Duration::ZERO,
+                });
+            }
+            let epoch = compaction.epoch;
+            let pass = compaction.pass.as_ref().expect("a pass was just ensured");
+            (pass.rev, pass.after.clone(), epoch)
+        };
+
+        // The index, under its write lock, for a bounded run of keys.
+        let locked = Instant::now();
+        let mut dropped = Vec::new();
+        let mut reached_end = true;
+        {
+            let mut state = self.state.write();
+            if self.compaction.lock().epoch != epoch {
+                return Ok(CompactionStep::Progress);
+            }
+            let lower = match &after {
+                Some(key) => Bound::Excluded(key.as_slice()),
+                None => Bound::Unbounded,
+            };
+            let mut emptied = Vec::new();
+            let mut last = None;
+            let keys = state.index.range_mut::<[u8], _>((lower, Bound::Unbounded));
+            for (looked, (key, key_index)) in keys.enumerate() {
+                if looked > 0
+                    && (dropped.len() >= batch_limit
+                        || looked >= batch_limit * KEYS_PER_STEP_FACTOR)
+                {
+                    reached_end = false;
+                    break;
+                }
+                dropped.extend(key_index.compact(rev));
+                if key_index.is_empty() {
+                    emptied.push(key.clone());
+                }
+                last = Some(key);
+            }
+            let last = last.cloned();
+            for key in emptied {
+                state.index.remove(&key);
+            }
+            drop(state);
+            if let (Some(key), Some(pass)) = (last, self.compaction.lock().pass.as_mut()) {
+                pass.after = Some(key);
+            }
+        }
+        let index_pause = locked.elapsed();
+
+        // The values, in one backend transaction of their own.
+        let deleting = Instant::now();
+        let tx = self.backend.write()?;
+        if self.compaction.lock().epoch != epoch {
+            // The store was replaced meanwhile: these revisions name nothing of the new one.
+            return Ok(CompactionStep::Progress);
+        }
+        let keys: Vec<Vec<u8>> = dropped
+            .iter()
+            .map(|(revision, tombstone)| revision.to_key(*tombstone))
+            .collect();
+        tx.delete_all(Bucket::KEY, keys.iter().map(Vec::as_slice))?;
+        if reached_end {
+            tx.put(Bucket::META, META_FINISHED_COMPACT, &rev.to_be_bytes())?;
+        }
+        tx.commit(false)?;
+        crate::metrics::DB_COMPACTION_PAUSE_MS.observe(deleting.elapsed().as_secs_f64() * 1000.0);
+        crate::metrics::COMPACTION_KEYS.inc_by(dropped.len() as u64);
+
+        let mut compaction = self.compaction.lock();
+        if compaction.epoch != epoch {
+            return Ok(CompactionStep::Progress);
+        }
+        let Some(pass) = compaction.pass.as_mut() else {
+            return Ok(CompactionStep::Progress);
+        };
+        pass.deleted += dropped.len() as u64;
+        pass.index_pause += index_pause;
+        if !reached_end {
+            return Ok(CompactionStep::Progress);
+        }
+        let pass = compaction.pass.take().expect("the pass was just read");
+        compaction.finished = compaction.finished.max(rev);
+        drop(compaction);
+        crate::metrics::INDEX_COMPACTION_PAUSE_MS.observe(pass.index_pause.as_secs_f64() * 1000.0);
+        crate::metrics::DB_COMPACTION_TOTAL_MS
+            .observe(pass.started.elapsed().as_secs_f64() * 1000.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        crate::metrics::COMPACTION_LAST.set(i64::try_from(now).unwrap_or(i64::MAX));
+        tracing::info!(
+            compact_revision = rev,
+            deleted = pass.deleted,
+            took = ?pass.started.elapsed(),
+            "finished scheduled compaction"
+        );
+        Ok(CompactionStep::Finished(rev))
+    }
+
+    /// Run the pending compaction to its end (at open, after a snapshot is installed, and in
+    /// tools that need the store compacted before they go on).
+    pub fn finish_compactions(&self) -> Result<()> {
+        while self.compaction_step(FINISH_BATCH)? != CompactionStep::Idle {}
+        Ok(())
+    }
+
+    /// Whether a compaction is applied but not yet finished.
+    pub fn compaction_pending(&self) -> bool {
+        let compaction = self.compaction.lock();
+        compaction.target > compaction.finished
+    }
+
+    /// The newest finished compaction (0 if none).
+    pub fn finished_compact_rev(&self) -> i64 {
+        self.compaction.lock().finished
+    }
+}
+
+/// Revisions per step when nothing else runs meanwhile.
+const FINISH_BATCH: usize = 100_000;
