@@ -21,6 +21,10 @@ pub enum Error {
         /// The engine's panic message.
         reason: String,
     },
+    /// A defragmentation began its copy again this many times, each time undone by a bucket
+    /// replaced meanwhile (a snapshot installed from the leader), and gave up.
+    #[error("defragmentation gave up after {0} copies: the database was replaced during each")]
+    DefragRestarted(usize),
     /// A snapshot image to restore has no digest and the check was not skipped (etcd's
     /// message).
     #[error("snapshot missing hash but --skip-hash-check=false")]

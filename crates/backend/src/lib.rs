@@ -40,6 +40,7 @@
 
 /// CRC-32C, re-exported for the backend's users (mvcc's hashes).
 pub use etcdrs_crc32c as crc32c;
+mod defrag;
 mod dirsync;
 mod error;
 #[cfg(test)]
@@ -140,8 +141,14 @@ const DEFAULT_BATCH_LIMIT: u64 = 10_000;
 
 /// The backend: one database file, one writer at a time.
 pub struct Backend {
-    /// Shared by every transaction; taken exclusively only to defragment.
-    db: RwLock<redb::Database>,
+    /// The open database file. Each transaction holds the one it began on; a
+    /// defragmentation swaps in the rewritten file (`defrag`), and the old one closes when
+    /// its last reader is done.
+    db: RwLock<Arc<redb::Database>>,
+    /// Keys written while a defragmentation copies the file (`defrag`).
+    tracker: defrag::Tracker,
+    /// Held by the one defragmentation running.
+    defragmenting: Mutex<()>,
     path: PathBuf,
     /// When the last durable commit happened (only the writer updates it).
     last_durable: Mutex<Instant>,
@@ -242,7 +249,9 @@ impl Backend {
             );
         }
         let backend = Backend {
-            db: RwLock::new(db),
+            db: RwLock::new(Arc::new(db)),
+            tracker: defrag::Tracker::default(),
+            defragmenting: Mutex::new(()),
             path: path.to_path_buf(),
             last_durable: Mutex::new(Instant::now()),
             batch_interval: DEFAULT_BATCH_INTERVAL,
@@ -333,40 +342,57 @@ impl Backend {
         &self.path
     }
 
-    /// Begin the (single) write transaction.
-    pub fn write(&self) -> Result<WriteTx<'_>> {
-        let tx = self
-            .db
+    /// The database file in use now.
+    fn current(&self) -> Arc<redb::Database> {
+        self.db
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .begin_write()
-            .map_err(Error::storage)?;
-        Ok(WriteTx {
-            tx,
-            backend: self,
-            delta: std::cell::Cell::new(0),
-            writes: std::cell::Cell::new(0),
-            puts: std::cell::RefCell::new(Puts::default()),
-        })
+            .clone()
+    }
+
+    /// Begin the (single) write transaction.
+    pub fn write(&self) -> Result<WriteTx<'_>> {
+        loop {
+            let db = self.current();
+            let tx = db.begin_write().map_err(Error::storage)?;
+            // A defragmentation may have swapped the file while this waited for the writer:
+            // a transaction of the old file would write where nobody reads.
+            if !Arc::ptr_eq(&db, &self.current()) {
+                continue;
+            }
+            return Ok(WriteTx {
+                tx,
+                _db: db,
+                backend: self,
+                delta: std::cell::Cell::new(0),
+                writes: std::cell::Cell::new(0),
+                puts: std::cell::RefCell::new(Puts::default()),
+                changed: self.tracker.active().then(std::cell::RefCell::default),
+            });
+        }
     }
 
     /// Begin a read transaction: a consistent point-in-time view.
     pub fn read(&self) -> Result<ReadTx> {
-        let tx = self
-            .db
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .begin_read()
-            .map_err(Error::storage)?;
+        let db = self.current();
+        let tx = db.begin_read().map_err(Error::storage)?;
         Ok(ReadTx {
             tx,
+            _db: db,
             _open: metrics::OpenRead::begin(),
         })
     }
 
-    /// Size of the database file on disk (etcd's `dbSize`).
+    /// Bytes the database file takes on the disk (etcd's `dbSize`). redb extends its file
+    /// ahead of need, doubling it up to 4 GiB and then a 4 GiB region at a time, and the
+    /// extension stays a hole until pages are written there: the file's length overstates what
+    /// it holds by up to half, so the blocks allocated to it are counted when fewer (as etcd's
+    /// `dbSize` is bbolt's high-water mark of pages, not the length it truncated the file to).
     pub fn size(&self) -> u64 {
-        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path)
+            .map(|m| m.len().min(m.blocks().saturating_mul(512)))
+            .unwrap_or(0)
     }
 
     /// Bytes the stored data takes (etcd's `dbSizeInUse`): the keys and values of every bucket
@@ -376,35 +402,15 @@ impl Backend {
         self.logical_bytes.load(Ordering::Relaxed)
     }
 
-    /// Rewrite the file to reclaim free space (etcd's defragment). Blocks new transactions
-    /// while it runs and waits, within `wait`, for those in flight to finish.
-    pub fn defragment(&self, wait: Duration) -> Result<()> {
+    /// Rewrite the file to reclaim free space (etcd's defragment) while transactions go on:
+    /// see the `defrag` module. Writers wait only for the last changes to be copied.
+    pub fn defragment(&self) -> Result<()> {
         metrics::DEFRAG_INFLIGHT.set(1);
         let timer = metrics::DEFRAG_SECONDS.start_timer();
-        let result = self.compact_file(wait);
+        let result = self.rewrite_file();
         timer.observe_duration();
         metrics::DEFRAG_INFLIGHT.set(0);
         result
-    }
-
-    fn compact_file(&self, wait: Duration) -> Result<()> {
-        // Compaction only reclaims space freed by durable commits.
-        self.write()?.commit(true)?;
-        let mut db = self
-            .db
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let deadline = Instant::now() + wait;
-        loop {
-            match db.compact() {
-                Ok(true) => continue,
-                Ok(false) => return Ok(()),
-                Err(redb::CompactionError::TransactionInProgress) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => return Err(Error::storage(e)),
-            }
-        }
     }
 }
 
@@ -465,6 +471,8 @@ impl Backend {
 /// The write transaction. Dropping it without [`WriteTx::commit`] aborts it.
 pub struct WriteTx<'a> {
     tx: redb::WriteTransaction,
+    /// The file it writes (dropped after `tx`).
+    _db: Arc<redb::Database>,
     backend: &'a Backend,
     /// Change in stored bytes made by this transaction.
     delta: std::cell::Cell<i64>,
@@ -472,6 +480,8 @@ pub struct WriteTx<'a> {
     writes: std::cell::Cell<u64>,
     /// Puts not yet in their table (see [`Puts`]).
     puts: std::cell::RefCell<Puts>,
+    /// Keys it changed, kept while a defragmentation copies the file.
+    changed: Option<std::cell::RefCell<defrag::Changes>>,
 }
 
 /// Consecutive puts into one bucket, held until another operation (or the commit) needs the
@@ -531,6 +541,7 @@ impl WriteTx<'_> {
             let key = &bytes[at..at + key_len];
             let value = &bytes[at + key_len..at + key_len + value_len];
             at += key_len + value_len;
+            self.note(bucket, key);
             let old = table.insert(key, value).map_err(Error::storage)?;
             let old_len = old.map(|v| key.len() + v.value().len()).unwrap_or(0);
             self.add((key.len() + value.len()) as i64 - old_len as i64);
@@ -543,6 +554,7 @@ impl WriteTx<'_> {
     pub fn delete(&self, bucket: Bucket, key: &[u8]) -> Result<()> {
         self.flush_puts()?;
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        self.note(bucket, key);
         let old = table.remove(key).map_err(Error::storage)?;
         if let Some(old) = old {
             self.add(-((key.len() + old.value().len()) as i64));
@@ -563,6 +575,7 @@ impl WriteTx<'_> {
         let mut removed = 0;
         let mut bytes = 0i64;
         for key in keys {
+            self.note(bucket, key);
             if let Some(old) = table.remove(key).map_err(Error::storage)? {
                 removed += 1;
                 bytes += (key.len() + old.value().len()) as i64;
@@ -584,6 +597,7 @@ impl WriteTx<'_> {
             .map_err(Error::storage)?
         {
             let (k, v) = item.map_err(Error::storage)?;
+            self.note(bucket, k.value());
             removed += 1;
             bytes += (k.value().len() + v.value().len()) as i64;
         }
@@ -595,6 +609,9 @@ impl WriteTx<'_> {
     /// Remove every pair from `bucket`; returns how many were removed.
     pub fn clear(&self, bucket: Bucket) -> Result<u64> {
         self.flush_puts()?;
+        if let Some(changed) = &self.changed {
+            changed.borrow_mut().everything();
+        }
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let mut removed = 0;
         let mut bytes = 0i64;
@@ -609,6 +626,13 @@ impl WriteTx<'_> {
 
     fn add(&self, bytes: i64) {
         self.delta.set(self.delta.get() + bytes);
+    }
+
+    /// Keeps `key` for a defragmentation under way, which copies it again.
+    fn note(&self, bucket: Bucket, key: &[u8]) {
+        if let Some(changed) = &self.changed {
+            changed.borrow_mut().key(bucket, key);
+        }
     }
 
     /// Read `key` as this transaction sees it.
@@ -636,6 +660,13 @@ impl WriteTx<'_> {
             Durability::None
         };
         self.tx.set_durability(level).map_err(Error::storage)?;
+        // Handed over while this transaction still holds the writer: a defragmentation takes
+        // them only while it holds the writer itself, so it never takes keys whose commit it
+        // cannot read, nor reads a commit whose keys it has not taken (a failed commit only
+        // copies some keys again).
+        if let Some(changed) = self.changed.take() {
+            self.backend.tracker.record(changed.into_inner());
+        }
         let started = Instant::now();
         self.tx.commit().map_err(Error::storage)?;
         // etcd's commit is the periodic one that reaches the disk (every batch interval or
@@ -662,6 +693,8 @@ impl WriteTx<'_> {
 /// A read transaction: a snapshot of the last commit at the time it began.
 pub struct ReadTx {
     tx: redb::ReadTransaction,
+    /// The file it reads (dropped after `tx`).
+    _db: Arc<redb::Database>,
     /// Counted in `etcd_mvcc_db_open_read_transactions` while it lives.
     _open: metrics::OpenRead,
 }

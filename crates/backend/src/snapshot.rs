@@ -246,7 +246,7 @@ impl Backend {
                 .set_cache_size(COPY_CACHE_BYTES)
                 .create(&snapshot.path)
                 .map_err(Error::storage)?;
-            copy_tables(&read.tx, &copy)?;
+            copy_tables(&read.tx, &copy, redb::Durability::Immediate)?;
         }
         drop(read);
         let mut file = OpenOptions::new()
@@ -262,8 +262,12 @@ impl Backend {
 }
 
 /// Copy every table `read` sees into `copy`, committing at least once per table and every
-/// [`COPY_COMMIT_BYTES`].
-fn copy_tables(read: &redb::ReadTransaction, copy: &redb::Database) -> Result<()> {
+/// [`COPY_COMMIT_BYTES`], each commit with `durability`.
+pub(crate) fn copy_tables(
+    read: &redb::ReadTransaction,
+    copy: &redb::Database,
+    durability: redb::Durability,
+) -> Result<()> {
     let names: Vec<String> = read
         .list_tables()
         .map_err(Error::storage)?
@@ -274,7 +278,8 @@ fn copy_tables(read: &redb::ReadTransaction, copy: &redb::Database) -> Result<()
         let source = read.open_table(definition).map_err(Error::storage)?;
         let mut entries = source.iter().map_err(Error::storage)?;
         loop {
-            let tx = copy.begin_write().map_err(Error::storage)?;
+            let mut tx = copy.begin_write().map_err(Error::storage)?;
+            tx.set_durability(durability).map_err(Error::storage)?;
             let mut copied_all = true;
             {
                 // Created even when the source is empty, so the copy has the same buckets.

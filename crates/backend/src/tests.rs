@@ -192,9 +192,108 @@ fn defragment_shrinks_the_file() {
         .unwrap();
     tx.commit(true).unwrap();
     let before = backend.size();
-    backend.defragment(Duration::from_secs(5)).unwrap();
+    backend.defragment().unwrap();
     assert!(backend.size() < before, "{} !< {before}", backend.size());
     assert_eq!(backend.read().unwrap().len(Bucket::KEY).unwrap(), 0);
+}
+
+/// A defragmentation while a writer commits without pause and a reader holds an old
+/// snapshot: every committed write is in the new file (and after a reopen), deletions too,
+/// the old reader still reads its snapshot, and the writer committed during the rewrite.
+#[test]
+fn defragment_while_writes_go_on_loses_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let backend = Arc::new(Backend::open(&path).unwrap());
+    let tx = backend.write().unwrap();
+    for i in 0u32..20_000 {
+        tx.put(Bucket::KEY, &i.to_be_bytes(), &[7u8; 512]).unwrap();
+    }
+    tx.commit(true).unwrap();
+    let tx = backend.write().unwrap();
+    tx.delete_range(Bucket::KEY, &0u32.to_be_bytes(), &10_000u32.to_be_bytes())
+        .unwrap();
+    tx.commit(true).unwrap();
+    let old_reader = backend.read().unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU32::new(0));
+    let writer = {
+        let (backend, stop, written) = (backend.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(Ordering::Acquire) || n < 100 {
+                let tx = backend.write().unwrap();
+                tx.put(
+                    Bucket::META,
+                    format!("w{n:08}").as_bytes(),
+                    &n.to_be_bytes(),
+                )
+                .unwrap();
+                // Deletes and overwrites of the copied keys too.
+                tx.delete(Bucket::KEY, &(10_000 + n % 10_000).to_be_bytes())
+                    .unwrap();
+                tx.put(Bucket::KEY, &(n % 10_000).to_be_bytes(), &n.to_be_bytes())
+                    .unwrap();
+                tx.commit(false).unwrap();
+                n += 1;
+                written.store(n, Ordering::Release);
+            }
+            n
+        })
+    };
+    while written.load(Ordering::Acquire) < 10 {
+        std::thread::yield_now();
+    }
+    let at_start = written.load(Ordering::Acquire);
+    backend.defragment().unwrap();
+    let at_end = written.load(Ordering::Acquire);
+    stop.store(true, Ordering::Release);
+    let n = writer.join().unwrap();
+    assert!(at_end > at_start, "no write committed during the rewrite");
+
+    let check = |backend: &Backend| {
+        let read = backend.read().unwrap();
+        for i in 0..n {
+            assert_eq!(
+                read.get(Bucket::META, format!("w{i:08}").as_bytes())
+                    .unwrap(),
+                Some(i.to_be_bytes().to_vec()),
+                "write {i} of {n}"
+            );
+        }
+        let deleted = n.min(10_000);
+        assert_eq!(
+            read.len(Bucket::KEY).unwrap(),
+            u64::from(n.min(10_000) + (10_000 - deleted)),
+        );
+        let last = n - 1;
+        assert_eq!(
+            read.get(Bucket::KEY, &(last % 10_000).to_be_bytes())
+                .unwrap(),
+            Some(last.to_be_bytes().to_vec())
+        );
+    };
+    check(&backend);
+    // The old snapshot is still whole: key 15,000 (deleted since, if the writer got there)
+    // and key 0 before any overwrite.
+    assert_eq!(
+        old_reader
+            .get(Bucket::KEY, &15_000u32.to_be_bytes())
+            .unwrap(),
+        Some(vec![7u8; 512])
+    );
+    assert_eq!(
+        old_reader.get(Bucket::KEY, &0u32.to_be_bytes()).unwrap(),
+        None
+    );
+    drop(old_reader);
+    let backend = Arc::into_inner(backend).unwrap();
+    drop(backend);
+    let reopened = Backend::open(&path).unwrap();
+    check(&reopened);
 }
 
 #[test]

@@ -370,6 +370,102 @@ async fn defrag_shrinks_the_database_after_deletes() {
     assert_eq!(dump(&mut c).await, [("k".to_owned(), "v".to_owned())]);
 }
 
+/// `etcdctl defrag` while a client keeps writing and a watcher follows the writes: a put sent
+/// while the member reports the defragmentation in flight (`etcd_disk_defrag_inflight`) is
+/// answered while it still is (etcd holds every request until its rewrite is done), none
+/// fails, the watcher gets every event once and in order, every write is readable afterwards,
+/// and the file shrank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defrag_serves_writes_and_watches_while_it_runs() {
+    let (m, mut c) = start().await;
+    // 16 MiB of values, three quarters deleted: the rewrite has something to copy and to drop.
+    let value = vec![b'd'; 2 * 1024];
+    for batch in 0..80 {
+        let ops: Vec<_> = (0..100)
+            .map(|i| {
+                etcd_client::TxnOp::put(format!("bulk/{batch:03}/{i:03}"), value.clone(), None)
+            })
+            .collect();
+        c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+    }
+    for batch in 0..60 {
+        c.delete(
+            format!("bulk/{batch:03}/"),
+            Some(DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    }
+    let rev = revision(&mut c).await;
+    c.compact(rev, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    let before = db_size(&m).await;
+    let mut events = c
+        .watch("w/", Some(etcd_client::WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let inflight = || async {
+        let scrape = m.http_get("/metrics").await.expect("GET /metrics");
+        scrape
+            .body
+            .lines()
+            .any(|l| l == "etcd_disk_defrag_inflight 1")
+    };
+
+    let mut puts = 0u32;
+    let mut answered_inflight = 0;
+    for _attempt in 0..10 {
+        let defrag = {
+            let mut c = c.clone();
+            tokio::spawn(async move { c.defragment().await.map(|_| ()) })
+        };
+        while !defrag.is_finished() {
+            let sent_inflight = inflight().await;
+            c.put(format!("w/{puts:05}"), format!("{puts}"), None)
+                .await
+                .expect("put during defrag");
+            puts += 1;
+            if sent_inflight && inflight().await {
+                answered_inflight += 1;
+            }
+        }
+        defrag.await.expect("task").expect("defragment");
+        if answered_inflight > 0 {
+            break;
+        }
+    }
+    assert!(
+        answered_inflight > 0,
+        "no put was answered while a defragmentation was in flight ({puts} puts)"
+    );
+    // Every event once, in order.
+    let mut seen = 0u32;
+    while seen < puts {
+        let resp = tokio::time::timeout(Duration::from_secs(10), events.message())
+            .await
+            .expect("events in time")
+            .expect("stream")
+            .expect("open");
+        assert!(!resp.canceled(), "{resp:?}");
+        for event in resp.events() {
+            let kv = event.kv().expect("kv");
+            assert_eq!(kv.key(), format!("w/{seen:05}").as_bytes());
+            seen += 1;
+        }
+    }
+    let all = c
+        .get(
+            "w/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.count(), i64::from(puts));
+    let after = db_size(&m).await;
+    assert!(after < before, "defrag: {before} -> {after} bytes");
+}
+
 /// etcd answers Defragment and MoveLeader with an empty message, no header (client libraries'
 /// tests check it); Status and Hash carry one.
 #[tokio::test]

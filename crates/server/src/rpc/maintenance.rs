@@ -113,8 +113,7 @@ impl Maintenance for Rpc {
         let before = backend.size();
         tracing::info!(path = %backend.path().display(), "defragmenting");
         let started = std::time::Instant::now();
-        tokio::task::block_in_place(|| backend.defragment(std::time::Duration::from_secs(30)))
-            .map_err(backend_error)?;
+        tokio::task::block_in_place(|| backend.defragment()).map_err(backend_error)?;
         tracing::info!(
             current_db_size_bytes = before,
             new_db_size_bytes = backend.size(),
