@@ -27,8 +27,8 @@ pub mod watch;
 
 pub use error::{Error, Result};
 pub use kvstore::{
-    Change, KeyRange, KvStore, META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM, RangeParams,
-    RangeResult, Txn, WriteBatch,
+    Change, KeyRange, KvStore, META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM, PageParams,
+    RangePage, RangeParams, RangeResult, Txn, WriteBatch,
 };
 pub use lease::{Lease, LeaseId, LeaseRecord, Lessor, NO_LEASE};
 pub use revision::Revision;
