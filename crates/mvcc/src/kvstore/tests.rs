@@ -201,7 +201,13 @@ fn range_pages_at_a_pinned_revision_make_the_whole_range() {
     let (by_keys, read_rev) = pages(&store, (b"k", b"l"), 0, 7, usize::MAX);
     assert_eq!(read_rev, pinned);
     assert_eq!(by_keys.len(), 13);
-    assert!(by_keys.iter().rev().skip(1).all(|p| p.kvs.len() == 7 && p.more));
+    assert!(
+        by_keys
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|p| p.kvs.len() == 7 && p.more)
+    );
     let joined: Vec<KeyValue> = by_keys.into_iter().flat_map(|p| p.kvs).collect();
     assert_eq!(joined, whole.kvs);
 
@@ -290,7 +296,10 @@ fn range_pages_at_a_pinned_revision_make_the_whole_range() {
                 },
             )
             .unwrap();
-        assert_eq!((none.kvs.len(), none.more, none.read_rev), (0, false, pinned));
+        assert_eq!(
+            (none.kvs.len(), none.more, none.read_rev),
+            (0, false, pinned)
+        );
     }
 
     // A compaction past the pinned revision fails the next page, as a range there fails.
