@@ -100,7 +100,8 @@ pub struct RangeStream {
     keys_only: bool,
     /// The revision every page reads at: the first page's.
     read_rev: i64,
-    /// The revision the last message's header carries: the store's when the first page was read.
+    /// The revision the last message's header carries: the store's when the first page was
+    /// read (0 before it).
     header_rev: i64,
     /// Most keys to send: the request's limit, or all.
     limit: i64,
