@@ -3,6 +3,10 @@
 //! [`RangeCache`]; writes through the proxy also drop what they touch from the cache at once.
 //! The cache holds responses as encoded gRPC messages; [`KvProxy::cached_range`] is the hit
 //! path the listener takes before any gRPC decoding of its own (see `serve`).
+//!
+//! etcd 3.7's `RangeStream` is answered Unimplemented, with etcd 3.7's proxy's text ("RangeStream
+//! is not supported by the gRPC proxy"): that is what etcd's proxy does, and a client such as
+//! kube-apiserver then falls back to paginated ranges, which the proxy serves (and caches).
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -133,6 +137,16 @@ impl Kv for KvProxy {
                 .put(&token, key, &req, revision, grpc_message(&resp));
         }
         Ok(Response::new(resp))
+    }
+
+    type RangeStreamStream =
+        futures::stream::Empty<Result<etcdrs_proto::etcdserverpb::RangeStreamResponse, Status>>;
+
+    async fn range_stream(
+        &self,
+        _request: Request<RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        Err(rpctypes::RANGE_STREAM_PROXY.to_status())
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {

@@ -86,6 +86,34 @@ pub struct RangeResult {
     pub count: i64,
 }
 
+/// How to read one page of a range: the unit in which a streamed range (etcd 3.7's
+/// RangeStream) reads a result of any size, so that no read holds more than a page.
+#[derive(Clone, Copy, Debug)]
+pub struct PageParams {
+    /// Revision to read at; <= 0 means the current revision.
+    pub rev: i64,
+    /// Most keys in the page; 0 counts as 1.
+    pub max_keys: usize,
+    /// The page ends before a key-value once its key-values' encoded size has reached this;
+    /// the first key-value is always taken, so a page holds less than this plus one.
+    pub max_bytes: usize,
+    /// Drop each value as it is read (etcd's `keys_only`); the size counts without it.
+    pub keys_only: bool,
+}
+
+/// One page of a range, read by [`KvStore::range_page`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RangePage {
+    /// The range's first key-values at `read_rev`, in key order.
+    pub kvs: Vec<KeyValue>,
+    /// The revision read at: the next pages of the same result read at it too.
+    pub read_rev: i64,
+    /// The store's current revision when the page was read.
+    pub current_rev: i64,
+    /// Whether the range holds more keys at `read_rev` after the page's last.
+    pub more: bool,
+}
+
 /// One change a transaction made, in etcd's watch-event form.
 pub type Change = Event;
 
@@ -113,6 +141,19 @@ impl State {
             }
         }
         (revs, count)
+    }
+
+    /// The revisions of the first `n` keys visible in `range` at `rev`; unlike
+    /// [`Self::visible`], the walk stops there, so its cost is the page's, not the range's.
+    fn visible_first(&self, range: KeyRange<'_>, rev: i64, n: usize) -> Vec<Revision> {
+        let Some(bounds) = range.bounds() else {
+            return Vec::new();
+        };
+        self.index
+            .range::<[u8], _>(bounds)
+            .filter_map(|(_, key_index)| key_index.get(rev).map(|found| found.modified))
+            .take(n)
+            .collect()
     }
 
     fn check_rev(&self, rev: i64) -> Result<i64> {
@@ -347,6 +388,53 @@ impl KvStore {
             rev: current_rev,
             count,
         })
+    }
+
+    /// Read the first keys of `range` at `params.rev`, at most `params.max_keys` of them and
+    /// about `params.max_bytes` (see [`PageParams`]). A streamed range reads its result as a
+    /// sequence of these, each from after the last key of the one before, at the first page's
+    /// [`RangePage::read_rev`]: unlike one [`Self::range`] of the whole result, no read holds
+    /// more than a page, neither the index's read lock nor a backend read transaction stays
+    /// open between pages, and no page walks the rest of the range to count it. Errors as
+    /// [`Self::range`]: a revision compacted meanwhile fails the next page.
+    pub fn range_page(&self, range: KeyRange<'_>, params: PageParams) -> Result<RangePage> {
+        // One read transaction per page, as etcd's RangeStream makes one range per chunk.
+        crate::metrics::RANGES.inc();
+        let max_keys = params.max_keys.max(1);
+        let state = self.state.read();
+        let read_rev = state.check_rev(params.rev)?;
+        let current_rev = state.current_rev;
+        // One key beyond the page tells whether more follow.
+        let revs = state.visible_first(range, read_rev, max_keys.saturating_add(1));
+        let mut page = RangePage {
+            kvs: Vec::with_capacity(revs.len().min(max_keys)),
+            read_rev,
+            current_rev,
+            more: false,
+        };
+        if revs.is_empty() {
+            return Ok(page);
+        }
+        // Begun under the read lock: every revision the index names is committed.
+        let read = self.backend.read()?;
+        drop(state);
+        let mut bytes = 0usize;
+        for (taken, rev) in revs.iter().enumerate() {
+            if taken == max_keys || (taken > 0 && bytes >= params.max_bytes) {
+                page.more = true;
+                break;
+            }
+            let Some(stored) = read.get(Bucket::KEY, &rev.to_bytes())? else {
+                return Err(Error::Corrupt(format!("revision {rev:?} missing")));
+            };
+            let mut kv = decode_kv(&stored)?;
+            if params.keys_only {
+                kv.value = Vec::new();
+            }
+            bytes = bytes.saturating_add(kv.encoded_len());
+            page.kvs.push(kv);
+        }
+        Ok(page)
     }
 
     /// Returns once every revision answered so far is committed to the backend. A batch's

@@ -28,7 +28,7 @@ pub mod watch;
 pub use error::{Error, Result};
 pub use kvstore::{
     Change, CompactionStep, KeyRange, KvStore, META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM,
-    RangeParams, RangeResult, Txn, WriteBatch,
+    PageParams, RangePage, RangeParams, RangeResult, Txn, WriteBatch,
 };
 pub use lease::{Lease, LeaseId, LeaseRecord, Lessor, NO_LEASE};
 pub use revision::Revision;

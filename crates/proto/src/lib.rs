@@ -143,6 +143,23 @@ mod tests {
     }
 
     #[test]
+    fn range_stream_response_is_etcds_wire_format() {
+        use super::etcdserverpb::{RangeResponse, RangeStreamResponse};
+        // range_response is field 1, length-delimited (tag 0x0a); inside, count is field 4.
+        let message = RangeStreamResponse {
+            range_response: Some(RangeResponse {
+                count: 3,
+                ..Default::default()
+            }),
+        };
+        assert_eq!(message.encode_to_vec(), [0x0a, 0x02, 0x20, 0x03]);
+        assert_eq!(
+            RangeStreamResponse::decode(&[0x0a, 0x02, 0x20, 0x03][..]).unwrap(),
+            message
+        );
+    }
+
+    #[test]
     fn services_generate_clients_and_servers() {
         use super::etcdserverpb::{
             auth_client::AuthClient, auth_server::AuthServer, cluster_client::ClusterClient,

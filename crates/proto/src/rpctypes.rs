@@ -109,6 +109,10 @@ etcd_errors! {
     FUTURE_REV = OutOfRange, "etcdserver: mvcc: required revision is a future revision";
     /// `ErrGRPCNoSpace`: the backend quota is exhausted (NOSPACE alarm).
     NO_SPACE = ResourceExhausted, "etcdserver: mvcc: database space exceeded";
+    /// `ErrGRPCInvalidSortOption` (etcd 3.7): a sort order or target that is not one of the
+    /// enum's values; etcd-rs checks it on RangeStream, which came with it (3.5's Range does
+    /// not check).
+    INVALID_SORT_OPTION = InvalidArgument, "etcdserver: invalid sort option";
 
     // --- leases ---------------------------------------------------------------
 
@@ -282,6 +286,25 @@ pub fn decode_grpc_message(raw: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// etcd 3.7's RangeStream refuses a sort other than by key ascending (or none). etcd writes
+/// these RangeStream refusals inline (`v3rpc/key.go`, `grpcproxy/kv.go`), outside its table:
+/// they are not in [`ALL`] and clients do not decode them; their code, Unimplemented, is what
+/// a client (kube-apiserver) takes as "use Range instead".
+pub const RANGE_STREAM_SORT: EtcdError = EtcdError {
+    code: Code::Unimplemented,
+    message: "RangeStream does not support custom sort orders",
+};
+/// etcd 3.7's RangeStream refuses min/max mod and create revision filters.
+pub const RANGE_STREAM_FILTERS: EtcdError = EtcdError {
+    code: Code::Unimplemented,
+    message: "RangeStream does not support revision filters",
+};
+/// etcd 3.7's gRPC proxy does not serve RangeStream, nor does ours.
+pub const RANGE_STREAM_PROXY: EtcdError = EtcdError {
+    code: Code::Unimplemented,
+    message: "RangeStream is not supported by the gRPC proxy",
+};
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -290,7 +313,7 @@ mod tests {
 
     #[test]
     fn table_has_every_error_once() {
-        assert_eq!(ALL.len(), 60);
+        assert_eq!(ALL.len(), 61);
         let messages: HashSet<_> = ALL.iter().map(|e| e.message).collect();
         assert_eq!(messages.len(), ALL.len(), "duplicate message in the table");
     }

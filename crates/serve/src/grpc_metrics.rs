@@ -59,6 +59,7 @@ fn grpc_type(service: &str, method: &str) -> &'static str {
     match (service, method) {
         ("etcdserverpb.Watch", "Watch") | ("etcdserverpb.Lease", "LeaseKeepAlive") => "bidi_stream",
         ("etcdserverpb.Maintenance", "Snapshot")
+        | ("etcdserverpb.KV", "RangeStream")
         | ("v3electionpb.Election", "Observe")
         | ("grpc.health.v1.Health", "Watch") => "server_stream",
         _ => "unary",
@@ -158,8 +159,10 @@ pub const MEMBER_METHODS: &[(&str, &str)] = &[
 ];
 
 /// Methods etcd serves beside those, registered after go-grpc-prometheus took its list: their
-/// series appear with their first call.
+/// series appear with their first call. Also etcd 3.7's `KV.RangeStream`: etcd 3.7 shows its
+/// series from start-up, but the etcd 3.5 that members report being has no such method.
 pub const LATE_METHODS: &[(&str, &str)] = &[
+    ("etcdserverpb.KV", "RangeStream"),
     ("v3lockpb.Lock", "Lock"),
     ("v3lockpb.Lock", "Unlock"),
     ("v3electionpb.Election", "Campaign"),
@@ -344,6 +347,7 @@ mod tests {
     fn grpc_labels() {
         assert_eq!(grpc_type("etcdserverpb.Watch", "Watch"), "bidi_stream");
         assert_eq!(grpc_type("etcdserverpb.KV", "Range"), "unary");
+        assert_eq!(grpc_type("etcdserverpb.KV", "RangeStream"), "server_stream");
         assert_eq!(code_name("3"), "InvalidArgument");
         assert_eq!(code_name("0"), "OK");
         for (i, name) in CODE_NAMES.iter().enumerate() {

@@ -2,6 +2,7 @@
 //! `server/etcdserver/api/v3rpc/key.go`): empty keys, conflicting options, txn size and the
 //! rule that one txn may not write a key twice.
 
+use etcdrs_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
 use etcdrs_proto::etcdserverpb::request_op::Request;
 use etcdrs_proto::etcdserverpb::{
     DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
@@ -15,6 +16,33 @@ type Check = Result<(), &'static EtcdError>;
 pub fn range(req: &RangeRequest) -> Check {
     if req.key.is_empty() {
         return Err(&rpctypes::EMPTY_KEY);
+    }
+    Ok(())
+}
+
+/// Check a RangeRequest for etcd 3.7's RangeStream (its `checkRangeStreamRequest`): Range's
+/// checks with 3.7's sort-option check, then the refusals of what a stream in key order cannot
+/// give: a sort other than by key ascending, and revision filters (Unimplemented, so that the
+/// client uses Range).
+pub fn range_stream(req: &RangeRequest) -> Check {
+    range(req)?;
+    let (Ok(order), Ok(target)) = (
+        SortOrder::try_from(req.sort_order),
+        SortTarget::try_from(req.sort_target),
+    ) else {
+        return Err(&rpctypes::INVALID_SORT_OPTION);
+    };
+    // etcd's `IsDefaultOrdering`. A target other than the key with no order passes, as in etcd,
+    // though Range sorts ascending by that target then; the stream keeps key order.
+    if !(order == SortOrder::None || (target == SortTarget::Key && order == SortOrder::Ascend)) {
+        return Err(&rpctypes::RANGE_STREAM_SORT);
+    }
+    if req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0
+    {
+        return Err(&rpctypes::RANGE_STREAM_FILTERS);
     }
     Ok(())
 }
@@ -226,5 +254,51 @@ mod tests {
         let ops: Vec<RequestOp> = (0..129).map(|i| put_op(&format!("k{i}"))).collect();
         assert_eq!(check(ops), Err(&rpctypes::TOO_MANY_OPS));
         assert_eq!(check(vec![put_op("")]), Err(&rpctypes::EMPTY_KEY));
+    }
+
+    #[test]
+    fn range_stream_takes_range_checks_and_refuses_sorts_and_filters() {
+        let req = |edit: fn(&mut RangeRequest)| {
+            let mut req = RangeRequest {
+                key: b"k".to_vec(),
+                ..Default::default()
+            };
+            edit(&mut req);
+            range_stream(&req).err().map(|e| (e.code, e.message))
+        };
+        assert_eq!(req(|_| {}), None);
+        assert_eq!(
+            req(|r| r.key.clear()),
+            Some((rpctypes::EMPTY_KEY.code, rpctypes::EMPTY_KEY.message))
+        );
+        let invalid = Some((
+            tonic::Code::InvalidArgument,
+            "etcdserver: invalid sort option",
+        ));
+        assert_eq!(req(|r| r.sort_order = 3), invalid);
+        assert_eq!(req(|r| r.sort_target = 5), invalid);
+        // etcd's default orderings: none (whatever the target), or by key ascending.
+        assert_eq!(req(|r| r.sort_target = SortTarget::Value as i32), None);
+        assert_eq!(req(|r| r.sort_order = SortOrder::Ascend as i32), None);
+        let sort = Some((
+            tonic::Code::Unimplemented,
+            "RangeStream does not support custom sort orders",
+        ));
+        assert_eq!(req(|r| r.sort_order = SortOrder::Descend as i32), sort);
+        assert_eq!(
+            req(|r| {
+                r.sort_order = SortOrder::Ascend as i32;
+                r.sort_target = SortTarget::Mod as i32;
+            }),
+            sort
+        );
+        let filters = Some((
+            tonic::Code::Unimplemented,
+            "RangeStream does not support revision filters",
+        ));
+        assert_eq!(req(|r| r.min_mod_revision = 1), filters);
+        assert_eq!(req(|r| r.max_mod_revision = 1), filters);
+        assert_eq!(req(|r| r.min_create_revision = 1), filters);
+        assert_eq!(req(|r| r.max_create_revision = 1), filters);
     }
 }

@@ -1799,3 +1799,54 @@ async fn namespace_lease_revoke_cannot_delete_keys_outside() {
         .expect("a lease of the namespace's own keys");
     assert!(direct.get("/ns/mine", None).await.unwrap().kvs().is_empty());
 }
+
+/// etcd 3.7's RangeStream through the proxy is Unimplemented with etcd 3.7's proxy's text (its
+/// `grpcproxy/kv.go`), the answer on which clients such as kube-apiserver fall back to ranges,
+/// which the proxy serves.
+#[tokio::test]
+async fn range_stream_is_unimplemented_as_in_etcds_proxy() {
+    use etcdrs_proto::etcdserverpb::kv_client::KvClient;
+    use etcdrs_proto::etcdserverpb::{PutRequest, RangeRequest};
+
+    let member = start_member(&crate::bin()).await;
+    let proxy = Proxy::start(&[member.endpoint()], &[])
+        .await
+        .expect("proxy");
+    let channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to the proxy");
+    let mut kv = KvClient::new(channel);
+    let refused = kv
+        .range_stream(RangeRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("the proxy refuses RangeStream");
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (
+            tonic::Code::Unimplemented,
+            "RangeStream is not supported by the gRPC proxy"
+        )
+    );
+    // The fallback: a range through the proxy.
+    kv.put(PutRequest {
+        key: b"k".to_vec(),
+        value: b"v".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .expect("put");
+    let got = kv
+        .range(RangeRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("range")
+        .into_inner();
+    assert_eq!(got.kvs[0].value, b"v");
+}

@@ -36,6 +36,7 @@ mod migrate;
 mod mixed;
 mod peer;
 mod powerloss;
+mod range_stream;
 mod reconfig;
 mod startup;
 mod subcommands;

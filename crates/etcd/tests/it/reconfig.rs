@@ -442,6 +442,24 @@ async fn add_promote_and_remove_members_while_writing() {
     let learner_status = n4_client.status().await.map(|s| s.is_learner());
     // etcd: a learner serves serializable reads only.
     let learner_read = n4_client.get(write_key(recent), None).await;
+    // etcd 3.7 refuses a learner every stream but Snapshot: RangeStream too, even serializable.
+    let learner_stream = {
+        let channel = tonic::transport::Endpoint::from_shared(n4.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to n4");
+        let request = etcdrs_proto::etcdserverpb::RangeRequest {
+            key: write_key(recent).into_bytes(),
+            serializable: true,
+            ..Default::default()
+        };
+        etcdrs_proto::etcdserverpb::kv_client::KvClient::new(channel)
+            .range_stream(request)
+            .await
+            .err()
+            .map(|status| (status.code(), status.message().to_owned()))
+    };
 
     // MemberPromote, retried while the leader says the learner is not caught up yet.
     let n4_hex = hex(n4_id);
@@ -595,6 +613,16 @@ async fn add_promote_and_remove_members_while_writing() {
         "while n4 was a learner: Status is_learner {learner_status:?} (want Ok(true)); \
          linearizable get {learner_read:?} (want the error {want_read:?})"
     );
+    if crate::ours() {
+        assert_eq!(
+            learner_stream, want_read,
+            "while n4 was a learner: RangeStream"
+        );
+    } else {
+        // etcd 3.4 has no RangeStream at all.
+        let code = learner_stream.map(|(code, _)| code);
+        assert_eq!(code, Some(Code::Unimplemented), "RangeStream on etcd 3.4");
+    }
 }
 
 /// Recursively copies directory `from` to `to` (created).

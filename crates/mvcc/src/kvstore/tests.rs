@@ -246,3 +246,181 @@ fn leases_attach_and_revoke_in_one_revision() {
     assert_eq!(store.current_rev(), 3);
     assert!(store.lessor().get(5).is_none());
 }
+
+/// Every page of `range` at `rev` (0: the current revision), each of at most `max_keys` and
+/// about `max_bytes`, read from after the last key of the one before, as a streamed range
+/// reads; returns the pages and the revision they were read at.
+fn pages(
+    store: &KvStore,
+    range: (&[u8], &[u8]),
+    rev: i64,
+    max_keys: usize,
+    max_bytes: usize,
+) -> (Vec<RangePage>, i64) {
+    let (mut key, end) = (range.0.to_vec(), range.1);
+    let mut read_rev = rev;
+    let mut out = Vec::new();
+    loop {
+        let params = PageParams {
+            rev: read_rev,
+            max_keys,
+            max_bytes,
+            keys_only: false,
+        };
+        let page = store.range_page(KeyRange::new(&key, end), params).unwrap();
+        read_rev = page.read_rev;
+        let more = page.more;
+        if more {
+            key = page.kvs.last().unwrap().key.clone();
+            key.push(0);
+        }
+        out.push(page);
+        if !more {
+            return (out, read_rev);
+        }
+    }
+}
+
+#[test]
+fn range_pages_at_a_pinned_revision_make_the_whole_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut batch = store.write().unwrap();
+    for i in 0..100u32 {
+        let mut txn = batch.txn();
+        let value = vec![b'v'; 10 + i as usize];
+        txn.put(format!("k{i:03}").as_bytes(), &value, 0).unwrap();
+        txn.end();
+    }
+    let mut txn = batch.txn();
+    txn.delete_range(KeyRange::new(b"k010", b"k020")).unwrap();
+    txn.end();
+    batch.commit(true).unwrap();
+    let pinned = store.current_rev();
+    let whole = store
+        .range(KeyRange::new(b"k", b"l"), RangeParams::default())
+        .unwrap();
+    assert_eq!(whole.kvs.len(), 90);
+
+    // Pages by key count: 90 keys in pages of 7, the last one short.
+    let (by_keys, read_rev) = pages(&store, (b"k", b"l"), 0, 7, usize::MAX);
+    assert_eq!(read_rev, pinned);
+    assert_eq!(by_keys.len(), 13);
+    assert!(
+        by_keys
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|p| p.kvs.len() == 7 && p.more)
+    );
+    let joined: Vec<KeyValue> = by_keys.into_iter().flat_map(|p| p.kvs).collect();
+    assert_eq!(joined, whole.kvs);
+
+    // Writes after the first page do not reach the later ones: they read at its revision.
+    let first = store
+        .range_page(
+            KeyRange::new(b"k", b"l"),
+            PageParams {
+                rev: 0,
+                max_keys: 5,
+                max_bytes: usize::MAX,
+                keys_only: false,
+            },
+        )
+        .unwrap();
+    let mut batch = store.write().unwrap();
+    let mut txn = batch.txn();
+    txn.put(b"k050", b"changed", 0).unwrap();
+    txn.delete_range(KeyRange::new(b"k090", b"k095")).unwrap();
+    txn.end();
+    batch.commit(true).unwrap();
+    let mut rest_from = first.kvs.last().unwrap().key.clone();
+    rest_from.push(0);
+    let (rest, _) = pages(&store, (&rest_from, b"l"), first.read_rev, 11, usize::MAX);
+    let joined: Vec<KeyValue> = first
+        .kvs
+        .into_iter()
+        .chain(rest.into_iter().flat_map(|p| p.kvs))
+        .collect();
+    assert_eq!(joined, whole.kvs);
+
+    // Pages by bytes: each stops at the first key-value that reaches the budget, so it holds
+    // less than the budget plus one key-value, and the first is always taken.
+    let budget = 200;
+    let (by_bytes, _) = pages(&store, (b"k", b"l"), pinned, 1000, budget);
+    let largest = whole.kvs.iter().map(|kv| kv.encoded_len()).max().unwrap();
+    for page in &by_bytes {
+        let size: usize = page.kvs.iter().map(|kv| kv.encoded_len()).sum();
+        assert!(!page.kvs.is_empty());
+        assert!(size < budget + largest, "{size}");
+    }
+    assert!(by_bytes.len() > 10);
+    let joined: Vec<KeyValue> = by_bytes.into_iter().flat_map(|p| p.kvs).collect();
+    assert_eq!(joined, whole.kvs);
+    let (tiny, _) = pages(&store, (b"k", b"l"), pinned, 1000, 0);
+    assert_eq!(tiny.len(), 90);
+
+    // Keys only: no values, the sizes counted without them.
+    let page = store
+        .range_page(
+            KeyRange::new(b"k", b"l"),
+            PageParams {
+                rev: pinned,
+                max_keys: 1000,
+                max_bytes: usize::MAX,
+                keys_only: true,
+            },
+        )
+        .unwrap();
+    assert_eq!(page.kvs.len(), 90);
+    assert!(page.kvs.iter().all(|kv| kv.value.is_empty()));
+    assert_eq!(page.kvs[0].mod_revision, whole.kvs[0].mod_revision);
+
+    // A single key, an empty range and a range past the end: one page, nothing more.
+    let one = store
+        .range_page(
+            KeyRange::new(b"k001", &[]),
+            PageParams {
+                rev: pinned,
+                max_keys: 1,
+                max_bytes: 1,
+                keys_only: false,
+            },
+        )
+        .unwrap();
+    assert_eq!((one.kvs.len(), one.more), (1, false));
+    for (key, end) in [(&b"z"[..], &b"\0"[..]), (b"k2", b"k1"), (b"k010", b"k020")] {
+        let none = store
+            .range_page(
+                KeyRange::new(key, end),
+                PageParams {
+                    rev: pinned,
+                    max_keys: 3,
+                    max_bytes: 1,
+                    keys_only: false,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            (none.kvs.len(), none.more, none.read_rev),
+            (0, false, pinned)
+        );
+    }
+
+    // A compaction past the pinned revision fails the next page, as a range there fails.
+    let head = store.current_rev();
+    assert!(head > pinned);
+    let mut batch = store.write().unwrap();
+    batch.compact(head).unwrap();
+    batch.commit(true).unwrap();
+    let after = store.range_page(
+        KeyRange::new(b"k", b"l"),
+        PageParams {
+            rev: pinned,
+            max_keys: 3,
+            max_bytes: 1,
+            keys_only: false,
+        },
+    );
+    assert!(matches!(after, Err(Error::Compacted { .. })), "{after:?}");
+}

@@ -27,7 +27,8 @@ use tower::Service;
 
 use crate::rpc::Rpc;
 
-/// The KV methods, by the last part of their path.
+/// The unary KV methods, by the last part of their path. `RangeStream` (etcd 3.7) streams its
+/// answer, so it is not here: like an unknown method, it goes to tonic's KV service.
 #[derive(Clone, Copy)]
 enum Method {
     Range,

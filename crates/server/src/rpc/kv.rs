@@ -1,4 +1,5 @@
-//! The KV service (etcd `api/v3rpc/key.go`).
+//! The KV service (etcd `api/v3rpc/key.go`); etcd 3.7's streamed range is
+//! [`range_stream`](super::range_stream).
 
 use etcdrs_proto::etcdserverpb::kv_server::Kv;
 use etcdrs_proto::etcdserverpb::request_op::Request as OpRequest;
@@ -9,6 +10,7 @@ use etcdrs_proto::etcdserverpb::{
 use tonic::{Request, Response, Status};
 
 use super::Rpc;
+use super::range_stream::RangeStream;
 use crate::apply;
 use crate::validate;
 
@@ -46,6 +48,28 @@ impl Kv for Rpc {
         let mut resp = apply::range(self.server.store(), &req)?;
         self.server.fill_header(&mut resp.header);
         Ok(Response::new(resp))
+    }
+
+    type RangeStreamStream = RangeStream;
+
+    async fn range_stream(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeStream>, Status> {
+        // etcd's stream interceptor refuses a learner every stream but Snapshot, before the
+        // handler's checks.
+        self.server.check_not_learner()?;
+        validate::range_stream(request.get_ref()).map_err(|e| e.to_status())?;
+        if !request.get_ref().serializable {
+            self.server.linearizable_barrier().await?;
+        }
+        // After the barrier, and once for the whole stream, as etcd (and as Range).
+        let auth = self.auth_info(&request)?;
+        let req = request.into_inner();
+        self.server
+            .auth()
+            .check_range_request(auth.as_ref(), &req)?;
+        Ok(Response::new(RangeStream::start(self.server.clone(), req)?))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {

@@ -8,6 +8,7 @@ pub mod kv;
 pub mod lease;
 pub mod lock;
 pub mod maintenance;
+pub mod range_stream;
 pub mod status;
 pub mod watch;
 
