@@ -707,6 +707,25 @@ impl ReadTx {
         Ok(value.map(|v| v.value().to_vec()))
     }
 
+    /// Look up each of `keys` in `bucket` under one open table, handing `visit` the key and
+    /// its value as stored (no copy), until `visit` returns `false`.
+    pub fn get_each<K: AsRef<[u8]>>(
+        &self,
+        bucket: Bucket,
+        keys: impl IntoIterator<Item = K>,
+        mut visit: impl FnMut(&[u8], Option<&[u8]>) -> bool,
+    ) -> Result<()> {
+        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        for key in keys {
+            let key = key.as_ref();
+            let value = table.get(key).map_err(Error::storage)?;
+            if !visit(key, value.as_ref().map(|v| v.value())) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Visit every pair in `[start, end)` in key order (`end == None`: to the end of the
     /// bucket) until `visit` returns `false`.
     pub fn for_each_in(

@@ -114,6 +114,57 @@ pub struct RangePage {
     pub more: bool,
 }
 
+/// A range read whose key-values are handed out as the store holds them, each an encoded
+/// `mvccpb.KeyValue` (the bytes a `RangeResponse` carries), so that an answer is written
+/// without decoding and encoding each one again: [`KvStore::range_encoded`].
+pub struct EncodedRange {
+    /// Begun under the index's read lock: every revision listed is committed in it.
+    read: Option<ReadTx>,
+    revs: Vec<Revision>,
+    /// The store's current revision when read (the answer's header revision).
+    pub rev: i64,
+    /// How many keys the range holds at the revision read, regardless of the limit.
+    pub count: i64,
+}
+
+impl EncodedRange {
+    /// Key-values read (at most the limit asked for).
+    pub fn len(&self) -> usize {
+        self.revs.len()
+    }
+
+    /// Whether none was read.
+    pub fn is_empty(&self) -> bool {
+        self.revs.is_empty()
+    }
+
+    /// Hands `visit` the first `take` key-values, encoded, in key order.
+    pub fn for_each(&self, take: usize, mut visit: impl FnMut(&[u8])) -> Result<()> {
+        let Some(read) = &self.read else {
+            return Ok(());
+        };
+        let mut missing = None;
+        read.get_each(
+            Bucket::KEY,
+            self.revs.iter().take(take).map(|rev| rev.to_bytes()),
+            |key, value| match value {
+                Some(value) => {
+                    visit(value);
+                    true
+                }
+                None => {
+                    missing = Some(key.to_vec());
+                    false
+                }
+            },
+        )?;
+        match missing {
+            Some(key) => Err(Error::Corrupt(format!("revision {key:?} missing"))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One change a transaction made, in etcd's watch-event form.
 pub type Change = Event;
 
@@ -435,6 +486,31 @@ impl KvStore {
             page.kvs.push(kv);
         }
         Ok(page)
+    }
+
+    /// Read a range as [`Self::range`] does, keeping the key-values as stored
+    /// ([`EncodedRange`]): the reader holds one copy of the answer, the one it writes.
+    pub fn range_encoded(&self, range: KeyRange<'_>, params: RangeParams) -> Result<EncodedRange> {
+        crate::metrics::RANGES.inc();
+        let state = self.state.read();
+        let rev = state.check_rev(params.rev)?;
+        let limit = if params.count_only { 1 } else { params.limit };
+        let (revs, count) = state.visible(range, rev, limit);
+        if params.count_only || revs.is_empty() {
+            return Ok(EncodedRange {
+                read: None,
+                revs: Vec::new(),
+                rev: state.current_rev,
+                count,
+            });
+        }
+        let read = self.backend.read()?;
+        Ok(EncodedRange {
+            read: Some(read),
+            revs,
+            rev: state.current_rev,
+            count,
+        })
     }
 
     /// Returns once every revision answered so far is committed to the backend. A batch's

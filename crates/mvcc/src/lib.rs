@@ -27,8 +27,9 @@ pub mod watch;
 
 pub use error::{Error, Result};
 pub use kvstore::{
-    Change, CompactionStep, KeyRange, KvStore, META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM,
-    PageParams, RangePage, RangeParams, RangeResult, Txn, WriteBatch,
+    Change, CompactionStep, EncodedRange, KeyRange, KvStore, META_CONF_STATE,
+    META_CONSISTENT_INDEX, META_TERM, PageParams, RangePage, RangeParams, RangeResult, Txn,
+    WriteBatch,
 };
 pub use lease::{Lease, LeaseId, LeaseRecord, Lessor, NO_LEASE};
 pub use revision::Revision;

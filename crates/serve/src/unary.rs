@@ -76,8 +76,13 @@ pub fn one_message(body: &Bytes, max: usize) -> Option<Bytes> {
 /// A successful unary answer: `framed` (one message, prefix included), then `grpc-status: 0`,
 /// with tonic's headers (`content-type: application/grpc`).
 pub fn answer(framed: Bytes) -> Response {
+    answer_chunks(vec![framed])
+}
+
+/// [`answer`] with the framed message in `chunks`, sent (and freed) one after the other.
+pub fn answer_chunks(chunks: Vec<Bytes>) -> Response {
     let mut response = Response::new(axum::body::Body::new(OneMessage {
-        data: Some(framed),
+        data: chunks.into(),
         trailers: true,
     }));
     response
@@ -86,9 +91,10 @@ pub fn answer(framed: Bytes) -> Response {
     response
 }
 
-/// A unary answer's body: its one framed message, then `grpc-status: 0`.
+/// A unary answer's body: its one framed message (in one or more chunks), then
+/// `grpc-status: 0`.
 struct OneMessage {
-    data: Option<Bytes>,
+    data: std::collections::VecDeque<Bytes>,
     trailers: bool,
 }
 
@@ -100,7 +106,7 @@ impl HttpBody for OneMessage {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(data) = self.data.take() {
+        if let Some(data) = self.data.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if std::mem::take(&mut self.trailers) {
@@ -112,7 +118,7 @@ impl HttpBody for OneMessage {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && !self.trailers
+        self.data.is_empty() && !self.trailers
     }
 }
 

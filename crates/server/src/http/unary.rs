@@ -109,7 +109,18 @@ impl DirectKv {
         }
         use etcdrs_proto::etcdserverpb as pb;
         match method {
-            Method::Range => answer!(pb::RangeRequest, range),
+            // A plain range is written from the key-values as stored.
+            Method::Range => match pb::RangeRequest::decode(message.clone()) {
+                Ok(decoded) if crate::rpc::encoded_range::is_plain(&decoded) => {
+                    let request =
+                        tonic::Request::from_http(axum::http::Request::from_parts(parts, decoded));
+                    match rpc.range_framed(request).await {
+                        Ok(chunks) => etcdrs_serve::unary::answer_chunks(chunks),
+                        Err(status) => respond::<pb::RangeResponse>(Err(status)),
+                    }
+                }
+                _ => answer!(pb::RangeRequest, range),
+            },
             Method::Put => answer!(pb::PutRequest, put),
             Method::DeleteRange => answer!(pb::DeleteRangeRequest, delete_range),
             Method::Txn => answer!(pb::TxnRequest, txn),

@@ -10,6 +10,7 @@ use etcdrs_proto::etcdserverpb::{
 use tonic::{Request, Response, Status};
 
 use super::Rpc;
+use super::encoded_range;
 use super::range_stream::RangeStream;
 use crate::apply;
 use crate::validate;
@@ -27,12 +28,9 @@ fn txn_put_bytes(req: &TxnRequest) -> u64 {
         .sum()
 }
 
-#[tonic::async_trait]
-impl Kv for Rpc {
-    async fn range(
-        &self,
-        request: Request<RangeRequest>,
-    ) -> Result<Response<RangeResponse>, Status> {
+impl Rpc {
+    /// A Range's checks, in etcd's order: validation, the linearizable barrier, then auth.
+    async fn range_allowed(&self, request: Request<RangeRequest>) -> Result<RangeRequest, Status> {
         validate::range(request.get_ref()).map_err(|e| e.to_status())?;
         if !request.get_ref().serializable {
             self.server.check_not_learner()?;
@@ -45,6 +43,34 @@ impl Kv for Rpc {
         self.server
             .auth()
             .check_range_request(auth.as_ref(), &req)?;
+        Ok(req)
+    }
+
+    /// Range for the direct KV path: a plain range ([`encoded_range::is_plain`]) answered as
+    /// its framed gRPC message in chunks, from the key-values as stored; `None` for a request
+    /// that is not plain (the caller answers it with [`Kv::range`]).
+    pub(crate) async fn range_framed(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Vec<bytes::Bytes>, Status> {
+        let req = self.range_allowed(request).await?;
+        let server = &self.server;
+        match encoded_range::encode(server.store(), &req, |rev| server.header(rev))? {
+            Some(framed) => Ok(framed),
+            None => Err(Status::resource_exhausted(
+                "answer too large for one gRPC message",
+            )),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Kv for Rpc {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
+        let req = self.range_allowed(request).await?;
         let mut resp = apply::range(self.server.store(), &req)?;
         self.server.fill_header(&mut resp.header);
         Ok(Response::new(resp))

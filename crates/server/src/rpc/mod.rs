@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod election;
+pub mod encoded_range;
 pub mod kv;
 pub mod lease;
 pub mod lock;
