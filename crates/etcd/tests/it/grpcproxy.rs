@@ -881,6 +881,62 @@ async fn flags_help_and_errors_read_as_etcds() {
     assert_eq!(ours.0, Some(1));
 }
 
+/// issue 40: `--namespace` given bytes that are not UTF-8 panicked in `main`
+/// (`std::env::args`); so did any environment variable that is not UTF-8 (`std::env::vars`).
+/// Now such an argument is refused with one line and exit 1, a variable that is not ours is
+/// ignored, and a member's `ETCD_*` that is not UTF-8 is refused with one line.
+#[tokio::test]
+async fn arguments_and_environment_that_are_not_utf8_never_panic() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let raw = OsStr::from_bytes(b"ns-\xff\xfe/");
+    let out = Command::new(proxy_bin())
+        .args(["grpc-proxy", "start", "--namespace"])
+        .arg(raw)
+        .env("ETCDRS_UNRELATED", raw)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("invalid argument \"ns-\u{fffd}\u{fffd}/\": not valid UTF-8"),
+        "{stderr}"
+    );
+
+    // A variable that is not etcd's, not UTF-8: nothing to say about it.
+    let out = Command::new(proxy_bin())
+        .arg("--version")
+        .env("ETCDRS_UNRELATED", raw)
+        .output()
+        .await
+        .expect("run");
+    assert!(out.status.success(), "{:?}", out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("etcd Version:"));
+
+    // A member's ETCD_* that is not UTF-8: one line, exit 1, before anything starts.
+    let dir = tempfile::tempdir().expect("dir");
+    let out = Command::new(proxy_bin())
+        .arg("--data-dir")
+        .arg(dir.path().join("m"))
+        .env("ETCD_NAME", raw)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "invalid environment variable ETCD_NAME: its value is not valid UTF-8 (etcd-rs reads ETCD_* as UTF-8)"
+    );
+    assert!(!dir.path().join("m").exists());
+}
+
 /// TLS end to end against etcd 3.4 requiring client certificates: the proxy presents its
 /// certificate to the cluster and terminates TLS for its clients.
 #[tokio::test]
