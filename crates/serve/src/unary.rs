@@ -18,7 +18,10 @@ use http_body::{Body as HttpBody, Frame};
 /// Bytes before each gRPC message: the compressed flag, then the length (big-endian u32).
 pub const PREFIX: usize = 5;
 
-/// Reads `body` until it ends, or until more than `limit` bytes came. The result holds the
+/// Reads `body` until it ends, or until more than `limit` bytes came, or until the first
+/// message's prefix claims more than `limit` with its own five bytes (grpc-go refuses such a
+/// message from its prefix alone, before any of it arrives; a client that sends the prefix and
+/// keeps the stream open must not wait for a body that may never come). The result holds the
 /// bytes read (one frame's without a copy), the frame or error that stopped the reading
 /// (trailers, a broken stream), and the rest of the body if it did not end; it is the body to
 /// hand on when the call is not served from what was read.
@@ -50,7 +53,9 @@ where
             }
             (Some(_), Some(buf)) => buf.extend_from_slice(&data),
         }
-        if read > limit {
+        let head = more.as_deref().or(first.as_deref()).unwrap_or_default();
+        if read > limit || declared_len(head).is_some_and(|len| len.saturating_add(PREFIX) > limit)
+        {
             break (None, Some(body));
         }
     };
@@ -63,6 +68,12 @@ where
         pending,
         rest,
     }
+}
+
+/// The length the first message's prefix declares, once the prefix is all there.
+fn declared_len(body: &[u8]) -> Option<usize> {
+    let (&[_, a, b, c, d], _) = body.split_first_chunk::<PREFIX>()?;
+    usize::try_from(u32::from_be_bytes([a, b, c, d])).ok()
 }
 
 /// The message of a body that is exactly one uncompressed gRPC message of at most `max`

@@ -937,6 +937,51 @@ async fn arguments_and_environment_that_are_not_utf8_never_panic() {
     assert!(!dir.path().join("m").exists());
 }
 
+/// issue 40: a prefix claiming 4 GiB on a stream left open is refused from the prefix alone,
+/// on the proxy's cached-range path as on tonic's, as etcd 3.4's proxy refuses it (its
+/// `--max-recv-bytes` is 2 GiB - 1 by default).
+#[tokio::test]
+async fn a_prefix_claiming_4_gib_is_refused_before_its_body() {
+    let member = start_member(&crate::bin()).await;
+    let endpoints = [member.endpoint()];
+    let ours = Proxy::start(&endpoints, &[]).await.expect("our proxy");
+    let etcd = Proxy::start_bin(Path::new("/usr/bin/etcd"), &endpoints)
+        .await
+        .expect("etcd 3.4's proxy");
+    for proxy in [&etcd, &ours] {
+        let mut channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        for path in [
+            "/etcdserverpb.KV/Range",
+            "/etcdserverpb.KV/Put",
+            "/etcdserverpb.Lease/LeaseGrant",
+            "/etcdserverpb.Watch/Watch",
+            "/etcdserverpb.Lease/LeaseKeepAlive",
+        ] {
+            let answer =
+                crate::kv::claim_4gib_and_wait(&mut channel, path, &[], Duration::from_secs(5))
+                    .await;
+            // etcd 3.4's proxy keeps grpc-go's default limit (4 MiB), ours 3.5's
+            // `--max-recv-bytes` default (2 GiB - 1).
+            assert_eq!(
+                answer.grpc_status.as_deref(),
+                Some("8"),
+                "{path} through {}: {answer:?}",
+                proxy.endpoint()
+            );
+            let message = answer.grpc_message.unwrap_or_default();
+            assert!(
+                message.starts_with("grpc: received message larger than max (4294967295 vs. "),
+                "{path} through {}: {message}",
+                proxy.endpoint()
+            );
+        }
+    }
+}
+
 /// TLS end to end against etcd 3.4 requiring client certificates: the proxy presents its
 /// certificate to the cluster and terminates TLS for its clients.
 #[tokio::test]
