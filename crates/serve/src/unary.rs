@@ -188,6 +188,48 @@ mod tests {
         Bytes::from(out)
     }
 
+    /// A body that sends `first` and then neither data nor its end.
+    struct ThenSilence(Option<Bytes>);
+
+    impl HttpBody for ThenSilence {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            match self.0.take() {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// A prefix claiming more than the limit stops the reading at once, the rest of the body
+    /// left to whoever refuses the call; one within the limit waits for its message.
+    #[tokio::test]
+    async fn an_oversized_prefix_stops_the_reading() {
+        let prefix = Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]);
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            read_whole(ThenSilence(Some(prefix.clone())), 1024 + PREFIX),
+        )
+        .await
+        .expect("read_whole returns without the body");
+        assert!(read.whole().is_none());
+        assert_eq!(read.buffered, Some(prefix));
+        assert!(read.rest.is_some());
+
+        let small = Bytes::from_static(&[0, 0, 0, 0, 10]);
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            read_whole(ThenSilence(Some(small)), 1024 + PREFIX),
+        )
+        .await;
+        assert!(waited.is_err(), "a message within the limit is waited for");
+    }
+
     #[test]
     fn only_one_plain_message_within_the_limit_is_found() {
         assert_eq!(
