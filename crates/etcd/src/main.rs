@@ -251,9 +251,9 @@ fn raise_open_files_limit() {
     }
 }
 
-/// The arguments as UTF-8. Go takes any bytes; etcd-rs's flags are UTF-8 strings, so an argument
-/// that is not (e.g. `--namespace` of `grpc-proxy` given raw bytes) is refused with one line
-/// naming it, where `std::env::args` would panic.
+/// The arguments as UTF-8. Go takes any bytes; the member's, the gateway's and the snapshot
+/// tool's flags are UTF-8 strings here, so an argument that is not is refused with one line
+/// naming it, where `std::env::args` would panic (the gRPC proxy takes bytes: `main_os`).
 fn utf8_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Vec<String>, String> {
     args.map(|arg| {
         arg.into_string().map_err(|raw| {
@@ -288,7 +288,12 @@ fn utf8_env(
 fn main() -> ExitCode {
     raise_open_files_limit();
     idle_memory::start();
-    let args = match utf8_args(std::env::args_os().skip(1)) {
+    let args_os: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // The proxy takes its arguments as bytes (its --namespace may be any); it reads no env.
+    if args_os.first().is_some_and(|arg| arg == "grpc-proxy") {
+        return grpcproxy::main_os(&args_os[1..]);
+    }
+    let args = match utf8_args(args_os.into_iter()) {
         Ok(args) => args,
         Err(e) => {
             eprintln!("{e}");

@@ -883,17 +883,82 @@ async fn flags_help_and_errors_read_as_etcds() {
 
 /// issue 40: `--namespace` given bytes that are not UTF-8 panicked in `main`
 /// (`std::env::args`); so did any environment variable that is not UTF-8 (`std::env::vars`).
-/// Now such an argument is refused with one line and exit 1, a variable that is not ours is
-/// ignored, and a member's `ETCD_*` that is not UTF-8 is refused with one line.
+/// Now the proxy prefixes keys with those bytes, as etcd's does (Go takes any bytes); another
+/// proxy flag given such bytes is refused with pflag's error; the member and its other
+/// subcommands refuse such an argument with one line; a variable that is not ours is ignored,
+/// and a member's `ETCD_*` that is not UTF-8 is refused with one line.
 #[tokio::test]
 async fn arguments_and_environment_that_are_not_utf8_never_panic() {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
     let raw = OsStr::from_bytes(b"ns-\xff\xfe/");
-    let out = Command::new(proxy_bin())
-        .args(["grpc-proxy", "start", "--namespace"])
+
+    // The proxy serves under the raw namespace.
+    let member = start_member(&crate::bin()).await;
+    let ports = (reserve().expect("port"), reserve().expect("port"));
+    let addr = format!("127.0.0.1:{}", ports.0.port());
+    let metrics = format!("127.0.0.1:{}", ports.1.port());
+    let mut child = Command::new(proxy_bin())
+        .args(["grpc-proxy", "start"])
+        .arg(format!("--endpoints={}", member.endpoint()))
+        .arg(format!("--listen-addr={addr}"))
+        .arg(format!("--metrics-addr=http://{metrics}"))
+        .arg("--namespace")
         .arg(raw)
         .env("ETCDRS_UNRELATED", raw)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn proxy");
+    poll_until(Duration::from_secs(10), || async {
+        let resp = http_get(&metrics, "/health").await?;
+        anyhow::ensure!(resp.status == 200, "health {}: {}", resp.status, resp.body);
+        Ok(())
+    })
+    .await
+    .expect("the proxy serves");
+    let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
+    let mut through = Client::connect([format!("http://{addr}")], Some(opts))
+        .await
+        .expect("client of the proxy");
+    through
+        .put("k", "v", None)
+        .await
+        .expect("put through the proxy");
+    let got = through.get("k", None).await.expect("get through the proxy");
+    assert_eq!(got.kvs().first().map(|kv| kv.value()), Some(&b"v"[..]));
+    let mut direct = member.client().await.expect("client of the member");
+    let got = direct
+        .get(&b"ns-\xff\xfe/k"[..], None)
+        .await
+        .expect("get from the member");
+    assert_eq!(got.kvs().first().map(|kv| kv.value()), Some(&b"v"[..]));
+    let _ = child.start_kill();
+
+    // Another proxy flag given such bytes: pflag's refusal, exit 1.
+    let out = Command::new(proxy_bin())
+        .args(["grpc-proxy", "start", "--data-dir"])
+        .arg(raw)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "Error: invalid argument \"ns-\u{fffd}\u{fffd}/\" for \"--data-dir\" flag: not valid UTF-8"
+        ),
+        "{stderr}"
+    );
+
+    // The member takes its flags as UTF-8: one line, exit 1.
+    let out = Command::new(proxy_bin())
+        .arg("--name")
+        .arg(raw)
         .stdin(Stdio::null())
         .output()
         .await
