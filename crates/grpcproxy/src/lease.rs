@@ -373,7 +373,7 @@ impl Lease for LeaseProxy {
                         return;
                     }
                     Err(status) => {
-                        hub.fail(id, status);
+                        hub.fail(id, etcdrs_serve::grpc_size::grpc_go_status(status));
                         return;
                     }
                 }

@@ -801,11 +801,12 @@ pub(crate) async fn claim_4gib_and_wait(
         panic!("{path}: no answer within {within:?} to a prefix claiming 4 GiB");
     };
     let trailers = collected.trailers().cloned().unwrap_or_default();
+    // grpc-message is percent-encoded (tonic encodes spaces, grpc-go leaves them).
     let field = |name: &str| {
         trailers
             .get(name)
             .or_else(|| parts.headers.get(name))
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .map(|v| etcdrs_proto::rpctypes::decode_grpc_message(v.as_bytes()))
     };
     RawAnswer {
         http: parts.status.as_u16(),

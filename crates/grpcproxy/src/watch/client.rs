@@ -96,7 +96,7 @@ pub(super) async fn read_client(
             // A broken stream or a refused message (too large): the client's stream ends
             // with that status.
             Err(status) => {
-                *failed.lock() = Some(status);
+                *failed.lock() = Some(etcdrs_serve::grpc_size::grpc_go_status(status));
                 kill.cancel();
                 return;
             }

@@ -573,7 +573,7 @@ impl StreamState {
                 // ends with that status, as etcd's returns its receive error.
                 Step::Request(Some(Err(status))) => {
                     crate::metrics::stream_receive_failed("watch", &status);
-                    return Some(Err(status));
+                    return Some(Err(etcdrs_serve::grpc_size::grpc_go_status(status)));
                 }
                 Step::Request(None) => return None,
                 Step::Hub(Some(msg)) => {
