@@ -29,6 +29,7 @@ mod help;
 mod load;
 mod model;
 pub(crate) mod pflag;
+mod renamed;
 mod validate;
 
 pub use self::error::ConfigError;

@@ -418,6 +418,17 @@ fn start(start_args: &[String]) -> ExitCode {
     }
 }
 
+/// etcd's `stripSchema`: an endpoint that parses as a URL with a host becomes that
+/// `host[:port]`, whatever the scheme (`http://`, `https://`), since the gateway relays TCP and
+/// a TLS client keeps speaking TLS through it to the member. Anything else is kept as written
+/// (`127.0.0.1:2379` has no scheme for Go's parser, `localhost:2379` is opaque).
+fn strip_scheme(endpoint: &str) -> String {
+    match gourl::parse(endpoint) {
+        Ok(url) if !url.host.is_empty() => url.host,
+        _ => endpoint.to_string(),
+    }
+}
+
 fn std_duration(flags: &Flags, name: &str) -> Result<Duration, String> {
     let d = flags.duration(name);
     if d < 0 {
@@ -429,17 +440,11 @@ fn std_duration(flags: &Flags, name: &str) -> Result<Duration, String> {
     Ok(goparse::to_std_duration(d))
 }
 
-/// Validates the flags into the proxy's configuration (etcd's checks, plus refusing URLs).
+/// Validates the flags into the proxy's configuration (etcd's checks).
 fn config_from(flags: &Flags) -> Result<etcdrs_gateway::Config, String> {
     let (endpoints, endpoints_set) = flags.strings("endpoints");
+    let endpoints: Vec<String> = endpoints.iter().map(|ep| strip_scheme(ep)).collect();
     for ep in &endpoints {
-        if ep.contains("://") {
-            return Err(format!(
-                "error parsing endpoint {}: the gateway takes host:port, not a URL; it relays TCP \
-                 and does not terminate TLS (TLS clients keep speaking TLS to the members through it)",
-                quote(ep)
-            ));
-        }
         let (_, port) = gourl::split_host_port(ep)
             .map_err(|e| format!("error parsing endpoint {}: {e}", quote(ep)))?;
         if port.parse::<u16>().map_or(true, |p| p == 0) {
@@ -571,15 +576,28 @@ mod tests {
     }
 
     #[test]
-    fn urls_and_portless_endpoints_are_refused() -> Result<(), String> {
+    fn urls_lose_their_scheme_and_portless_endpoints_are_refused() -> Result<(), String> {
         let cfg = |list: &[&str]| -> Result<etcdrs_gateway::Config, String> {
             let flags = parse(&args(list)).map_err(|_| "parse".to_string())?;
             config_from(&flags)
         };
-        let e = cfg(&["--endpoints", "https://127.0.0.1:2379"])
+        let c = cfg(&[
+            "--endpoints",
+            "https://127.0.0.1:2379,http://[::1]:2380,127.0.0.1:2381,localhost:2382",
+        ])?;
+        assert_eq!(
+            c.endpoints,
+            [
+                "127.0.0.1:2379",
+                "[::1]:2380",
+                "127.0.0.1:2381",
+                "localhost:2382"
+            ]
+        );
+        let e = cfg(&["--endpoints", "http://127.0.0.1"])
             .err()
             .unwrap_or_default();
-        assert!(e.contains("not a URL"), "{e}");
+        assert!(e.contains("error parsing endpoint \"127.0.0.1\""), "{e}");
         let e = cfg(&["--endpoints", "127.0.0.1"]).err().unwrap_or_default();
         assert!(e.contains("missing port in address"), "{e}");
         let c = cfg(&["--retry-delay", "0s"])?;

@@ -126,7 +126,11 @@ struct StartFlags {
     max_recv_bytes: i64,
     max_send_bytes: i64,
     metrics_addr: String,
-    namespace: String,
+    /// `--namespace`, as bytes: Go takes any bytes on its command line (see [`main_os`]).
+    namespace: Vec<u8>,
+    /// The arguments that were not UTF-8, each standing in the arguments as
+    /// [`raw_placeholder`] (see [`main_os`]).
+    raw_args: Vec<Vec<u8>>,
     resolver_prefix: String,
     resolver_ttl: i64,
     trusted_ca_file: String,
@@ -159,7 +163,8 @@ impl Default for StartFlags {
             max_recv_bytes: i64::from(i32::MAX),
             max_send_bytes: 1572864,
             metrics_addr: String::new(),
-            namespace: String::new(),
+            namespace: Vec::new(),
+            raw_args: Vec::new(),
             resolver_prefix: String::new(),
             resolver_ttl: 0,
             trusted_ca_file: String::new(),
@@ -244,6 +249,16 @@ impl StartFlags {
                 }
             }
             Kind::Str => {
+                // A placeholder stands for an argument that is not UTF-8: the namespace takes
+                // its bytes, any other flag (a path, an address) refuses it.
+                if let Some(raw) = raw_index(value).and_then(|i| self.raw_args.get(i)) {
+                    if name == "namespace" {
+                        self.namespace = raw.clone();
+                        return Ok(());
+                    }
+                    let shown = String::from_utf8_lossy(raw).into_owned();
+                    return Err(invalid(&shown, name, "not valid UTF-8".to_string()));
+                }
                 let v = value.to_owned();
                 match name {
                     "advertise-client-url" => self.advertise_client_url = v,
@@ -258,7 +273,7 @@ impl StartFlags {
                     "key-file" => self.key_file = v,
                     "listen-addr" => self.listen_addr = v,
                     "metrics-addr" => self.metrics_addr = v,
-                    "namespace" => self.namespace = v,
+                    "namespace" => self.namespace = v.into_bytes(),
                     "resolver-prefix" => self.resolver_prefix = v,
                     "trusted-ca-file" => self.trusted_ca_file = v,
                     _ => {}
@@ -269,10 +284,34 @@ impl StartFlags {
     }
 }
 
+/// The argument standing for the `i`-th argument that is not UTF-8. A real argument never
+/// holds a NUL byte (the kernel passes C strings), so it is never taken for one.
+fn raw_placeholder(i: usize) -> String {
+    format!("\0raw-argument-{i}\0")
+}
+
+/// Which argument that is not UTF-8 `value` stands for, if it is a placeholder.
+fn raw_index(value: &str) -> Option<usize> {
+    value
+        .strip_prefix("\0raw-argument-")?
+        .strip_suffix('\0')?
+        .parse()
+        .ok()
+}
+
 /// Parses `start`'s arguments as pflag does. Positional arguments are ignored, as etcd's
 /// `start` command does.
+#[cfg(test)]
 fn parse_start(args: &[String]) -> Result<StartFlags, String> {
-    let mut flags = StartFlags::default();
+    parse_start_raw(args, Vec::new())
+}
+
+/// [`parse_start`], with the arguments that were not UTF-8 (see [`main_os`]).
+fn parse_start_raw(args: &[String], raw_args: Vec<Vec<u8>>) -> Result<StartFlags, String> {
+    let mut flags = StartFlags {
+        raw_args,
+        ..StartFlags::default()
+    };
     let help = crate::config::pflag::scan(
         args,
         |name| {
@@ -354,7 +393,47 @@ fn metrics_host(addr: &str) -> Result<String, String> {
 }
 
 /// Runs `etcd grpc-proxy <args>`; returns the process exit code.
+/// `etcd grpc-proxy ...` with the arguments as the OS gave them. etcd (Go) takes any bytes
+/// there, so `--namespace` given bytes that are not UTF-8 prefixes the keys with those bytes;
+/// any other flag given such bytes is refused with pflag's error. An argument that is not
+/// UTF-8 goes through the flag scan as a placeholder (`--namespace=<bytes>` keeps its name).
+pub fn main_os(args: &[std::ffi::OsString]) -> ExitCode {
+    use std::os::unix::ffi::OsStrExt;
+    let mut raw_args = Vec::new();
+    let args: Vec<String> = args
+        .iter()
+        .map(|arg| {
+            if let Some(text) = arg.to_str() {
+                return text.to_string();
+            }
+            let bytes = arg.as_bytes();
+            let (name, value) = match bytes.iter().position(|&b| b == b'=') {
+                Some(at) if bytes.starts_with(b"--") => (&bytes[..=at], &bytes[at + 1..]),
+                _ => (&b""[..], bytes),
+            };
+            match std::str::from_utf8(name) {
+                Ok(name) => {
+                    raw_args.push(value.to_vec());
+                    format!("{name}{}", raw_placeholder(raw_args.len() - 1))
+                }
+                // A flag name that is not UTF-8 is no flag of ours: pflag's "unknown flag".
+                Err(_) if bytes.starts_with(b"--") => arg.to_string_lossy().into_owned(),
+                Err(_) => {
+                    raw_args.push(bytes.to_vec());
+                    raw_placeholder(raw_args.len() - 1)
+                }
+            }
+        })
+        .collect();
+    run_main(&args, raw_args)
+}
+
+/// `etcd grpc-proxy ...`.
 pub fn main(args: &[String]) -> ExitCode {
+    run_main(args, Vec::new())
+}
+
+fn run_main(args: &[String], raw_args: Vec<Vec<u8>>) -> ExitCode {
     let usage = START_USAGE.replace("FLAGS", START_FLAGS);
     // As cobra, `start`'s flags may stand before or after the word `start`.
     let is_bool = |name: &str| FLAGS.iter().any(|(n, k)| *n == name && *k == Kind::Bool);
@@ -365,7 +444,7 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let flags = match parse_start(&start_args) {
+    let flags = match parse_start_raw(&start_args, raw_args) {
         Ok(flags) => flags,
         Err(e) => {
             eprint!("Error: {e}\n{usage}\n{e}");
@@ -653,6 +732,32 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
+    /// An argument that is not UTF-8 reaches `--namespace` as its bytes, in either form, and
+    /// no other flag.
+    #[test]
+    fn raw_arguments_reach_the_namespace_only() {
+        let raw = vec![b"a\xffb".to_vec(), b"\xfe".to_vec()];
+        let with = |list: &[String]| parse_start_raw(list, raw.clone());
+        let flags = with(&[
+            "--namespace".to_string(),
+            raw_placeholder(0),
+            raw_placeholder(1),
+        ])
+        .expect("parses");
+        assert_eq!(flags.namespace, b"a\xffb");
+        let flags = with(&[format!("--namespace={}", raw_placeholder(1))]).expect("parses");
+        assert_eq!(flags.namespace, b"\xfe");
+        let e = with(&[format!("--cert={}", raw_placeholder(0))])
+            .err()
+            .unwrap_or_default();
+        assert_eq!(
+            e,
+            "invalid argument \"a\u{fffd}b\" for \"--cert\" flag: not valid UTF-8"
+        );
+        assert_eq!(raw_index("\0raw-argument-x\0"), None);
+        assert_eq!(raw_index("raw-argument-1"), None);
+    }
+
     #[test]
     fn pflag_syntax_and_defaults() {
         let flags = parse_start(&args(&[
@@ -666,7 +771,7 @@ mod tests {
         ]))
         .expect("parses");
         assert_eq!(flags.endpoints, ["a:1", "b:2", "c:3"]);
-        assert_eq!(flags.namespace, "ns/");
+        assert_eq!(flags.namespace, b"ns/");
         assert!(flags.insecure_skip_tls_verify);
         assert_eq!(flags.resolver_ttl, 16);
         assert_eq!(flags.listen_addr, "127.0.0.1:23790");

@@ -258,11 +258,56 @@ fn raise_open_files_limit() {
     }
 }
 
+/// The arguments as UTF-8. Go takes any bytes; the member's, the gateway's and the snapshot
+/// tool's flags are UTF-8 strings here, so an argument that is not is refused with one line
+/// naming it, where `std::env::args` would panic (the gRPC proxy takes bytes: `main_os`).
+fn utf8_args(args: impl Iterator<Item = std::ffi::OsString>) -> Result<Vec<String>, String> {
+    args.map(|arg| {
+        arg.into_string().map_err(|raw| {
+            format!(
+                "invalid argument {}: not valid UTF-8 (etcd-rs takes its flags as UTF-8)",
+                config::goparse::quote(&raw.to_string_lossy())
+            )
+        })
+    })
+    .collect()
+}
+
+/// The environment as UTF-8 pairs, and the names of the `ETCD_*` variables that are not UTF-8
+/// (a member refuses those; any other variable that is not UTF-8 is none of etcd's business).
+fn utf8_env(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> (Vec<(String, String)>, Vec<std::ffi::OsString>) {
+    use std::os::unix::ffi::OsStrExt;
+    let mut env = Vec::new();
+    let mut not_utf8 = Vec::new();
+    for (name, value) in vars {
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => env.push((name, value)),
+            (Ok(name), Err(_)) if name.starts_with("ETCD_") => not_utf8.push(name.into()),
+            (Err(name), _) if name.as_bytes().starts_with(b"ETCD_") => not_utf8.push(name),
+            _ => {}
+        }
+    }
+    (env, not_utf8)
+}
+
 fn main() -> ExitCode {
     raise_open_files_limit();
     idle_memory::start();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let env: Vec<(String, String)> = std::env::vars().collect();
+    let args_os: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // The proxy takes its arguments as bytes (its --namespace may be any); it reads no env.
+    if args_os.first().is_some_and(|arg| arg == "grpc-proxy") {
+        return grpcproxy::main_os(&args_os[1..]);
+    }
+    let args = match utf8_args(args_os.into_iter()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (env, not_utf8_env) = utf8_env(std::env::vars_os());
     let parsed = match config::parse(&args, &env) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -285,6 +330,14 @@ fn main() -> ExitCode {
         Command::Snapshot(args) => return snapshot::main(&args),
         Command::Run(cfg) => cfg,
     };
+    // Only a member reads `ETCD_*`; one it cannot read is refused rather than ignored.
+    if let Some(name) = not_utf8_env.first() {
+        eprintln!(
+            "invalid environment variable {}: its value is not valid UTF-8 (etcd-rs reads ETCD_* as UTF-8)",
+            name.to_string_lossy()
+        );
+        return ExitCode::from(1);
+    }
     logging::init(&cfg.log_level, &cfg.log_outputs);
     for line in &parsed.infos {
         tracing::info!("{line}");

@@ -69,7 +69,7 @@ const MAX_PARALLEL_PROBES: usize = 64;
 pub struct Config {
     /// `--listen-addr` (`host:port`).
     pub listen_addr: String,
-    /// `--endpoints` as `host:port`, schemes already refused.
+    /// `--endpoints` as `host:port` (a URL's scheme already stripped, as etcd does).
     pub endpoints: Vec<String>,
     /// Whether `--endpoints` was given (the default is not a fallback for failed discovery).
     pub endpoints_set: bool,

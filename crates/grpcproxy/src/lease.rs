@@ -119,6 +119,15 @@ impl Hub {
         }
     }
 
+    /// The client's requests broke off with `status` (a broken stream, a message refused as
+    /// too large): its stream ends with it, as etcd's proxy returns its receive error.
+    fn fail(&self, client: u64, status: Status) {
+        let removed = self.state.lock().clients.remove(&client);
+        if let Some(c) = removed {
+            let _ = c.tx.try_send(Err(status));
+        }
+    }
+
     fn remove(&self, client: u64) {
         let mut state = self.state.lock();
         state.clients.remove(&client);
@@ -359,8 +368,12 @@ impl Lease for LeaseProxy {
                 };
                 match message {
                     Ok(Some(req)) => hub.keep_alive(id, req.id),
-                    Ok(None) | Err(_) => {
+                    Ok(None) => {
                         hub.close_send(id);
+                        return;
+                    }
+                    Err(status) => {
+                        hub.fail(id, etcdrs_serve::grpc_size::grpc_go_status(status));
                         return;
                     }
                 }

@@ -72,8 +72,8 @@ pub struct ProxyConfig {
     pub resolver_prefix: String,
     /// `--resolver-ttl`, seconds.
     pub resolver_ttl: i64,
-    /// `--namespace`.
-    pub namespace: String,
+    /// `--namespace`: bytes, as etcd takes any (Go strings are bytes).
+    pub namespace: Vec<u8>,
     /// `--max-recv-bytes`.
     pub max_recv_bytes: usize,
     /// `--max-send-bytes`.
@@ -124,7 +124,7 @@ impl Proxy {
             cluster_tls,
             config.max_send_bytes.max(4 << 20),
         )?;
-        let ns = namespace::Namespace::new(config.namespace.as_bytes().to_vec());
+        let ns = namespace::Namespace::new(config.namespace.clone());
         let metrics = metrics::Metrics::new();
         let cache = cache::RangeCache::new(config.cache, metrics.clone());
         // Task `grpc-proxy cache watch`: keeps the cache from going stale.

@@ -18,7 +18,10 @@ use http_body::{Body as HttpBody, Frame};
 /// Bytes before each gRPC message: the compressed flag, then the length (big-endian u32).
 pub const PREFIX: usize = 5;
 
-/// Reads `body` until it ends, or until more than `limit` bytes came. The result holds the
+/// Reads `body` until it ends, or until more than `limit` bytes came, or until the first
+/// message's prefix claims more than `limit` with its own five bytes (grpc-go refuses such a
+/// message from its prefix alone, before any of it arrives; a client that sends the prefix and
+/// keeps the stream open must not wait for a body that may never come). The result holds the
 /// bytes read (one frame's without a copy), the frame or error that stopped the reading
 /// (trailers, a broken stream), and the rest of the body if it did not end; it is the body to
 /// hand on when the call is not served from what was read.
@@ -50,7 +53,9 @@ where
             }
             (Some(_), Some(buf)) => buf.extend_from_slice(&data),
         }
-        if read > limit {
+        let head = more.as_deref().or(first.as_deref()).unwrap_or_default();
+        if read > limit || declared_len(head).is_some_and(|len| len.saturating_add(PREFIX) > limit)
+        {
             break (None, Some(body));
         }
     };
@@ -63,6 +68,12 @@ where
         pending,
         rest,
     }
+}
+
+/// The length the first message's prefix declares, once the prefix is all there.
+fn declared_len(body: &[u8]) -> Option<usize> {
+    let (&[_, a, b, c, d], _) = body.split_first_chunk::<PREFIX>()?;
+    usize::try_from(u32::from_be_bytes([a, b, c, d])).ok()
 }
 
 /// The message of a body that is exactly one uncompressed gRPC message of at most `max`
@@ -181,6 +192,48 @@ mod tests {
         out.extend_from_slice(&(message.len() as u32).to_be_bytes());
         out.extend_from_slice(message);
         Bytes::from(out)
+    }
+
+    /// A body that sends `first` and then neither data nor its end.
+    struct ThenSilence(Option<Bytes>);
+
+    impl HttpBody for ThenSilence {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            match self.0.take() {
+                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    /// A prefix claiming more than the limit stops the reading at once, the rest of the body
+    /// left to whoever refuses the call; one within the limit waits for its message.
+    #[tokio::test]
+    async fn an_oversized_prefix_stops_the_reading() {
+        let prefix = Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]);
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            read_whole(ThenSilence(Some(prefix.clone())), 1024 + PREFIX),
+        )
+        .await
+        .expect("read_whole returns without the body");
+        assert!(read.whole().is_none());
+        assert_eq!(read.buffered, Some(prefix));
+        assert!(read.rest.is_some());
+
+        let small = Bytes::from_static(&[0, 0, 0, 0, 10]);
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            read_whole(ThenSilence(Some(small)), 1024 + PREFIX),
+        )
+        .await;
+        assert!(waited.is_err(), "a message within the limit is waited for");
     }
 
     #[test]

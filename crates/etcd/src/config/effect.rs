@@ -38,6 +38,21 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     ("experimental-distributed-tracing-service-name", "there is no OpenTelemetry tracing"),
     ("experimental-distributed-tracing-instance-id", "there is no OpenTelemetry tracing"),
     ("experimental-distributed-tracing-sampling-rate", "there is no OpenTelemetry tracing"),
+    ("experimental-warning-unary-request-duration", "slow unary requests are not logged"),
+    // etcd 3.6's names for the flags above.
+    ("peer-skip-client-san-verification", "peer client certificates are verified as --peer-client-cert-auth says"),
+    ("compact-hash-check-time", "compacted revisions' hashes are not compared"),
+    ("compaction-batch-limit", "a compaction deletes in one backend transaction"),
+    ("compaction-sleep-interval", "a compaction deletes in one backend transaction"),
+    ("bootstrap-defrag-threshold-megabytes", "the backend is not defragmented at start"),
+    ("memory-mlock", "memory is not locked"),
+    ("downgrade-check-time", "cluster downgrades are not supported"),
+    ("enable-distributed-tracing", "there is no OpenTelemetry tracing"),
+    ("distributed-tracing-address", "there is no OpenTelemetry tracing"),
+    ("distributed-tracing-service-name", "there is no OpenTelemetry tracing"),
+    ("distributed-tracing-instance-id", "there is no OpenTelemetry tracing"),
+    ("distributed-tracing-sampling-rate", "there is no OpenTelemetry tracing"),
+    ("warning-unary-request-duration", "slow unary requests are not logged"),
 ];
 
 /// Flags that are implemented but that no integration test sets yet, so nothing shows that

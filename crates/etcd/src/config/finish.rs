@@ -12,7 +12,7 @@ use super::gourl::{self, GoUrl};
 use super::load::{DEFAULT_INITIAL_CLUSTER, UrlLists};
 use super::model::{AutoCompaction, ClusterState, EtcdConfig, MODELED};
 use super::validate::zap_level;
-use super::{Report, effect};
+use super::{Report, effect, renamed};
 
 /// `--name`'s default.
 const DEFAULT_NAME: &str = "default";
@@ -25,7 +25,7 @@ fn to_urls(list: &[GoUrl]) -> Result<Vec<Url>, ConfigError> {
 
 /// What etcd does between verifying flags and starting the server, then the typed result.
 pub(super) fn finish(
-    flags: FlagSet,
+    mut flags: FlagSet,
     urls: UrlLists,
     cluster_state: &str,
     config_file: Option<String>,
@@ -57,8 +57,7 @@ pub(super) fn finish(
     let log_level = zap_level(&flags.string("log-level"))
         .unwrap_or("info")
         .to_string();
-    let dur = |name: &str| to_std_duration(flags.duration(name));
-
+    // Warned about under the names given, before the 3.6 names reach the 3.5 ones.
     for (name, why) in effect::NO_EFFECT {
         let slot = flags.slot(name);
         let value = flags::value_text(&slot.value);
@@ -68,6 +67,8 @@ pub(super) fn finish(
                 .push(format!("--{name}={value} has no effect in etcd-rs: {why}"));
         }
     }
+    report.warnings.extend(renamed::apply(&mut flags)?);
+    let dur = |name: &str| to_std_duration(flags.duration(name));
 
     let extra = flags::FLAGS
         .iter()

@@ -37,6 +37,9 @@ pub(crate) enum Kind {
     SelectMulti(&'static [&'static str]),
     /// etcd's `IgnoredFlag`: accepted like a bool, warned about, otherwise ignored.
     Ignored,
+    /// etcd 3.6's `--feature-gates`: `Name=bool` pairs, checked on set, each set adding to
+    /// the pairs before it (`config::renamed`).
+    FeatureGates,
 }
 
 /// The `--help` section a flag is listed under.
@@ -187,6 +190,7 @@ pub(crate) static FLAGS: &[FlagDef] = &[
     flag("tls-min-version", K::Str, "TLS1.2", G::Security, "Lowest TLS version accepted: TLS1.2 or TLS1.3."),
     flag("tls-max-version", K::Str, "", G::Security, "Highest TLS version accepted: TLS1.2 or TLS1.3 (empty means the newest supported)."),
     flag("experimental-peer-skip-client-san-verification", K::Bool, "false", G::Security, "Do not check the SAN of client certificates presented by peers."),
+    flag("peer-skip-client-san-verification", K::Bool, "false", G::Security, "etcd 3.6's name for --experimental-peer-skip-client-san-verification."),
     // Auth
     flag("auth-token", K::Str, "simple", G::Auth, "Auth token type and options: 'simple' or 'jwt,...'."),
     flag("bcrypt-cost", K::Uint, "10", G::Auth, "bcrypt cost for hashing user passwords (4 to 31)."),
@@ -208,6 +212,11 @@ pub(crate) static FLAGS: &[FlagDef] = &[
     flag("experimental-distributed-tracing-service-name", K::Str, "etcd", G::Tracing, "Service name on exported traces; keep it the same on every member."),
     flag("experimental-distributed-tracing-instance-id", K::Str, "", G::Tracing, "Instance id on exported traces; unique per member."),
     flag("experimental-distributed-tracing-sampling-rate", K::Int, "0", G::Tracing, "Spans sampled per million (0 samples none)."),
+    flag("enable-distributed-tracing", K::Bool, "false", G::Tracing, "etcd 3.6's name for --experimental-enable-distributed-tracing."),
+    flag("distributed-tracing-address", K::Str, "localhost:4317", G::Tracing, "etcd 3.6's name for --experimental-distributed-tracing-address."),
+    flag("distributed-tracing-service-name", K::Str, "etcd", G::Tracing, "etcd 3.6's name for --experimental-distributed-tracing-service-name."),
+    flag("distributed-tracing-instance-id", K::Str, "", G::Tracing, "etcd 3.6's name for --experimental-distributed-tracing-instance-id."),
+    flag("distributed-tracing-sampling-rate", K::Int, "0", G::Tracing, "etcd 3.6's name for --experimental-distributed-tracing-sampling-rate."),
     // v2 proxy
     flag("proxy", K::Select(PROXY_MODES), "off", G::V2Proxy, "v2 proxy mode: 'off', 'readonly' or 'on' (not supported by etcd-rs)."),
     flag("proxy-failure-wait", K::Uint, "5000", G::V2Proxy, "Milliseconds a failed endpoint stays out of rotation."),
@@ -233,6 +242,21 @@ pub(crate) static FLAGS: &[FlagDef] = &[
     flag("experimental-bootstrap-defrag-threshold-megabytes", K::Uint, "0", G::Experimental, "Defragment at boot when that frees at least this many megabytes (0 disables)."),
     flag("experimental-max-learners", K::Int, "1", G::Experimental, "Most learner members the cluster may hold."),
     flag("experimental-snapshot-catchup-entries", K::Uint64, "5000", G::Experimental, "Entries kept after a snapshot so slow followers can catch up (handle with care)."),
+    flag("experimental-warning-unary-request-duration", K::Duration, "0s", G::Experimental, "Log a warning when a unary request takes longer than this (0 means 300ms)."),
+    // etcd 3.6's names for the experimental flags above, and its feature gates
+    flag("corrupt-check-time", K::Duration, "0s", G::Experimental, "etcd 3.6's name for --experimental-corrupt-check-time."),
+    flag("compact-hash-check-time", K::Duration, "1m0s", G::Experimental, "etcd 3.6's name for --experimental-compact-hash-check-time."),
+    flag("compaction-batch-limit", K::Int, "0", G::Experimental, "etcd 3.6's name for --experimental-compaction-batch-limit."),
+    flag("compaction-sleep-interval", K::Duration, "0s", G::Experimental, "etcd 3.6's name for --experimental-compaction-sleep-interval."),
+    flag("watch-progress-notify-interval", K::Duration, "0s", G::Experimental, "etcd 3.6's name for --experimental-watch-progress-notify-interval."),
+    flag("downgrade-check-time", K::Duration, "5s", G::Experimental, "etcd 3.6's name for --experimental-downgrade-check-time."),
+    flag("warning-apply-duration", K::Duration, "100ms", G::Experimental, "etcd 3.6's name for --experimental-warning-apply-duration."),
+    flag("warning-unary-request-duration", K::Duration, "0s", G::Experimental, "etcd 3.6's name for --experimental-warning-unary-request-duration."),
+    flag("memory-mlock", K::Bool, "false", G::Experimental, "etcd 3.6's name for --experimental-memory-mlock."),
+    flag("bootstrap-defrag-threshold-megabytes", K::Uint, "0", G::Experimental, "etcd 3.6's name for --experimental-bootstrap-defrag-threshold-megabytes."),
+    flag("max-learners", K::Int, "1", G::Experimental, "etcd 3.6's name for --experimental-max-learners."),
+    flag("snapshot-catchup-entries", K::Uint64, "5000", G::Experimental, "etcd 3.6's name for --experimental-snapshot-catchup-entries."),
+    flag("feature-gates", K::FeatureGates, "", G::Experimental, "etcd 3.6's feature gates, Name=true|false comma-separated: CompactHashCheck, InitialCorruptCheck, LeaseCheckpoint, LeaseCheckpointPersist, SetMemberLocalAddr, StopGRPCServiceOnDefrag, TxnModeWriteWithSharedBuffer (AllAlpha, AllBeta)."),
     // Unsafe
     flag("force-new-cluster", K::Bool, "false", G::Unsafe, "Restart as a one-member cluster from the existing data, dropping the other members."),
     flag("unsafe-no-fsync", K::Bool, "false", G::Unsafe, "Never fsync; a crash can lose or corrupt data."),
@@ -301,7 +325,7 @@ impl FlagDef {
 impl Value {
     fn initial(kind: Kind) -> Value {
         match kind {
-            Kind::Str | Kind::Select(_) => Value::Str(String::new()),
+            Kind::Str | Kind::Select(_) | Kind::FeatureGates => Value::Str(String::new()),
             Kind::Bool => Value::Bool(false),
             Kind::Uint | Kind::Uint64 | Kind::Uint32 => Value::U64(0),
             Kind::Int | Kind::Int64 => Value::I64(0),
@@ -373,6 +397,16 @@ impl Value {
                 return Ok(());
             }
             Kind::Ignored => Value::Ignored,
+            Kind::FeatureGates => {
+                super::renamed::parse_gates(text).map_err(SetError)?;
+                match self {
+                    Value::Str(current) if !current.is_empty() && !text.is_empty() => {
+                        Value::Str(format!("{current},{text}"))
+                    }
+                    Value::Str(current) if text.is_empty() => Value::Str(current.clone()),
+                    _ => Value::Str(text.to_string()),
+                }
+            }
         };
         Ok(())
     }

@@ -881,6 +881,172 @@ async fn flags_help_and_errors_read_as_etcds() {
     assert_eq!(ours.0, Some(1));
 }
 
+/// issue 40: `--namespace` given bytes that are not UTF-8 panicked in `main`
+/// (`std::env::args`); so did any environment variable that is not UTF-8 (`std::env::vars`).
+/// Now the proxy prefixes keys with those bytes, as etcd's does (Go takes any bytes); another
+/// proxy flag given such bytes is refused with pflag's error; the member and its other
+/// subcommands refuse such an argument with one line; a variable that is not ours is ignored,
+/// and a member's `ETCD_*` that is not UTF-8 is refused with one line.
+#[tokio::test]
+async fn arguments_and_environment_that_are_not_utf8_never_panic() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let raw = OsStr::from_bytes(b"ns-\xff\xfe/");
+
+    // The proxy serves under the raw namespace.
+    let member = start_member(&crate::bin()).await;
+    let ports = (reserve().expect("port"), reserve().expect("port"));
+    let addr = format!("127.0.0.1:{}", ports.0.port());
+    let metrics = format!("127.0.0.1:{}", ports.1.port());
+    let mut child = Command::new(proxy_bin())
+        .args(["grpc-proxy", "start"])
+        .arg(format!("--endpoints={}", member.endpoint()))
+        .arg(format!("--listen-addr={addr}"))
+        .arg(format!("--metrics-addr=http://{metrics}"))
+        .arg("--namespace")
+        .arg(raw)
+        .env("ETCDRS_UNRELATED", raw)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn proxy");
+    poll_until(Duration::from_secs(10), || async {
+        let resp = http_get(&metrics, "/health").await?;
+        anyhow::ensure!(resp.status == 200, "health {}: {}", resp.status, resp.body);
+        Ok(())
+    })
+    .await
+    .expect("the proxy serves");
+    let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
+    let mut through = Client::connect([format!("http://{addr}")], Some(opts))
+        .await
+        .expect("client of the proxy");
+    through
+        .put("k", "v", None)
+        .await
+        .expect("put through the proxy");
+    let got = through.get("k", None).await.expect("get through the proxy");
+    assert_eq!(got.kvs().first().map(|kv| kv.value()), Some(&b"v"[..]));
+    let mut direct = member.client().await.expect("client of the member");
+    let got = direct
+        .get(&b"ns-\xff\xfe/k"[..], None)
+        .await
+        .expect("get from the member");
+    assert_eq!(got.kvs().first().map(|kv| kv.value()), Some(&b"v"[..]));
+    let _ = child.start_kill();
+
+    // Another proxy flag given such bytes: pflag's refusal, exit 1.
+    let out = Command::new(proxy_bin())
+        .args(["grpc-proxy", "start", "--data-dir"])
+        .arg(raw)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "Error: invalid argument \"ns-\u{fffd}\u{fffd}/\" for \"--data-dir\" flag: not valid UTF-8"
+        ),
+        "{stderr}"
+    );
+
+    // The member takes its flags as UTF-8: one line, exit 1.
+    let out = Command::new(proxy_bin())
+        .arg("--name")
+        .arg(raw)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("invalid argument \"ns-\u{fffd}\u{fffd}/\": not valid UTF-8"),
+        "{stderr}"
+    );
+
+    // A variable that is not etcd's, not UTF-8: nothing to say about it.
+    let out = Command::new(proxy_bin())
+        .arg("--version")
+        .env("ETCDRS_UNRELATED", raw)
+        .output()
+        .await
+        .expect("run");
+    assert!(out.status.success(), "{:?}", out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("etcd Version:"));
+
+    // A member's ETCD_* that is not UTF-8: one line, exit 1, before anything starts.
+    let dir = tempfile::tempdir().expect("dir");
+    let out = Command::new(proxy_bin())
+        .arg("--data-dir")
+        .arg(dir.path().join("m"))
+        .env("ETCD_NAME", raw)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "invalid environment variable ETCD_NAME: its value is not valid UTF-8 (etcd-rs reads ETCD_* as UTF-8)"
+    );
+    assert!(!dir.path().join("m").exists());
+}
+
+/// issue 40: a prefix claiming 4 GiB on a stream left open is refused from the prefix alone,
+/// on the proxy's cached-range path as on tonic's, as etcd 3.4's proxy refuses it (its
+/// `--max-recv-bytes` is 2 GiB - 1 by default).
+#[tokio::test]
+async fn a_prefix_claiming_4_gib_is_refused_before_its_body() {
+    let member = start_member(&crate::bin()).await;
+    let endpoints = [member.endpoint()];
+    let ours = Proxy::start(&endpoints, &[]).await.expect("our proxy");
+    let etcd = Proxy::start_bin(Path::new("/usr/bin/etcd"), &endpoints)
+        .await
+        .expect("etcd 3.4's proxy");
+    for proxy in [&etcd, &ours] {
+        let mut channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        for path in [
+            "/etcdserverpb.KV/Range",
+            "/etcdserverpb.KV/Put",
+            "/etcdserverpb.Lease/LeaseGrant",
+            "/etcdserverpb.Watch/Watch",
+            "/etcdserverpb.Lease/LeaseKeepAlive",
+        ] {
+            let answer =
+                crate::kv::claim_4gib_and_wait(&mut channel, path, &[], Duration::from_secs(5))
+                    .await;
+            // etcd 3.4's proxy keeps grpc-go's default limit (4 MiB), ours 3.5's
+            // `--max-recv-bytes` default (2 GiB - 1).
+            assert_eq!(
+                answer.grpc_status.as_deref(),
+                Some("8"),
+                "{path} through {}: {answer:?}",
+                proxy.endpoint()
+            );
+            let message = answer.grpc_message.unwrap_or_default();
+            assert!(
+                message.starts_with("grpc: received message larger than max (4294967295 vs. "),
+                "{path} through {}: {message}",
+                proxy.endpoint()
+            );
+        }
+    }
+}
+
 /// TLS end to end against etcd 3.4 requiring client certificates: the proxy presents its
 /// certificate to the cluster and terminates TLS for its clients.
 #[tokio::test]

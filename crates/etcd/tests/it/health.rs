@@ -134,7 +134,10 @@ async fn member_id(c: &mut Client) -> u64 {
 
 #[tokio::test]
 async fn probes_of_a_healthy_member() {
-    let (m, _c) = start().await;
+    let metrics_port = etcdrs_testkit::ports::reserve().expect("port");
+    let metrics_addr = format!("127.0.0.1:{}", metrics_port.port());
+    let metrics_url = format!("http://{metrics_addr}");
+    let (m, _c) = start_with(&["--listen-metrics-urls", &metrics_url]).await;
 
     assert_healthy(&get(&m, "/health").await);
     assert_healthy(&get(&m, "/health?serializable=true").await);
@@ -184,6 +187,13 @@ async fn probes_of_a_healthy_member() {
         check_lines(&r.body),
         ["[+]data_corruption ok", "[+]serializable_read ok"]
     );
+    // The metrics listener serves the probes too, as etcd 3.6's does.
+    for path in ["/livez", "/readyz", "/readyz/linearizable_read"] {
+        let r = etcdrs_testkit::http_get(&metrics_addr, path)
+            .await
+            .expect("GET on the metrics listener");
+        assert_eq!((r.status, r.body.as_str()), (200, "ok\n"), "{path}");
+    }
     let r = call(&m, "POST", "/readyz").await;
     assert_eq!((r.status, r.body.as_str()), (405, "Method Not Allowed\n"));
     assert_eq!(call(&m, "PUT", "/livez").await.status, 405);

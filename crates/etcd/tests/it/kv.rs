@@ -699,12 +699,12 @@ async fn compaction_and_compacted_reads() {
 /// What a raw gRPC call was answered: HTTP status, content type, gRPC status and message
 /// (from the trailers, or the headers of a trailers-only answer), and the body's bytes.
 #[derive(Debug, PartialEq)]
-struct RawAnswer {
-    http: u16,
-    content_type: Option<String>,
-    grpc_status: Option<String>,
-    grpc_message: Option<String>,
-    body: Vec<u8>,
+pub(crate) struct RawAnswer {
+    pub(crate) http: u16,
+    pub(crate) content_type: Option<String>,
+    pub(crate) grpc_status: Option<String>,
+    pub(crate) grpc_message: Option<String>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// Sends `body` as the request of `path`, with `headers` added, over `channel`.
@@ -753,6 +753,125 @@ async fn raw_call(
         grpc_status: field("grpc-status"),
         grpc_message: field("grpc-message"),
         body: collected.to_bytes().to_vec(),
+    }
+}
+
+/// Sends the 5-byte prefix of a message claiming 4 GiB to `path` and leaves the request stream
+/// open (no body, no end of stream): the answer, which must come before `within`.
+pub(crate) async fn claim_4gib_and_wait(
+    channel: &mut tonic::transport::Channel,
+    path: &str,
+    headers: &[(&'static str, &'static str)],
+    within: std::time::Duration,
+) -> RawAnswer {
+    use futures::StreamExt;
+    use http_body_util::BodyExt;
+    use tonic::codegen::Service;
+    use tonic::codegen::http;
+
+    let prefix = bytes::Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]);
+    let frames = futures::stream::once(async move {
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(prefix))
+    })
+    .chain(futures::stream::pending());
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://127.0.0.1{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(tonic::body::Body::new(http_body_util::StreamBody::new(
+            frames,
+        )))
+        .expect("a request");
+    let answered = tokio::time::timeout(within, async {
+        futures::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .expect("connection ready");
+        let response = channel.call(request).await.expect("an answer");
+        let (parts, body) = response.into_parts();
+        let collected = body.collect().await.expect("the whole answer");
+        (parts, collected)
+    })
+    .await;
+    let Ok((parts, collected)) = answered else {
+        panic!("{path}: no answer within {within:?} to a prefix claiming 4 GiB");
+    };
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    // grpc-message is percent-encoded (tonic encodes spaces, grpc-go leaves them).
+    let field = |name: &str| {
+        trailers
+            .get(name)
+            .or_else(|| parts.headers.get(name))
+            .map(|v| etcdrs_proto::rpctypes::decode_grpc_message(v.as_bytes()))
+    };
+    RawAnswer {
+        http: parts.status.as_u16(),
+        content_type: parts
+            .headers
+            .get("content-type")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        grpc_status: field("grpc-status"),
+        grpc_message: field("grpc-message"),
+        body: collected.to_bytes().to_vec(),
+    }
+}
+
+/// issue 40: a prefix claiming 4 GiB on a stream left open is refused at once, from the
+/// prefix alone, as etcd (grpc-go) refuses it: ResourceExhausted "grpc: received message
+/// larger than max (4294967295 vs. 2097152)". The direct KV path read on, waiting for a body
+/// that never came. Every way in: the direct KV path, a KV call through the router and tonic
+/// (`hasleader`), a unary call of another service, and the Watch stream; against the server
+/// under test and etcd 3.4.
+#[tokio::test]
+async fn a_prefix_claiming_4_gib_is_refused_before_its_body() {
+    let members = [
+        etcdrs_testkit::Member::start(crate::opts())
+            .await
+            .expect("member"),
+        etcdrs_testkit::Member::start(etcdrs_testkit::MemberOpts::new(
+            &etcdrs_testkit::EtcdBin::at("/usr/bin/etcd"),
+        ))
+        .await
+        .expect("etcd 3.4 member"),
+    ];
+    for m in &members {
+        let mut channel = tonic::transport::Endpoint::from_shared(m.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        for (path, headers) in [
+            ("/etcdserverpb.KV/Put", vec![]),
+            ("/etcdserverpb.KV/Range", vec![]),
+            ("/etcdserverpb.KV/Range", vec![("hasleader", "true")]),
+            ("/etcdserverpb.Lease/LeaseGrant", vec![]),
+            ("/etcdserverpb.Watch/Watch", vec![]),
+            ("/etcdserverpb.Lease/LeaseKeepAlive", vec![]),
+        ] {
+            let answer = claim_4gib_and_wait(
+                &mut channel,
+                path,
+                &headers,
+                std::time::Duration::from_secs(5),
+            )
+            .await;
+            assert_eq!(
+                (
+                    answer.grpc_status.as_deref(),
+                    answer.grpc_message.as_deref()
+                ),
+                (
+                    Some("8"),
+                    Some("grpc: received message larger than max (4294967295 vs. 2097152)")
+                ),
+                "{path} {headers:?} on {}: {answer:?}",
+                m.endpoint()
+            );
+        }
     }
 }
 

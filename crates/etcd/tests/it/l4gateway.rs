@@ -12,6 +12,8 @@
 //! - `srv_tls_validation_and_passthrough`: etcd's SRV rules for TLS targets, TLS carried end to
 //!   end through the gateway, and the non-zero exit where etcd silently falls back.
 //! - `bad_flags_fail_like_etcd`: flag errors compared with etcd 3.4's own.
+//! - `url_endpoints_lose_their_scheme`: `--endpoints http://host:port,...` served as etcd's
+//!   gateway serves it (the scheme stripped).
 //! - `startup_refusals`: an endpoint that is the gateway itself, SRV names that do not exist.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -599,6 +601,26 @@ async fn srv_tls_validation_and_passthrough() {
         .await;
     assert_eq!(got.trim(), "through");
 
+    // The same endpoint given as an https:// URL: the scheme is dropped (etcd's
+    // stripSchema) and TLS still passes through untouched.
+    let url_tls = format!("https://127.0.0.1:{}", secure.client_port());
+    let gw3 = Gateway::start(&["--endpoints", &url_tls], &[]).await;
+    let ready = gw3
+        .log()
+        .lines()
+        .find(|l| l.contains("ready to proxy client requests"))
+        .map(str::to_string)
+        .expect("ready line");
+    assert!(
+        ready.contains(&static_tls) && !ready.contains("https://"),
+        "{ready}"
+    );
+    let tls_ctl3 = Etcdctl::new(format!("https://{}", gw3.addr));
+    let got = tls_ctl3
+        .ok(&["--cacert", &ca_file, "get", "tls-key", "--print-value-only"])
+        .await;
+    assert_eq!(got.trim(), "through");
+
     // Nothing verifies (wrong CA) and no --endpoints: etcd would fall back to 127.0.0.1:2379
     // without a word; ours says why and exits non-zero.
     let other = TestCa::new(dir.path(), "other").expect("CA");
@@ -619,6 +641,31 @@ async fn srv_tls_validation_and_passthrough() {
         "{}",
         bad.log()
     );
+}
+
+/// issue 40: `--endpoints` given as URLs (etcd's own gateway test starts it that way) are
+/// served as `host:port`, as etcd 3.4's gateway serves them; ours refused them before.
+#[tokio::test]
+async fn url_endpoints_lose_their_scheme() {
+    // One member (separate single members would answer a get from another's keys), named twice.
+    let members = single_members(1).await;
+    let port = members[0].client_port();
+    let list = format!("http://127.0.0.1:{port},http://localhost:{port}");
+    let gw = Gateway::start(&["--endpoints", &list], &[]).await;
+    let log = gw.log();
+    let ready = log
+        .lines()
+        .find(|l| l.contains("ready to proxy client requests"))
+        .expect("ready line");
+    for key in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        assert!(ready.contains(&key), "{ready}");
+        assert_eq!(gw.metric(&endpoint_up(&key)).await, Some(1.0), "{log}");
+    }
+    assert!(!ready.contains("http://"), "{ready}");
+    let ctl = gw.etcdctl();
+    ctl.ok(&["put", "url-key", "v"]).await;
+    let got = ctl.ok(&["get", "url-key", "--print-value-only"]).await;
+    assert_eq!(got.trim(), "v");
 }
 
 /// Runs `etcd gateway start <args>` of `bin` and returns (exit code, stdout, stderr).
@@ -661,13 +708,17 @@ async fn bad_flags_fail_like_etcd() {
         assert!(our_err.contains("Usage:\n  etcd gateway start [flags]"));
     }
 
-    // etcd strips a scheme and proxies TCP as if none were given; ours refuses it.
-    let (code, _, err) = run_gateway(&ours, &["--endpoints", "https://127.0.0.1:2379"]);
-    assert_eq!(code, Some(1));
-    assert!(
-        err.contains("not a URL") && err.contains("does not terminate TLS"),
-        "{err}"
-    );
+    // A URL loses its scheme first (etcd's stripSchema), so one without a port is refused
+    // for what is left, as etcd refuses it.
+    for bin in [&ours, &theirs] {
+        let (code, out, err) = run_gateway(bin, &["--endpoints", "http://127.0.0.1"]);
+        assert_eq!(code, Some(1), "{}", bin.display());
+        assert!(
+            format!("{out}{err}").contains("rror parsing endpoint \"127.0.0.1\""),
+            "{}: {out}{err}",
+            bin.display()
+        );
+    }
     let (code, _, err) = run_gateway(&ours, &["--endpoints", "127.0.0.1"]);
     assert_eq!(code, Some(1));
     assert!(

@@ -323,3 +323,86 @@ async fn start_under_ulimit(dir: &std::path::Path, limit: &str) -> Member {
     .await
     .expect("member starts")
 }
+
+/// issue 40: etcd 3.6's names for the renamed `--experimental-*` flags and its
+/// `--feature-gates` start our member with the effects of the 3.5 names: progress
+/// notifications at `--watch-progress-notify-interval`, no learner under `--max-learners 0`,
+/// slow applies logged past `--warning-apply-duration`, the initial corruption check under
+/// `InitialCorruptCheck=true`, and a gate without effect warned about at start.
+/// (`--corrupt-check-time` and `--snapshot-catchup-entries` are set too; the config tests
+/// show each 3.6 name reaching what its 3.5 name reaches, whose effect the corrupt and auth
+/// tests show.)
+#[tokio::test]
+async fn etcd_36_flag_names_take_effect() {
+    if !crate::ours() {
+        // etcd 3.4 knows none of these names.
+        return;
+    }
+    let m = Member::start(opts().args([
+        "--watch-progress-notify-interval",
+        "300ms",
+        "--max-learners",
+        "0",
+        "--warning-apply-duration",
+        "1us",
+        "--corrupt-check-time",
+        "1h",
+        "--snapshot-catchup-entries",
+        "50",
+        "--feature-gates",
+        "InitialCorruptCheck=true,StopGRPCServiceOnDefrag=true",
+    ]))
+    .await
+    .expect("member starts");
+    let mut c = m.client().await.expect("client");
+
+    let mut stream = c
+        .watch(
+            "quiet",
+            Some(etcd_client::WatchOptions::new().with_progress_notify()),
+        )
+        .await
+        .expect("watch");
+    let created = stream.message().await.expect("stream").expect("created");
+    assert!(created.created());
+    let progress = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("a progress notification within 5 s (the default interval is 10 min)")
+        .expect("stream")
+        .expect("open");
+    assert!(
+        progress.events().is_empty() && !progress.canceled(),
+        "{progress:?}"
+    );
+
+    let refused = m
+        .etcdctl()
+        .fail(&[
+            "member",
+            "add",
+            "l1",
+            "--learner",
+            "--peer-urls=http://127.0.0.1:1",
+        ])
+        .await;
+    assert!(
+        refused.contains("etcdserver: too many learner members in cluster"),
+        "{refused}"
+    );
+
+    c.put("k", "v", None).await.expect("put");
+    poll_until(Duration::from_secs(10), || async {
+        for line in [
+            "apply request took too long",
+            "starting initial corruption check",
+            "--feature-gates=StopGRPCServiceOnDefrag=true has no effect in etcd-rs",
+        ] {
+            if !m.log_contains(line) {
+                return Err(format!("log lacks {line:?}"));
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", m.log_tail(30)));
+}

@@ -14,6 +14,9 @@ pub(super) struct ClientStream {
     id: ClientId,
     /// Shared with the client's state: some of its c-watchers are paused.
     lagging: Arc<std::sync::atomic::AtomicBool>,
+    /// Why the client's requests broke off (its reader sets it, then kills the stream): the
+    /// status the stream ends with, as etcd's proxy ends it with its receive error.
+    failed: Arc<Mutex<Option<Status>>>,
 }
 
 impl Stream for ClientStream {
@@ -24,9 +27,12 @@ impl Stream for ClientStream {
         }
         if self.killed.as_mut().poll(cx).is_ready() {
             self.done = true;
-            return Poll::Ready(Some(Err(Status::resource_exhausted(
-                "etcdserver: watch stream is too slow (gRPC proxy client queue is full)",
-            ))));
+            let status = self.failed.lock().take().unwrap_or_else(|| {
+                Status::resource_exhausted(
+                    "etcdserver: watch stream is too slow (gRPC proxy client queue is full)",
+                )
+            });
+            return Poll::Ready(Some(Err(status)));
         }
         let item = self.rx.poll_recv(cx).map(|r| r.map(Ok));
         if item.is_ready()
@@ -75,6 +81,7 @@ pub(super) async fn read_client(
     id: ClientId,
     mut input: Streaming<WatchRequest>,
     kill: CancellationToken,
+    failed: Arc<Mutex<Option<Status>>>,
 ) {
     loop {
         let message = tokio::select! {
@@ -85,7 +92,14 @@ pub(super) async fn read_client(
         let request = match message {
             Ok(Some(request)) => request,
             // A client that closes its side keeps receiving, as from a member.
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
+            // A broken stream or a refused message (too large): the client's stream ends
+            // with that status.
+            Err(status) => {
+                *failed.lock() = Some(etcdrs_serve::grpc_size::grpc_go_status(status));
+                kill.cancel();
+                return;
+            }
         };
         // A request is handled only once its answer has room in the client's queue: a client
         // that sends and does not read is slowed down, not cut off (as a member stops reading
@@ -186,9 +200,14 @@ impl Watch for WatchProxy {
             id
         };
         let input = request.into_inner();
-        self.hub
-            .tasks
-            .spawn(read_client(self.hub.clone(), id, input, kill.clone()));
+        let failed = Arc::new(Mutex::new(None));
+        self.hub.tasks.spawn(read_client(
+            self.hub.clone(),
+            id,
+            input,
+            kill.clone(),
+            failed.clone(),
+        ));
         Ok(Response::new(Box::pin(ClientStream {
             rx,
             killed: Box::pin(kill.clone().cancelled_owned()),
@@ -197,6 +216,7 @@ impl Watch for WatchProxy {
             hub: self.hub.clone(),
             id,
             lagging,
+            failed,
         })))
     }
 }

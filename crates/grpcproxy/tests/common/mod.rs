@@ -27,7 +27,7 @@ impl InProcessProxy {
         let shutdown = CancellationToken::new();
         let config = ProxyConfig {
             endpoints: vec![member.endpoint()],
-            namespace: namespace.to_owned(),
+            namespace: namespace.as_bytes().to_vec(),
             max_recv_bytes: 4 << 20,
             max_send_bytes: 4 << 20,
             max_concurrent_streams: 1000,

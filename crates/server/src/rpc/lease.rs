@@ -190,9 +190,11 @@ impl Lease for Rpc {
         let stream = request.into_inner().then(move |req| {
             let server = server.clone();
             async move {
-                let req = req.inspect_err(|status| {
-                    crate::metrics::stream_receive_failed("lease-keepalive", status);
-                })?;
+                let req = req
+                    .inspect_err(|status| {
+                        crate::metrics::stream_receive_failed("lease-keepalive", status);
+                    })
+                    .map_err(etcdrs_serve::grpc_size::grpc_go_status)?;
                 // The header is taken before renewing, as etcd does, so its revision is never
                 // newer than the renewal: a client cannot see a lease revoked at revision r
                 // renewed at a later one.

@@ -569,10 +569,11 @@ impl StreamState {
             };
             match step {
                 Step::Request(Some(Ok(req))) => self.handle_request(req),
-                // The client closed its side or the stream broke: the watch stream ends.
+                // The stream broke or its message was refused (too large): the watch stream
+                // ends with that status, as etcd's returns its receive error.
                 Step::Request(Some(Err(status))) => {
                     crate::metrics::stream_receive_failed("watch", &status);
-                    return None;
+                    return Some(Err(etcdrs_serve::grpc_size::grpc_go_status(status)));
                 }
                 Step::Request(None) => return None,
                 Step::Hub(Some(msg)) => {

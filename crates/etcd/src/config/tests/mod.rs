@@ -6,6 +6,7 @@ mod command_line;
 mod defaults;
 mod environment;
 mod file;
+mod renamed;
 mod validate;
 
 use url::Url;
