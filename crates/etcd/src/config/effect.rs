@@ -42,8 +42,6 @@ pub(crate) const NO_EFFECT: &[(&str, &str)] = &[
     // etcd 3.6's names for the flags above.
     ("peer-skip-client-san-verification", "peer client certificates are verified as --peer-client-cert-auth says"),
     ("compact-hash-check-time", "compacted revisions' hashes are not compared"),
-    ("compaction-batch-limit", "a compaction deletes in one backend transaction"),
-    ("compaction-sleep-interval", "a compaction deletes in one backend transaction"),
     ("bootstrap-defrag-threshold-megabytes", "the backend is not defragmented at start"),
     ("memory-mlock", "memory is not locked"),
     ("downgrade-check-time", "cluster downgrades are not supported"),

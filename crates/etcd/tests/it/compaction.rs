@@ -70,14 +70,33 @@ async fn periodic_auto_compaction_compacts_old_history() {
 /// server-side timeout), and every value it must keep is there. Runs on etcd 3.4 too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_physical_compaction_runs_in_batches_while_writes_go_on() {
-    const KEYS: usize = 200;
-    const ROUNDS: usize = 10;
     // etcd 3.4 sleeps 10 ms between batches, without a flag for it.
     let mut flags = vec!["--experimental-compaction-batch-limit", "10"];
     if crate::ours() {
         flags.extend(["--experimental-compaction-sleep-interval", "20ms"]);
     }
-    let (m, mut c) = start_with(&flags).await;
+    physical_compaction_in_batches(&flags).await;
+}
+
+/// The same under etcd 3.6's names for the two flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_batches_take_etcd_36_flag_names() {
+    if !crate::ours() {
+        return;
+    }
+    physical_compaction_in_batches(&[
+        "--compaction-batch-limit",
+        "10",
+        "--compaction-sleep-interval",
+        "20ms",
+    ])
+    .await;
+}
+
+async fn physical_compaction_in_batches(flags: &[&str]) {
+    const KEYS: usize = 200;
+    const ROUNDS: usize = 10;
+    let (m, mut c) = start_with(flags).await;
     let mut rev = 0;
     for round in 0..ROUNDS {
         let txn_puts: Vec<_> = (0..KEYS)
