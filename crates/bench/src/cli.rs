@@ -98,6 +98,11 @@ pub enum Command {
     WatchLatency(WatchLatencyOpts),
     /// Benchmark lease keep-alive round trips
     LeaseKeepalive(LeaseKeepaliveOpts),
+    /// Read a whole key range with `--clients` concurrent readers: in pages at one pinned
+    /// revision (kube-apiserver's LIST), or as one range (`--page-size 0`)
+    Scan(ScanOpts),
+    /// Watch from a past revision and time the catch-up over `--events` events
+    Catchup(CatchupOpts),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -203,6 +208,35 @@ pub struct WatchLatencyOpts {
     /// Value size of watch response (at least 8: the value carries the put's issue time)
     #[arg(long, default_value_t = 32)]
     pub val_size: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ScanOpts {
+    /// First key of the range (all keys from it with `--range-end` empty)
+    #[arg(long, default_value = "")]
+    pub key: String,
+    /// End of the range (exclusive); empty: every key from `--key`
+    #[arg(long, default_value = "")]
+    pub range_end: String,
+    /// Keys per page; 0 reads the range in one request of at most `--limit` keys
+    #[arg(long, default_value_t = 10_000)]
+    pub page_size: i64,
+    /// Most keys read in all (0: every key)
+    #[arg(long, default_value_t = 0)]
+    pub limit: i64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CatchupOpts {
+    /// Key prefix watched
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+    /// Revision the watch starts from
+    #[arg(long)]
+    pub rev: i64,
+    /// Events to receive before stopping
+    #[arg(long)]
+    pub events: u64,
 }
 
 #[derive(Debug, Clone, Args)]

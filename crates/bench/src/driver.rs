@@ -50,6 +50,11 @@ pub async fn unary_clients(global: &GlobalOpts, path: &str) -> Result<Vec<crate:
         .collect()
 }
 
+/// Set when the process is asked to stop (SIGTERM or SIGINT): no request is issued after it,
+/// and the run ends with the summary of what was done, so that a script can run a workload
+/// for exactly as long as something else takes (`scripts/bench-compare`'s scale rows).
+pub static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Hands out request numbers until the budget is spent, paced by an optional rate.
 #[derive(Debug)]
 pub struct Tickets {
@@ -76,7 +81,7 @@ impl Tickets {
     /// The number of the next request to issue, or `None` when the budget is spent.
     pub async fn next(&self) -> Option<u64> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
-        if self.total.is_some_and(|t| i >= t) {
+        if STOP.load(Ordering::Relaxed) || self.total.is_some_and(|t| i >= t) {
             return None;
         }
         if let Some(interval) = self.interval {

@@ -10,6 +10,7 @@ mod driver;
 mod grpc;
 mod keys;
 mod report;
+mod scan;
 mod watch;
 mod workloads;
 
@@ -70,6 +71,17 @@ fn cpu_seconds() -> Option<f64> {
 
 async fn run(cli: Cli) -> Result<ExitCode> {
     let g = &cli.global;
+    for kind in [
+        tokio::signal::unix::SignalKind::terminate(),
+        tokio::signal::unix::SignalKind::interrupt(),
+    ] {
+        let mut signal = tokio::signal::unix::signal(kind)?;
+        tokio::spawn(async move {
+            if signal.recv().await.is_some() {
+                driver::STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
     let cpu0 = cpu_seconds();
     let text = g.output == Output::Text;
     let summary = match &cli.command {
@@ -86,6 +98,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::TxnPut(o) => workloads::txn_put(g, o).await?,
         Command::LeaseKeepalive(o) => workloads::lease_keepalive(g, o).await?,
         Command::WatchLatency(o) => watch::watch_latency(g, o).await?,
+        Command::Scan(o) => {
+            let mut v = scan::scan(g, o).await?;
+            add_cpu(&mut v, cpu0);
+            println!("{v}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Catchup(o) => {
+            let mut v = scan::catchup(g, o).await?;
+            add_cpu(&mut v, cpu0);
+            println!("{v}");
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Watch(o) => {
             let (create, events) = watch::watch(g, o).await?;
             if text {
