@@ -36,9 +36,9 @@ use crate::{Backend, Bucket, Error, Result, lock};
 #[derive(Debug, Default)]
 pub(crate) struct Changes {
     /// `(bucket, key)`, sorted by bucket so that a round opens each table once.
-    keys: BTreeSet<(&'static str, Vec<u8>)>,
+    pub(crate) keys: BTreeSet<(&'static str, Vec<u8>)>,
     /// A whole bucket changed: the copy starts again.
-    everything: bool,
+    pub(crate) everything: bool,
 }
 
 impl Changes {
@@ -91,6 +91,16 @@ impl Tracker {
 
     fn take(&self) -> Changes {
         std::mem::take(&mut *lock(&self.changes))
+    }
+
+    #[cfg(test)]
+    pub(crate) fn start_for_test(&self) {
+        self.start();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn take_for_test(&self) -> Changes {
+        self.take()
     }
 
     fn stop(&self) {

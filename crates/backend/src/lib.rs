@@ -431,6 +431,10 @@ impl Backend {
             .iter()
             .map(|key| Ok((key.to_vec(), tx.get(Bucket::META, key)?)))
             .collect::<Result<_>>()?;
+        // Every bucket is replaced: a defragmentation under way copies everything again.
+        if let Some(changed) = &tx.changed {
+            changed.borrow_mut().everything();
+        }
         for bucket in Bucket::ALL {
             {
                 let mut table = tx.tx.open_table(bucket.table()).map_err(Error::storage)?;

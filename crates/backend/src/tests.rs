@@ -404,3 +404,37 @@ fn a_transaction_sees_its_held_puts_in_order_and_an_abort_drops_them() {
     assert_eq!(read.get(Bucket::KEY, b"d").unwrap(), None);
     assert_eq!(backend.size_in_use(), 9);
 }
+
+/// What a defragmentation under way hears of the writes: each key put or deleted, and, for a
+/// whole database replaced by an image (a snapshot installed from the leader), everything, so
+/// that the copy starts again rather than keep keys the image does not have.
+#[test]
+fn defragmentation_tracks_keys_and_replacements() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"old", b"1").unwrap();
+    tx.commit(true).unwrap();
+    let image = backend.snapshot().unwrap();
+
+    backend.tracker.start_for_test();
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"a", b"1").unwrap();
+    tx.delete(Bucket::KEY, b"old").unwrap();
+    tx.delete_all(Bucket::META, [b"x".as_slice()]).unwrap();
+    tx.commit(false).unwrap();
+    let changes = backend.tracker.take_for_test();
+    assert!(!changes.everything);
+    let keys: Vec<(&str, &[u8])> = changes
+        .keys
+        .iter()
+        .map(|(bucket, key)| (*bucket, key.as_slice()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("key", b"a".as_slice()), ("key", b"old"), ("meta", b"x")]
+    );
+
+    backend.replace_with_image(image.path(), &[]).unwrap();
+    assert!(backend.tracker.take_for_test().everything);
+}
