@@ -116,11 +116,16 @@ const FINAL_KEYS: usize = 2_000;
 /// Whole copies begun again (a bucket cleared meanwhile) before giving up.
 const MAX_ATTEMPTS: usize = 3;
 
+/// Where the copy of the database at `path` is written.
+pub(crate) fn copy_path(path: &std::path::Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".defrag");
+    PathBuf::from(name)
+}
+
 impl Backend {
     fn defrag_path(&self) -> PathBuf {
-        let mut name = self.path.as_os_str().to_owned();
-        name.push(".defrag");
-        PathBuf::from(name)
+        copy_path(&self.path)
     }
 
     pub(crate) fn rewrite_file(&self) -> Result<()> {
@@ -221,14 +226,15 @@ impl Backend {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(std::path::Path::new("."));
         crate::sync_dir(parent).map_err(Error::Io)?;
+        // Everything committed so far is durable in the new file (set while no commit can
+        // come: the old file's writer is held, and the new one is not in use yet).
+        self.pending_writes.store(0, Ordering::Relaxed);
+        *lock(&self.last_durable) = self.now();
         *self
             .db
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(copy);
         self.tracker.stop();
-        // Everything committed so far is durable in the new file.
-        self.pending_writes.store(0, Ordering::Relaxed);
-        *lock(&self.last_durable) = self.now();
         // The old file's writer, given up: the applier waiting behind it begins again on the
         // new file.
         writer.abort().map_err(Error::storage)?;

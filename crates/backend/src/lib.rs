@@ -217,6 +217,8 @@ impl Backend {
             .unwrap_or(Path::new("."));
         create_dir_all_synced(parent).map_err(Error::Io)?;
         snapshot::remove_stale(path);
+        // A copy a defragmentation left when the process stopped (the file itself is whole).
+        let _ = std::fs::remove_file(defrag::copy_path(path));
         // redb caches pages in memory, 1 GiB by default; the OS page cache serves what does not
         // fit, so a small cache keeps the server's memory lean at little cost.
         // Every page of the committed trees is checked against its checksum on open, so a
