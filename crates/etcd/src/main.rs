@@ -1,10 +1,12 @@
 //! `etcd`: the etcd-rs binary. With no subcommand it runs a member; `etcd gateway start` and
 //! `etcd grpc-proxy start` run the proxies (etcd `etcdmain`); `etcd snapshot restore|status`
-//! works on saved snapshots (etcd's `etcdutl snapshot`).
+//! works on saved snapshots (etcd's `etcdutl snapshot`). Started under the name `etcdutl`, it
+//! is etcd's `etcdutl` (`etcdutl` module).
 
 mod config;
 mod discovery;
 mod dns;
+mod etcdutl;
 mod gateway;
 mod grpcproxy;
 mod idle_memory;
@@ -251,10 +253,24 @@ fn raise_open_files_limit() {
     }
 }
 
+/// Whether the binary was started under the name `etcdutl` (a symlink or a copy): then it is
+/// etcd's offline tool (`etcdutl`), not the member.
+fn invoked_as_etcdutl() -> bool {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .is_some_and(|name| name == "etcdutl")
+}
+
 fn main() -> ExitCode {
     raise_open_files_limit();
     idle_memory::start();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if invoked_as_etcdutl() {
+        return etcdutl::main(&args);
+    }
     let env: Vec<(String, String)> = std::env::vars().collect();
     let parsed = match config::parse(&args, &env) {
         Ok(parsed) => parsed,
