@@ -280,7 +280,11 @@ async fn tls_client_crl_refuses_revoked_certificates() {
             etcdrs_testkit::certs::Usage::Client,
         )
         .expect("cert");
-    let crl = pki.ca.crl("crl", &[&revoked]).expect("CRL");
+    // A version 1 certificate (checked outside webpki) is revoked the same way; one not on
+    // the list still gets in.
+    let revoked_v1 = pki.ca.issue_v1("revoked-v1", "revoked").expect("v1 cert");
+    let kept_v1 = pki.ca.issue_v1("kept-v1", "kept").expect("v1 cert");
+    let crl = pki.ca.crl("crl", &[&revoked, &revoked_v1]).expect("CRL");
     let member = Member::start(
         opts()
             .client_tls(client_tls(&pki, true))
@@ -295,6 +299,14 @@ async fn tls_client_crl_refuses_revoked_certificates() {
         .with_arg("--command-timeout=2s");
     let err = refused.fail(&["put", "k", "revoked"]).await;
     assert!(err.contains("context deadline exceeded"), "{err}");
+    let refused_v1 = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), Some(&revoked_v1))
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    let err = refused_v1.fail(&["put", "k", "revoked"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    let kept = Etcdctl::new(member.endpoint()).with_tls(&pki.ca.ca_file(), Some(&kept_v1));
+    assert_eq!(kept.ok(&["get", "k"]).await, "k\nv\n");
     assert_eq!(member.etcdctl().ok(&["get", "k"]).await, "k\nv\n");
 }
 
