@@ -16,6 +16,9 @@
 //! it. Exit codes are cobrautl's: 1 for an error, 128 for bad arguments, 4 for an
 //! unsupported output format.
 //!
+//! Where it differs: `snapshot restore --wal-dir` is taken but writes nothing there (the
+//! restore writes no WAL; the member started with the same `--wal-dir` creates it); `defrag`
+//! and `hashkv` of a running member's backend fail at once on its lock where etcdutl waits.
 //! Not here: `backup` and `migrate` (etcd's v2-era data-dir copy and its storage-version
 //! rewrite have no counterpart in etcd-rs's layout).
 
