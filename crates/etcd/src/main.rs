@@ -1,10 +1,12 @@
 //! `etcd`: the etcd-rs binary. With no subcommand it runs a member; `etcd gateway start` and
 //! `etcd grpc-proxy start` run the proxies (etcd `etcdmain`); `etcd snapshot restore|status`
-//! works on saved snapshots (etcd's `etcdutl snapshot`).
+//! works on saved snapshots (etcd's `etcdutl snapshot`). Started under the name `etcdutl`, it
+//! is etcd's `etcdutl` (`etcdutl` module).
 
 mod config;
 mod discovery;
 mod dns;
+mod etcdutl;
 mod gateway;
 mod grpcproxy;
 mod idle_memory;
@@ -292,12 +294,24 @@ fn utf8_env(
     (env, not_utf8)
 }
 
+/// Whether the binary was started under the name `etcdutl` (a symlink or a copy): then it is
+/// etcd's offline tool (`etcdutl`), not the member.
+fn invoked_as_etcdutl() -> bool {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .is_some_and(|name| name == "etcdutl")
+}
+
 fn main() -> ExitCode {
     raise_open_files_limit();
     idle_memory::start();
     let args_os: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let etcdutl = invoked_as_etcdutl();
     // The proxy takes its arguments as bytes (its --namespace may be any); it reads no env.
-    if args_os.first().is_some_and(|arg| arg == "grpc-proxy") {
+    if !etcdutl && args_os.first().is_some_and(|arg| arg == "grpc-proxy") {
         return grpcproxy::main_os(&args_os[1..]);
     }
     let args = match utf8_args(args_os.into_iter()) {
@@ -307,6 +321,9 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if etcdutl {
+        return etcdutl::main(&args);
+    }
     let (env, not_utf8_env) = utf8_env(std::env::vars_os());
     let parsed = match config::parse(&args, &env) {
         Ok(parsed) => parsed,

@@ -55,33 +55,33 @@ enum SnapshotCommand {
 }
 
 #[derive(Debug, clap::Args)]
-struct RestoreArgs {
+pub(crate) struct RestoreArgs {
     /// The snapshot file (as written by `etcdctl snapshot save`).
-    file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Path to the output data directory
     #[arg(long = "data-dir", default_value = "")]
-    data_dir: String,
+    pub(crate) data_dir: String,
     /// Human-readable name for this member
     #[arg(long, default_value = "default")]
-    name: String,
+    pub(crate) name: String,
     /// Initial cluster configuration for restore bootstrap
     #[arg(
         long = "initial-cluster",
         default_value = "default=http://localhost:2380"
     )]
-    initial_cluster: String,
+    pub(crate) initial_cluster: String,
     /// Initial cluster token for the etcd cluster during restore bootstrap
     #[arg(long = "initial-cluster-token", default_value = "etcd-cluster")]
-    initial_cluster_token: String,
+    pub(crate) initial_cluster_token: String,
     /// List of this member's peer URLs to advertise to the rest of the cluster
     #[arg(
         long = "initial-advertise-peer-urls",
         default_value = "http://localhost:2380"
     )]
-    initial_advertise_peer_urls: String,
+    pub(crate) initial_advertise_peer_urls: String,
     /// Ignore snapshot integrity hash value (required if copied from data directory)
     #[arg(long = "skip-hash-check")]
-    skip_hash_check: bool,
+    pub(crate) skip_hash_check: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,7 +94,7 @@ struct StatusArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum WriteOut {
+pub(crate) enum WriteOut {
     Simple,
     Table,
     Json,
@@ -201,7 +201,7 @@ fn cluster_ids(args: &RestoreArgs) -> anyhow::Result<(u64, u64)> {
     Ok((member_id, membership::cluster_id(&ids)))
 }
 
-fn restore(args: &RestoreArgs) -> anyhow::Result<()> {
+pub(crate) fn restore(args: &RestoreArgs) -> anyhow::Result<()> {
     let (member_id, cluster_id) = cluster_ids(args)?;
     let data_dir = if args.data_dir.is_empty() {
         PathBuf::from(format!("{}.etcd", args.name))
@@ -289,7 +289,7 @@ fn write_db(args: &RestoreArgs, db_path: &Path) -> anyhow::Result<()> {
 }
 
 /// What a snapshot image holds.
-enum ImageFormat {
+pub(crate) enum ImageFormat {
     /// etcd's bbolt database, as every snapshot etcd or etcd-rs streams.
     Bolt,
     /// A redb database: what etcd-rs streamed before it wrote etcd's format.
@@ -297,7 +297,7 @@ enum ImageFormat {
 }
 
 /// Tell the image's database format by its first page (bbolt's meta page, or redb's magic).
-fn image_format(path: &Path) -> anyhow::Result<ImageFormat> {
+pub(crate) fn image_format(path: &Path) -> anyhow::Result<ImageFormat> {
     let mut head = [0u8; 32];
     let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
     let read = std::io::Read::read(&mut file, &mut head).context("read the snapshot")?;
@@ -314,24 +314,30 @@ fn image_format(path: &Path) -> anyhow::Result<ImageFormat> {
 const BOLT_MAGIC: u32 = 0xED0C_DAED;
 
 /// What `status` prints, as etcd's `snapshot.Status`.
-struct Status {
+pub(crate) struct Status {
     db: DbStatus,
     total_size: u64,
 }
 
 fn status(args: &StatusArgs) -> anyhow::Result<()> {
-    if !args.file.exists() {
-        bail!("stat {}: no such file or directory", args.file.display());
+    print!("{}", render(&read_status(&args.file)?, args.write_out));
+    Ok(())
+}
+
+/// The status of the snapshot `file` (etcd's `snapshot.Status`).
+pub(crate) fn read_status(file: &Path) -> anyhow::Result<Status> {
+    if !file.exists() {
+        bail!("stat {}: no such file or directory", file.display());
     }
     // The image is not itself a redb file (it may end with a digest): read a copy.
     let scratch = tempfile::Builder::new()
         .prefix("etcd-snapshot-status-")
         .tempdir()
         .context("create a scratch directory")?;
-    let status = match image_format(&args.file)? {
+    let status = match image_format(file)? {
         // bbolt ignores what follows its last page (the digest): read the file in place.
         ImageFormat::Bolt => {
-            let db = etcd_db::Db::open(&args.file).map_err(|e| anyhow!("invalid database: {e}"))?;
+            let db = etcd_db::Db::open(file).map_err(|e| anyhow!("invalid database: {e}"))?;
             Status {
                 db: etcd_db::status(&db)?,
                 total_size: db.size(),
@@ -339,7 +345,7 @@ fn status(args: &StatusArgs) -> anyhow::Result<()> {
         }
         ImageFormat::Redb => {
             let db_path = scratch.path().join("db");
-            let total_size = etcdrs_backend::restore_image(&args.file, &db_path, HashCheck::Skip)?;
+            let total_size = etcdrs_backend::restore_image(file, &db_path, HashCheck::Skip)?;
             let backend = Backend::open(&db_path).map_err(|e| anyhow!("invalid database: {e}"))?;
             Status {
                 db: etcdrs_mvcc::hash::db_status(&backend)?,
@@ -347,12 +353,11 @@ fn status(args: &StatusArgs) -> anyhow::Result<()> {
             }
         }
     };
-    print!("{}", render(&status, args.write_out));
-    Ok(())
+    Ok(status)
 }
 
 /// The status in etcdctl's printers' formats (`printer_*.go` `DBStatus`).
-fn render(status: &Status, write_out: WriteOut) -> String {
+pub(crate) fn render(status: &Status, write_out: WriteOut) -> String {
     let row = [
         format!("{:x}", status.db.hash),
         status.db.revision.to_string(),
@@ -380,7 +385,7 @@ fn render(status: &Status, write_out: WriteOut) -> String {
 
 /// A one-row table as `olekukonko/tablewriter` draws it for etcdctl: centred headers, cells
 /// aligned right.
-fn table(header: &[&str], row: &[String]) -> String {
+pub(crate) fn table(header: &[&str], row: &[String]) -> String {
     let widths: Vec<usize> = header
         .iter()
         .zip(row)

@@ -17,7 +17,7 @@
 //! - key: etcd's revision encoding, 8 bytes big-endian main, `_`, 8 bytes big-endian sub, and a
 //!   trailing `t` for a deletion (we store 16 bytes without the `_`);
 //! - value: the stored `mvccpb.KeyValue`; for a deletion, `KeyValue { key }` alone, as etcd
-//!   writes tombstones (ours also carry `mod_revision`).
+//!   writes tombstones (and as ours are stored; earlier builds also stored `mod_revision`).
 //!
 //! Every input is read from one backend read transaction, so the hash, the current revision
 //! and the compacted revision describe the same commit.

@@ -540,13 +540,17 @@ impl KvStore {
         let mut events = Vec::new();
         let mut failure = None;
         read.for_each_in(Bucket::KEY, &start, Some(&end), |key, value| {
-            let Some((_, tombstone)) = Revision::from_key(key) else {
+            let Some((rev, tombstone)) = Revision::from_key(key) else {
                 failure = Some(Error::Corrupt("bad revision key".into()));
                 return false;
             };
             match decode_kv(value) {
-                Ok(kv) => {
+                Ok(mut kv) => {
                     let kind = if tombstone {
+                        // A tombstone is stored as etcd stores it, the key alone: the
+                        // deletion's revision comes from the bucket key (etcd's
+                        // `kvsToEvents`).
+                        kv.mod_revision = rev.main;
                         EventType::Delete
                     } else {
                         EventType::Put

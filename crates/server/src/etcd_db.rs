@@ -21,9 +21,10 @@
 //! | `alarm`           | encoded `AlarmMember` → empty                  | member id + alarm → `AlarmMember`  |
 //! | `cluster`         | `clusterVersion` → e.g. `3.5.0`                | (not kept: computed)               |
 //!
-//! Values of the `key` bucket (`mvccpb.KeyValue`), `consistent_index`, `term` and the auth
-//! records (`authpb.User`, `authpb.Role`, bcrypt hashes) are the same bytes on both sides, so
-//! `HashKV` over either is the same.
+//! Values of the `key` bucket (`mvccpb.KeyValue`; a tombstone is `KeyValue { key }` alone, and
+//! the export rewrites older etcd-rs tombstones that also carried the deletion's revision),
+//! `consistent_index`, `term` and the auth records (`authpb.User`, `authpb.Role`, bcrypt
+//! hashes) are the same bytes on both sides, so `HashKV` over either is the same.
 //!
 //! **Invariant:** export reads one read transaction, so the file is one consistent commit;
 //! import writes into a database nothing else has open, and refuses (naming what is wrong)
@@ -36,6 +37,7 @@ pub use etcdrs_bolt::Db;
 use etcdrs_bolt::Writer;
 use etcdrs_mvcc::LeaseRecord;
 use etcdrs_proto::etcdserverpb::AlarmMember;
+use etcdrs_proto::mvccpb::KeyValue;
 use etcdrs_raftnode::eraftpb::ConfState;
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -133,6 +135,18 @@ fn our_rev_key(etcd: &[u8]) -> Result<Vec<u8>> {
         key.push(b't');
     }
     Ok(key)
+}
+
+/// A tombstone's value as etcd writes it, `KeyValue { key }` alone. Earlier etcd-rs builds
+/// also stored the deletion's revision in it, and etcd's `HashKV` over a file restored from
+/// such a backend counted those bytes: the same history hashed differently on the two sides.
+fn etcd_tombstone(ours: &[u8]) -> Result<Vec<u8>> {
+    let kv = KeyValue::decode(ours).map_err(|e| format_error(format!("bad tombstone: {e}")))?;
+    Ok(KeyValue {
+        key: kv.key,
+        ..KeyValue::default()
+    }
+    .encode_to_vec())
 }
 
 /// A main revision as etcd's 17 revision bytes (sub 0).
@@ -238,7 +252,14 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
     out.bucket(names::KEY)?;
     let mut failure = None;
     read.for_each_in(Bucket::KEY, &[], None, |k, v| {
-        match etcd_rev_key(k).and_then(|key| Ok(out.put(&key, v)?)) {
+        let written = etcd_rev_key(k).and_then(|key| {
+            if key.len() == ETCD_REV_LEN + 1 {
+                Ok(out.put(&key, &etcd_tombstone(v)?)?)
+            } else {
+                Ok(out.put(&key, v)?)
+            }
+        });
+        match written {
             Ok(()) => true,
             Err(e) => {
                 failure = Some(e);
@@ -299,6 +320,20 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
         meta.push((key, value));
     }
     put_sorted(&mut out, names::META, meta)?;
+    Ok(out.finish()?)
+}
+
+/// etcd's database file `db` copied bucket by bucket, in order, into a fresh compact bbolt
+/// file in `out` (etcd's defragmentation, as `etcdutl defrag` runs it on a stopped member's
+/// file); returns the new file's length. Nothing is translated: the copy is etcd's file.
+pub fn copy_compact<W: Write + Seek>(db: &Db, out: W) -> Result<(W, u64)> {
+    let mut out = Writer::new(out)?;
+    for name in db.bucket_names()? {
+        out.bucket(&name)?;
+        db.for_each(&name, |key: &[u8], value: &[u8]| -> Result<()> {
+            Ok(out.put(key, value)?)
+        })?;
+    }
     Ok(out.finish()?)
 }
 
@@ -550,6 +585,24 @@ mod tests {
         assert!(our_rev_key(b"0123456789abcdefg").is_err());
         assert!(our_rev_key(&etcd[..10]).is_err());
         assert_eq!(etcd_rev_main(&etcd_rev_bytes(77)), Some(77));
+    }
+
+    #[test]
+    fn tombstones_are_written_as_etcd_writes_them() {
+        let etcd = KeyValue {
+            key: b"k".to_vec(),
+            ..KeyValue::default()
+        }
+        .encode_to_vec();
+        let older = KeyValue {
+            key: b"k".to_vec(),
+            mod_revision: 25,
+            ..KeyValue::default()
+        }
+        .encode_to_vec();
+        assert_eq!(etcd_tombstone(&older).unwrap(), etcd);
+        assert_eq!(etcd_tombstone(&etcd).unwrap(), etcd);
+        assert!(etcd_tombstone(&[0xff]).is_err());
     }
 
     #[test]

@@ -223,6 +223,15 @@ impl TlsInfo {
             .collect()
     }
 
+    /// The certificates of `--trusted-ca-file` (none when unset or unreadable: the webpki
+    /// verifier built from the same file reports that).
+    fn trusted_ca_certs(&self) -> Vec<CertificateDer<'static>> {
+        self.trusted_ca_file
+            .as_deref()
+            .and_then(|file| read_certs(file).ok())
+            .unwrap_or_default()
+    }
+
     fn roots(&self) -> Result<RootCertStore> {
         let mut roots = RootCertStore::empty();
         let ca_file = match &self.trusted_ca_file {
@@ -259,12 +268,23 @@ impl TlsInfo {
         let builder = if self.client_cert_auth || self.trusted_ca_file.is_some() {
             let mut verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(self.roots()?),
-                provider,
+                provider.clone(),
             );
-            if let Some(crl_file) = &self.crl_file {
-                verifier = verifier.with_crls(read_crls(crl_file)?);
+            let crls = match &self.crl_file {
+                Some(crl_file) => read_crls(crl_file)?,
+                None => Vec::new(),
+            };
+            if !crls.is_empty() {
+                verifier = verifier.with_crls(crls.clone());
             }
-            let verifier = verifier.build().map_err(|e| tls_error(e.to_string()))?;
+            let webpki = verifier.build().map_err(|e| tls_error(e.to_string()))?;
+            let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> =
+                Arc::new(V1ClientCerts {
+                    inner: webpki,
+                    cas: self.trusted_ca_certs(),
+                    crls,
+                    algorithms: provider.signature_verification_algorithms,
+                });
             if self.allowed_cn.is_empty() && self.allowed_hostname.is_empty() {
                 builder.with_client_cert_verifier(verifier)
             } else {
@@ -516,6 +536,187 @@ impl rustls::server::danger::ClientCertVerifier for AllowedNames {
         dss: &rustls::DigitallySignedStruct,
     ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Client certificates of X.509 version 1 (no extensions: what `openssl x509 -req` makes
+/// without an extensions file, the usual recipe for a `CN=root` client certificate), which Go's
+/// TLS stack and so etcd accept and webpki refuses outright (`UnsupportedCertVersion`): the
+/// client saw every handshake fail and etcdctl retried until its timeout. Such a certificate is
+/// checked here as Go checks it: signed by one of the `--trusted-ca-file` certificates (directly;
+/// a chain through intermediates is left to webpki, which refuses it), within its validity, and
+/// not on a CRL of its issuer; without extensions it has no key usage to check. Its handshake
+/// signature is verified with its public key. Every other certificate goes to webpki unchanged.
+#[derive(Debug)]
+struct V1ClientCerts {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    cas: Vec<CertificateDer<'static>>,
+    crls: Vec<CertificateRevocationListDer<'static>>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+/// A certificate that parses and is X.509 version 1.
+fn parse_v1(cert: &[u8]) -> Option<x509_parser::certificate::X509Certificate<'_>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert).ok()?;
+    (parsed.version() == x509_parser::x509::X509Version::V1).then_some(parsed)
+}
+
+fn bad_certificate(error: rustls::CertificateError) -> rustls::Error {
+    rustls::Error::InvalidCertificate(error)
+}
+
+impl V1ClientCerts {
+    /// Whether `signature` over `message` verifies with the subject public key of `key` under
+    /// one of the provider's algorithms (an algorithm of the wrong key type just fails).
+    fn signed_by(
+        &self,
+        key: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
+        message: &[u8],
+        signature: &[u8],
+    ) -> bool {
+        let public_key = key.subject_public_key.data.as_ref();
+        self.algorithms
+            .all
+            .iter()
+            .any(|alg| alg.verify_signature(public_key, message, signature).is_ok())
+    }
+
+    fn verify_v1(
+        &self,
+        leaf: &x509_parser::certificate::X509Certificate<'_>,
+        now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<(), rustls::Error> {
+        let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+        let validity = leaf.validity();
+        if now < validity.not_before.timestamp() {
+            return Err(bad_certificate(rustls::CertificateError::NotValidYet));
+        }
+        if now > validity.not_after.timestamp() {
+            return Err(bad_certificate(rustls::CertificateError::Expired));
+        }
+        let issuer = self.cas.iter().find_map(|ca| {
+            let (_, ca) = x509_parser::parse_x509_certificate(ca.as_ref()).ok()?;
+            let issued = ca.subject().as_raw() == leaf.issuer().as_raw()
+                && self.signed_by(
+                    ca.public_key(),
+                    leaf.tbs_certificate.as_ref(),
+                    leaf.signature_value.data.as_ref(),
+                );
+            issued.then_some(ca)
+        });
+        let Some(issuer) = issuer else {
+            return Err(bad_certificate(rustls::CertificateError::UnknownIssuer));
+        };
+        for crl in &self.crls {
+            let Ok((_, crl)) = x509_parser::parse_x509_crl(crl.as_ref()) else {
+                continue;
+            };
+            let from_issuer = crl.issuer().as_raw() == issuer.subject().as_raw()
+                && self.signed_by(
+                    issuer.public_key(),
+                    crl.tbs_cert_list.as_ref(),
+                    crl.signature_value.data.as_ref(),
+                );
+            if from_issuer
+                && crl
+                    .iter_revoked_certificates()
+                    .any(|revoked| revoked.raw_serial() == leaf.raw_serial())
+            {
+                return Err(bad_certificate(rustls::CertificateError::Revoked));
+            }
+        }
+        Ok(())
+    }
+
+    /// A handshake signature by a version 1 certificate's key, with the algorithms rustls maps
+    /// `dss`'s scheme to (TLS 1.3: the first only, as rustls' own check).
+    fn verify_v1_signature(
+        &self,
+        leaf: &x509_parser::certificate::X509Certificate<'_>,
+        message: &[u8],
+        dss: &rustls::DigitallySignedStruct,
+        tls13: bool,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        let candidates = self
+            .algorithms
+            .mapping
+            .iter()
+            .find(|(scheme, _)| *scheme == dss.scheme)
+            .map(|(_, algs)| *algs)
+            .unwrap_or_default();
+        let candidates = if tls13 {
+            &candidates[..candidates.len().min(1)]
+        } else {
+            candidates
+        };
+        let public_key = leaf.public_key().subject_public_key.data.as_ref();
+        if candidates.iter().any(|alg| {
+            alg.verify_signature(public_key, message, dss.signature())
+                .is_ok()
+        }) {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        } else {
+            Err(bad_certificate(rustls::CertificateError::BadSignature))
+        }
+    }
+}
+
+impl rustls::server::danger::ClientCertVerifier for V1ClientCerts {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        match parse_v1(end_entity.as_ref()) {
+            Some(leaf) => {
+                self.verify_v1(&leaf, now)?;
+                Ok(rustls::server::danger::ClientCertVerified::assertion())
+            }
+            None => self
+                .inner
+                .verify_client_cert(end_entity, intermediates, now),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        match parse_v1(cert.as_ref()) {
+            Some(leaf) => self.verify_v1_signature(&leaf, message, dss, false),
+            None => self.inner.verify_tls12_signature(message, cert, dss),
+        }
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        match parse_v1(cert.as_ref()) {
+            Some(leaf) => self.verify_v1_signature(&leaf, message, dss, true),
+            None => self.inner.verify_tls13_signature(message, cert, dss),
+        }
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {

@@ -156,6 +156,166 @@ impl TestCa {
         sans.extend(["::1", "localhost"]);
         self.issue(file, cn, &sans, Usage::Both)
     }
+
+    /// An X.509 version 1 client certificate with common name `cn`: no extensions at all, as
+    /// `openssl x509 -req` makes one without an extensions file (the usual recipe for a
+    /// `CN=root` client certificate), which Go's TLS stack accepts. rcgen writes version 3 only,
+    /// so the certificate is encoded here (ECDSA P-256 with SHA-256, valid 2020-2049) and
+    /// signed with the CA's key. Writes `<dir>/<file>.crt` and `<dir>/<file>.key`.
+    pub fn issue_v1(&self, file: &str, cn: &str) -> anyhow::Result<CertFiles> {
+        use rcgen::{PublicKeyData, SigningKey};
+        let serial = {
+            let mut serials = self
+                .serials
+                .lock()
+                .map_err(|_| anyhow::anyhow!("serials lock"))?;
+            let serial = 1000 + serials.len() as u64;
+            serials.push((self.dir.join(format!("{file}.crt")), serial));
+            serial
+        };
+        let key = KeyPair::generate()?;
+        let ecdsa_sha256 = der::tlv(
+            0x30,
+            &der::tlv(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x02]),
+        );
+        let issuer =
+            der::ca_subject(self.issuer.der().as_ref()).context("the CA certificate's subject")?;
+        let common_name = der::tlv(
+            0x30,
+            &[
+                der::tlv(0x06, &[0x55, 0x04, 0x03]),
+                der::tlv(0x0c, cn.as_bytes()),
+            ]
+            .concat(),
+        );
+        let subject = der::tlv(0x30, &der::tlv(0x31, &common_name));
+        let validity = der::tlv(
+            0x30,
+            &[
+                der::tlv(0x17, b"200101000000Z"),
+                der::tlv(0x17, b"491231235959Z"),
+            ]
+            .concat(),
+        );
+        // No [0] version field: version 1.
+        let tbs = der::tlv(
+            0x30,
+            &[
+                der::tlv(0x02, &serial.to_be_bytes()[6..]),
+                ecdsa_sha256.clone(),
+                issuer,
+                validity,
+                subject,
+                key.subject_public_key_info(),
+            ]
+            .concat(),
+        );
+        let signature = self.issuer.key().sign(&tbs)?;
+        let cert = der::tlv(
+            0x30,
+            &[
+                tbs,
+                ecdsa_sha256,
+                der::tlv(0x03, &[&[0u8][..], &signature].concat()),
+            ]
+            .concat(),
+        );
+        let files = CertFiles {
+            cert: self.dir.join(format!("{file}.crt")),
+            key: self.dir.join(format!("{file}.key")),
+        };
+        std::fs::write(&files.cert, der::pem("CERTIFICATE", &cert)).context("write certificate")?;
+        std::fs::write(&files.key, key.serialize_pem()).context("write key")?;
+        Ok(files)
+    }
+}
+
+/// Just enough DER for [`TestCa::issue_v1`].
+mod der {
+    /// A tag-length-value with `content`.
+    pub fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        let len = content.len();
+        if len < 0x80 {
+            out.push(len as u8);
+        } else {
+            let bytes: Vec<u8> = len
+                .to_be_bytes()
+                .into_iter()
+                .skip_while(|b| *b == 0)
+                .collect();
+            out.push(0x80 | bytes.len() as u8);
+            out.extend(bytes);
+        }
+        out.extend_from_slice(content);
+        out
+    }
+
+    /// One TLV: its whole bytes and its content.
+    type Tlv<'a> = (&'a [u8], &'a [u8]);
+
+    /// The first TLV of `der`, and the rest.
+    fn next(der: &[u8]) -> Option<(Tlv<'_>, &[u8])> {
+        let first = *der.get(1)?;
+        let (len, header) = if first < 0x80 {
+            (usize::from(first), 2)
+        } else {
+            let n = usize::from(first & 0x7f);
+            let bytes = der.get(2..2 + n)?;
+            (
+                bytes
+                    .iter()
+                    .fold(0usize, |acc, b| (acc << 8) | usize::from(*b)),
+                2 + n,
+            )
+        };
+        let end = header + len;
+        Some(((der.get(..end)?, der.get(header..end)?), der.get(end..)?))
+    }
+
+    /// The subject Name of a version 3 certificate, as its bytes.
+    pub fn ca_subject(cert: &[u8]) -> Option<Vec<u8>> {
+        let ((_, certificate), _) = next(cert)?;
+        let ((_, tbs), _) = next(certificate)?;
+        // version [0], serial, signature, issuer, validity, subject.
+        let mut rest = tbs;
+        let mut fields = Vec::new();
+        for _ in 0..6 {
+            let ((whole, _), after) = next(rest)?;
+            fields.push(whole);
+            rest = after;
+        }
+        Some(fields[5].to_vec())
+    }
+
+    /// PEM with a `label`.
+    pub fn pem(label: &str, der: &[u8]) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut text = String::new();
+        for chunk in der.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    text.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+                } else {
+                    text.push('=');
+                }
+            }
+        }
+        let mut out = format!("-----BEGIN {label}-----\n");
+        for line in text.as_bytes().chunks(64) {
+            out.push_str(&String::from_utf8_lossy(line));
+            out.push('\n');
+        }
+        out.push_str(&format!("-----END {label}-----\n"));
+        out
+    }
 }
 
 /// A fresh ECDSA P-256 key pair as PEM files `<dir>/<name>.key` (PKCS#8) and

@@ -21,6 +21,7 @@ mod disk;
 mod entries;
 mod errors;
 mod etcdctl;
+mod etcdutl;
 mod gateway;
 mod grpcproxy;
 mod health;

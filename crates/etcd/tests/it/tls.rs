@@ -280,7 +280,11 @@ async fn tls_client_crl_refuses_revoked_certificates() {
             etcdrs_testkit::certs::Usage::Client,
         )
         .expect("cert");
-    let crl = pki.ca.crl("crl", &[&revoked]).expect("CRL");
+    // A version 1 certificate (checked outside webpki) is revoked the same way; one not on
+    // the list still gets in.
+    let revoked_v1 = pki.ca.issue_v1("revoked-v1", "revoked").expect("v1 cert");
+    let kept_v1 = pki.ca.issue_v1("kept-v1", "kept").expect("v1 cert");
+    let crl = pki.ca.crl("crl", &[&revoked, &revoked_v1]).expect("CRL");
     let member = Member::start(
         opts()
             .client_tls(client_tls(&pki, true))
@@ -295,6 +299,14 @@ async fn tls_client_crl_refuses_revoked_certificates() {
         .with_arg("--command-timeout=2s");
     let err = refused.fail(&["put", "k", "revoked"]).await;
     assert!(err.contains("context deadline exceeded"), "{err}");
+    let refused_v1 = Etcdctl::new(member.endpoint())
+        .with_tls(&pki.ca.ca_file(), Some(&revoked_v1))
+        .with_arg("--dial-timeout=1s")
+        .with_arg("--command-timeout=2s");
+    let err = refused_v1.fail(&["put", "k", "revoked"]).await;
+    assert!(err.contains("context deadline exceeded"), "{err}");
+    let kept = Etcdctl::new(member.endpoint()).with_tls(&pki.ca.ca_file(), Some(&kept_v1));
+    assert_eq!(kept.ok(&["get", "k"]).await, "k\nv\n");
     assert_eq!(member.etcdctl().ok(&["get", "k"]).await, "k\nv\n");
 }
 
@@ -405,6 +417,129 @@ async fn tls_root_certificate_under_auth_with_concurrent_user_and_key_changes() 
     tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(users, keys) })
         .await
         .expect("every call completes");
+}
+
+/// A member with client TLS and `--client-cert-auth`, etcdctl with a certificate whose Common
+/// Name is `root` and nothing else (no `--user`): `user add root` (with a password, and with
+/// `--no-password`), `auth enable` (etcdctl's loop: refused for the missing root role, then
+/// `role add root`, `user grant-role root root` and again), then puts and gets at once from
+/// many etcdctl processes and from one client connection opened before auth was enabled. Each
+/// step finishes, within a deadline, on etcd 3.4 and on ours, at etcd's default bcrypt cost.
+///
+/// The certificate is made both ways: version 3 (rcgen) and version 1, as `openssl x509 -req`
+/// makes it without an extensions file. Go accepts a version 1 client certificate; webpki
+/// refused it in the handshake (`UnsupportedCertVersion`), so against etcd-rs every etcdctl
+/// call with such a certificate retried until its timeout: etcdctl hung at the first step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_root_certificate_then_auth_enable_then_concurrent_puts_and_gets() {
+    let pki = pki();
+    let root_v3 = pki
+        .ca
+        .issue("root", "root", &[], etcdrs_testkit::certs::Usage::Client)
+        .expect("root cert");
+    let root_v1 = pki.ca.issue_v1("root-v1", "root").expect("root v1 cert");
+    let other_dir = tempfile::tempdir().expect("temp dir");
+    let other_root_v1 = TestCa::new(other_dir.path(), "ca")
+        .and_then(|other| other.issue_v1("root-v1", "root"))
+        .expect("a v1 cert of another CA");
+    let mut servers = vec![bin()];
+    if ours() {
+        servers.push(etcdrs_testkit::EtcdBin::at("/usr/bin/etcd"));
+    }
+    for server in servers {
+        for (root_cert, password) in [
+            (&root_v3, "--new-user-password=rootpw"),
+            (&root_v1, "--no-password"),
+        ] {
+            let what = format!(
+                "{} {} {password}",
+                server.path().display(),
+                root_cert.cert.display()
+            );
+            // The testkit's probes and the client connection present the version 3
+            // certificate (rustls refuses to present a version 1 one); etcdctl `root_cert`.
+            let member = Member::start(etcdrs_testkit::MemberOpts::new(&server).client_tls(
+                ClientTls {
+                    client: Some(root_v3.clone()),
+                    ..client_tls(&pki, true)
+                },
+            ))
+            .await
+            .expect("member starts");
+            let early = etcd_client::Client::connect(
+                [member.endpoint()],
+                Some(member.connect_options(None)),
+            )
+            .await
+            .expect("connect");
+            early
+                .kv_client()
+                .put("before", "auth", None)
+                .await
+                .expect("put before auth");
+            let ctl = Etcdctl::new(member.endpoint()).with_tls(&pki.ca.ca_file(), Some(root_cert));
+            let step = |args: &'static [&'static str]| {
+                let ctl = ctl.clone();
+                async move {
+                    tokio::time::timeout(WAIT, ctl.ok(args))
+                        .await
+                        .unwrap_or_else(|_| panic!("etcdctl {args:?} did not finish in {WAIT:?}"))
+                }
+            };
+            let add: &'static [&'static str] = if password == "--no-password" {
+                &["user", "add", "root", "--no-password"]
+            } else {
+                &["user", "add", "root", "--new-user-password=rootpw"]
+            };
+            assert_eq!(step(add).await, "User root created\n", "{what}");
+            assert_eq!(
+                step(&["auth", "enable"]).await,
+                "Authentication Enabled\n",
+                "{what}"
+            );
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..10 {
+                let ctl = ctl.clone();
+                tasks.spawn(async move {
+                    let key = format!("k{i}");
+                    let value = format!("v{i}");
+                    assert_eq!(ctl.ok(&["put", &key, &value]).await, "OK\n");
+                    assert_eq!(ctl.ok(&["get", &key]).await, format!("{key}\n{value}\n"));
+                });
+                let mut kv = early.kv_client();
+                tasks.spawn(async move {
+                    let key = format!("early{i}");
+                    kv.put(key.as_str(), "x", None)
+                        .await
+                        .expect("put after auth enable");
+                    let got = kv
+                        .get(key.as_str(), None)
+                        .await
+                        .expect("get after auth enable");
+                    assert_eq!(got.kvs().len(), 1);
+                });
+            }
+            tokio::time::timeout(WAIT, async {
+                while let Some(done) = tasks.join_next().await {
+                    done.expect("a put and a get");
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{what}: puts and gets did not finish in {WAIT:?}"));
+            let keys = ctl.ok(&["get", "k", "--prefix", "--keys-only"]).await;
+            assert_eq!(keys.lines().filter(|l| !l.is_empty()).count(), 10, "{what}");
+            // A version 1 certificate from another CA of the same name is refused.
+            let forged = Etcdctl::new(member.endpoint())
+                .with_tls(&pki.ca.ca_file(), Some(&other_root_v1))
+                .with_arg("--dial-timeout=1s")
+                .with_arg("--command-timeout=2s");
+            let refused = forged.fail(&["get", "k"]).await;
+            assert!(
+                refused.contains("context deadline exceeded"),
+                "{what}: {refused}"
+            );
+        }
+    }
 }
 
 /// A member refused by its peer's `--peer-cert-allowed-cn` says why, in etcd's words

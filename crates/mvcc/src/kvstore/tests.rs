@@ -81,6 +81,78 @@ fn revisions_versions_and_history() {
     assert_eq!(get(&store, b"a", 0).unwrap().version, 1);
 }
 
+/// A tombstone is stored as etcd stores it, `KeyValue { key }` alone (a snapshot etcd
+/// restores must hash as etcd's own bucket), and its delete event still carries the
+/// deletion's revision, read from the bucket key, also for a tombstone of an older build
+/// that stored the revision in the value.
+#[test]
+fn tombstones_are_stored_as_etcd_stores_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut batch = store.write().unwrap();
+    let mut txn = batch.txn();
+    txn.put(b"a", b"1", 0).unwrap();
+    txn.end();
+    let mut txn = batch.txn();
+    txn.delete_range(KeyRange::new(b"a", &[])).unwrap();
+    txn.end();
+    let (changes, _) = batch.commit(false).unwrap();
+    let deleted = changes.last().and_then(|e| e.kv.clone()).unwrap();
+    assert_eq!(
+        (deleted.key.as_slice(), deleted.mod_revision),
+        (&b"a"[..], 3)
+    );
+
+    let stored = store
+        .backend()
+        .read()
+        .unwrap()
+        .get(Bucket::KEY, &Revision::new(3, 0).to_key(true))
+        .unwrap()
+        .unwrap();
+    let etcd_tombstone = KeyValue {
+        key: b"a".to_vec(),
+        ..KeyValue::default()
+    };
+    assert_eq!(stored, etcd_tombstone.encode_to_vec());
+
+    // An older build's tombstone (with its revision in the value) reads the same.
+    let tx = store.backend().write().unwrap();
+    let older = KeyValue {
+        key: b"b".to_vec(),
+        mod_revision: 4,
+        ..KeyValue::default()
+    };
+    let put = KeyValue {
+        key: b"b".to_vec(),
+        value: b"x".to_vec(),
+        create_revision: 4,
+        mod_revision: 4,
+        version: 1,
+        ..KeyValue::default()
+    };
+    tx.put(
+        Bucket::KEY,
+        &Revision::new(4, 0).to_key(false),
+        &put.encode_to_vec(),
+    )
+    .unwrap();
+    tx.put(
+        Bucket::KEY,
+        &Revision::new(5, 0).to_key(true),
+        &older.encode_to_vec(),
+    )
+    .unwrap();
+    tx.commit(true).unwrap();
+    let events = store.events_between(1, 5).unwrap();
+    let deletions: Vec<(Vec<u8>, i64)> = events
+        .iter()
+        .filter(|e| e.r#type == EventType::Delete as i32)
+        .filter_map(|e| e.kv.as_ref().map(|kv| (kv.key.clone(), kv.mod_revision)))
+        .collect();
+    assert_eq!(deletions, vec![(b"a".to_vec(), 3), (b"b".to_vec(), 5)]);
+}
+
 #[test]
 fn compaction_drops_history_and_survives_restart() {
     let dir = tempfile::tempdir().unwrap();

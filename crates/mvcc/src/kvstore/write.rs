@@ -286,14 +286,20 @@ impl Txn<'_, '_> {
             .collect();
         for key in &live {
             let rev = Revision::new(self.main, self.sub);
-            let tombstone = KeyValue {
+            // Stored as etcd stores a tombstone, `KeyValue { key }` alone, so that the bucket
+            // (and a snapshot of it that etcd restores) hashes as etcd's does; the event
+            // carries the deletion's revision, as etcd's watchers see it.
+            let stored = KeyValue {
                 key: key.clone(),
-                mod_revision: self.main,
                 ..KeyValue::default()
             };
             self.batch
                 .tx
-                .put(Bucket::KEY, &rev.to_key(true), &tombstone.encode_to_vec())?;
+                .put(Bucket::KEY, &rev.to_key(true), &stored.encode_to_vec())?;
+            let tombstone = KeyValue {
+                mod_revision: self.main,
+                ..stored
+            };
             if let Some(key_index) = self.batch.state.index.get_mut(key) {
                 key_index.tombstone(rev);
             }
