@@ -37,7 +37,8 @@ sc_ctl() { ETCDCTL_API=3 etcdctl --endpoints="$SC_EP" --command-timeout=3600s "$
 
 # sc_status FIELD : a number of `endpoint status -w json` (dbSize, dbSizeInUse, revision).
 sc_status() {
-  sc_ctl endpoint status -w json 2>/dev/null | grep -o "\"$1\":[0-9]*" | head -n1 | cut -d: -f2
+  { sc_ctl endpoint status -w json 2>/dev/null || true; } | { grep -o "\"$1\":[0-9]*" || true; } \
+    | head -n1 | cut -d: -f2
 }
 
 sc_mib() { awk -v b="$1" 'BEGIN { if (b ~ /^[0-9]+$/) printf "%.0f", b / 1048576; else print "fail" }'; }
@@ -158,8 +159,9 @@ for sys in etcd ours; do
     caught=fail
     for _ in $(seq 36000); do
       kill -0 "$j_pid" 2>/dev/null || break
-      r=$(ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$j_cport" --dial-timeout=1s \
-        --command-timeout=2s endpoint status -w json 2>/dev/null | grep -o '"revision":[0-9]*' | cut -d: -f2)
+      r=$({ ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$j_cport" --dial-timeout=1s \
+        --command-timeout=2s endpoint status -w json 2>/dev/null || true; } \
+        | { grep -o '"revision":[0-9]*' || true; } | head -n1 | cut -d: -f2)
       if [ -n "$r" ] && [ "$r" -ge "$target" ]; then
         caught=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
         break
