@@ -113,6 +113,7 @@ pub(super) fn restart_start(store: &KvStore, force_new_cluster: bool) -> Result<
 pub(super) async fn join_existing(
     config: &ServerConfig,
     store: &KvStore,
+    peer_client: &etcdrs_rafthttp::PeerClient,
 ) -> Result<(u64, u64, Start, Vec<(u64, Vec<String>)>)> {
     let ours: Vec<String> = config
         .initial_advertise_peer_urls
@@ -127,7 +128,8 @@ pub(super) async fn join_existing(
         }
         for url in urls {
             let url = url_string(url);
-            match crate::rafthttp::calls::fetch_members(&url, Duration::from_secs(2)).await {
+            match crate::peer::calls::fetch_members(peer_client, &url, Duration::from_secs(2)).await
+            {
                 Ok(remote) => {
                     found = Some(remote);
                     break;

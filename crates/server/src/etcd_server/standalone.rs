@@ -31,7 +31,16 @@ impl StandaloneMember {
             .map_err(|e| ServerError::Fatal(format!("runtime: {e}")))?;
         let transport = {
             let _entered = runtime.enter();
-            PeerTransport::new(member_id, cluster_id, Vec::new(), CancellationToken::new())
+            PeerTransport::new(
+                crate::peer::transport_config(
+                    &config,
+                    member_id,
+                    cluster_id,
+                    etcdrs_rafthttp::PeerClient::new(None),
+                ),
+                CancellationToken::new(),
+            )
+            .0
         };
         let inner = Arc::new(Inner::load(
             config, member_id, cluster_id, store, transport,

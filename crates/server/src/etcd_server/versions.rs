@@ -70,7 +70,13 @@ impl EtcdServer {
             if m.id == me {
                 return Some(version::local());
             }
-            match crate::rafthttp::calls::fetch_version(&m.peer_urls, VERSION_TIMEOUT).await {
+            match crate::peer::calls::fetch_version(
+                self.transport().client(),
+                &m.peer_urls,
+                VERSION_TIMEOUT,
+            )
+            .await
+            {
                 Ok(v) => {
                     let parsed = Version::parse(&v.server);
                     if parsed.is_none() {

@@ -30,7 +30,15 @@ impl Harness {
         config.data_dir = dir.path().to_path_buf();
         let backend = Backend::open(&config.backend_path()).expect("open backend");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl()).expect("open store"));
-        let transport = PeerTransport::new(LOCAL, 0x2, Vec::new(), CancellationToken::new());
+        let (transport, _links) = PeerTransport::new(
+            crate::peer::transport_config(
+                &config,
+                LOCAL,
+                0x2,
+                etcdrs_rafthttp::PeerClient::new(None),
+            ),
+            CancellationToken::new(),
+        );
         let inner = Inner::load(config, LOCAL, 0x2, store, transport).expect("load state");
         Harness {
             applier: Applier {
