@@ -39,10 +39,12 @@ struct Rule {
     why: &'static str,
 }
 
-/// Our crates that hold server state: storage, raft, and the server that joins them.
+/// Our crates that hold server state: storage, raft, the transport between members, and the
+/// server that joins them.
 const SERVER_SIDE: &[&str] = &[
     "etcdrs-server",
     "etcdrs-raftnode",
+    "etcdrs-rafthttp",
     "etcdrs-mvcc",
     "etcdrs-wal",
     "etcdrs-backend",
@@ -167,6 +169,22 @@ const RULES: &[Rule] = &[
             "etcdrs-proto",
         ]),
         why: "raftnode knows nothing of keys, MVCC or the server",
+    },
+    Rule {
+        krate: "etcdrs-rafthttp",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-server",
+            "etcdrs-mvcc",
+            "etcdrs-backend",
+            "etcdrs-serve",
+            "etcdrs-proto",
+            "etcdrs-etcddir",
+            "etcdrs-bolt",
+            "redb",
+            "tonic",
+        ]),
+        why: "rafthttp knows raft messages and HTTP, nothing of keys, MVCC, storage formats or the server",
     },
     Rule {
         krate: "etcdrs-serve",
@@ -439,6 +457,7 @@ mod tests {
             ("etcdrs-backend", &["redb"]),
             ("etcdrs-bench", &["etcdrs-proto", "etcdrs-testkit"]),
             ("etcdrs-testkit", &["tonic"]),
+            ("etcdrs-rafthttp", &["etcdrs-raftnode", "etcdrs-mvcc", "hyper"]),
         ]);
         let rules: Vec<Rule> = RULES
             .iter()
@@ -464,6 +483,9 @@ mod tests {
             "etcdrs-gateway -> etcdrs-discovery -> etcdrs-client -> etcdrs-mvcc: gateway relays",
             // tonic directly in the gateway (through discovery's proto it is allowed).
             "etcdrs-gateway -> tonic: gateway is L4",
+            // The peer transport reaches the store, and its backend below it.
+            "etcdrs-rafthttp -> etcdrs-mvcc: rafthttp knows raft messages and HTTP",
+            "etcdrs-rafthttp -> etcdrs-mvcc -> etcdrs-backend: rafthttp knows",
             // bench links testkit.
             "etcdrs-bench -> etcdrs-testkit: etcdrs-testkit appears only under [dev-dependencies]",
         ];
@@ -504,6 +526,7 @@ mod tests {
             ("etcdrs-backend", &["redb"]),
             ("etcdrs-bench", &["etcdrs-proto"]),
             ("etcdrs-testkit", &["tonic"]),
+            ("etcdrs-rafthttp", &["etcdrs-raftnode", "hyper"]),
         ]);
         assert_eq!(violations(&clean, &rules), Vec::<String>::new());
     }
