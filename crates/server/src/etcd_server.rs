@@ -18,36 +18,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use etcdrs_backend::{Backend, Bucket};
-use etcdrs_mvcc::{KvStore, META_CONF_STATE, WatchHub, WriteBatch};
-use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
+use etcdrs_backend::Backend;
+use etcdrs_mvcc::{KvStore, WatchHub};
 use etcdrs_proto::etcdserverpb::{
-    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
+    AlarmMember, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
     LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
-use etcdrs_proto::raft_internal::ConfigChangeContext;
 use etcdrs_proto::rpctypes;
-use etcdrs_raftnode::confchange::{ChangeKind, EtcdConfChange};
-use etcdrs_raftnode::eraftpb::EntryType;
-use etcdrs_raftnode::{
-    Applied, Apply, NodeConfig, RaftNodeHandle, Start, StateMachine, task::TaskResult,
-};
-use futures::StreamExt;
+use etcdrs_raftnode::{NodeConfig, RaftNodeHandle, task::TaskResult};
 use parking_lot::{Mutex, RwLock};
-use prost::Message as _;
-use protobuf_free::{decode_conf_state, encode_conf_state};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply;
-use crate::compactor::Plan;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::membership::{self, Member};
 use crate::peer::PeerTransport;
-use crate::request::{Decoded, MemberAttributes, Op, PublishForm};
+use crate::request::{MemberAttributes, Op, PublishForm};
 
 mod applier;
 mod bootstrap;
@@ -62,7 +51,7 @@ use applier::Applier;
 pub(crate) use applier::alarm_key;
 use bootstrap::{
     bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade, load_members,
-    load_removed, new_cluster_start, read_u64, restart_start, wal_metadata,
+    load_removed, read_u64, restart_start,
 };
 pub use peer_host::PeerHost;
 pub use standalone::StandaloneMember;

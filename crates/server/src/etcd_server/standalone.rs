@@ -5,7 +5,20 @@
 //! the raft start from the store) is what this handle offers, each through the same code the
 //! server runs.
 
-use super::*;
+use std::sync::Arc;
+
+use etcdrs_mvcc::KvStore;
+use etcdrs_raftnode::{Start, StateMachine};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::applier::Applier;
+use super::bootstrap::{new_cluster_start, restart_start, wal_metadata};
+use super::{ApplyOutput, Inner};
+use crate::config::ServerConfig;
+use crate::error::{Result, ServerError};
+use crate::membership::Member;
+use crate::peer::PeerTransport;
 
 /// One member's applied state without its server: build it with [`StandaloneMember::open`],
 /// hand the state machine it returns to a `raftnode::Node`, and register a waiter

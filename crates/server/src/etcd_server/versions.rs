@@ -13,10 +13,16 @@
 //! 3.4 member refuses a cluster at 3.5). The downgrade is cancelled, by the leader, once every
 //! member runs the target version, or by `Downgrade(CANCEL)`.
 
-use super::*;
+use std::time::{Duration, Instant};
 
 use etcdrs_proto::etcdserverpb::downgrade_request::DowngradeAction;
+use etcdrs_proto::rpctypes;
+use tokio_util::sync::CancellationToken;
 
+use super::EtcdServer;
+use crate::error::{Result, ServerError};
+use crate::membership;
+use crate::request::Op;
 use crate::version::{self, Version};
 
 /// How often the leader checks the members' versions (etcd's `monitorVersionInterval`, the

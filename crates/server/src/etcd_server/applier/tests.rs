@@ -2,6 +2,8 @@
 //! a temporary directory, with no raft node and no network. What each kind of entry changes,
 //! what its proposer is told, and that a refused entry changes nothing.
 
+use etcdrs_backend::Backend;
+use etcdrs_mvcc::KvStore;
 use etcdrs_mvcc::{KeyRange, RangeParams};
 use etcdrs_proto::etcdserverpb::{
     AuthEnableRequest, AuthRoleAddRequest, AuthUserAddRequest, AuthUserGrantRoleRequest,
@@ -9,8 +11,13 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_raftnode::RaftView;
 use etcdrs_raftnode::eraftpb::Entry;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::config::ServerConfig;
+use crate::peer::PeerTransport;
+use crate::request::PublishForm;
 
 const LOCAL: u64 = 0x1;
 
