@@ -25,8 +25,8 @@ use crate::peer::PeerTransport;
 /// ([`StandaloneMember::wait`]) before proposing a request whose answer matters.
 pub struct StandaloneMember {
     inner: Arc<Inner>,
-    /// The peer transport wants a runtime to spawn links on; it never spawns one here (the
-    /// members carry no peer URLs), and this runtime is never driven.
+    /// The peer transport wants a runtime to spawn links on; its links never start here (no
+    /// member is handed to its `Starter`), and this runtime is never driven.
     _runtime: tokio::runtime::Runtime,
 }
 
