@@ -113,8 +113,9 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<Stopped> {
     // TLS settings load first: a bad certificate fails start-up before anything is bound.
     let client_tls = config.client_tls.clone().map(TlsServer::new).transpose()?;
     let peer_tls = config.peer_tls.clone().map(TlsServer::new).transpose()?;
+    // The peer client's TLS (built again by the server for its transport) fails here too.
     if let Some(info) = &config.peer_tls {
-        etcdrs_server::rafthttp::set_client_tls(TlsClient::new(info.clone())?);
+        TlsClient::new(info.clone())?;
     }
     // Bind first, as etcd does: a port in use fails start-up before anything is written.
     let mut peer_listeners = Vec::new();

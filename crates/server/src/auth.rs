@@ -20,15 +20,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use etcdrs_backend::Bucket;
-use etcdrs_mvcc::{KvStore, WriteBatch};
-use etcdrs_proto::authpb::permission::Type as PermType;
-use etcdrs_proto::authpb::{Permission, Role, User, UserAddOptions};
-use etcdrs_proto::etcdserverpb::request_op::Request as OpRequest;
-use etcdrs_proto::etcdserverpb::{
-    AuthRoleGrantPermissionRequest, AuthRoleRevokePermissionRequest, AuthUserAddRequest,
-    AuthUserChangePasswordRequest, AuthUserGrantRoleRequest, AuthUserRevokeRoleRequest,
-    DeleteRangeRequest, PutRequest, RangeRequest, TxnRequest,
-};
+use etcdrs_mvcc::KvStore;
+use etcdrs_proto::authpb::{Permission, Role, User};
 use etcdrs_proto::rpctypes::{self, EtcdError};
 use parking_lot::{Mutex, RwLock};
 use prost::Message;

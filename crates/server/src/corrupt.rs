@@ -51,8 +51,7 @@ async fn peer_hashes(server: &EtcdServer, revision: i64) -> Vec<(u64, Result<Has
         .filter(|m| m.id != me)
         .map(|m| async move {
             let answer =
-                crate::rafthttp::calls::hash_kv(server.transport(), m.id, revision, PEER_TIMEOUT)
-                    .await;
+                crate::peer::calls::hash_kv(server.transport(), m.id, revision, PEER_TIMEOUT).await;
             (m.id, answer)
         });
     futures::future::join_all(asks).await

@@ -18,41 +18,31 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use etcdrs_backend::{Backend, Bucket};
-use etcdrs_mvcc::{KvStore, META_CONF_STATE, WatchHub, WriteBatch};
-use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
+use etcdrs_backend::Backend;
+use etcdrs_mvcc::{KvStore, WatchHub};
 use etcdrs_proto::etcdserverpb::{
-    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
+    AlarmMember, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
     LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
-use etcdrs_proto::raft_internal::ConfigChangeContext;
 use etcdrs_proto::rpctypes;
-use etcdrs_raftnode::confchange::{ChangeKind, EtcdConfChange};
-use etcdrs_raftnode::eraftpb::EntryType;
-use etcdrs_raftnode::{
-    Applied, Apply, NodeConfig, RaftNodeHandle, Start, StateMachine, task::TaskResult,
-};
-use futures::StreamExt;
+use etcdrs_raftnode::{NodeConfig, RaftNodeHandle, task::TaskResult};
 use parking_lot::{Mutex, RwLock};
-use prost::Message as _;
-use protobuf_free::{decode_conf_state, encode_conf_state};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply;
-use crate::compactor::Plan;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::membership::{self, Member};
-use crate::rafthttp::PeerTransport;
-use crate::request::{Decoded, MemberAttributes, Op, PublishForm};
+use crate::peer::PeerTransport;
+use crate::request::{MemberAttributes, Op, PublishForm};
 
 mod applier;
 mod bootstrap;
 mod loops;
 mod members;
+mod peer_host;
 mod propose;
 mod standalone;
 mod versions;
@@ -61,8 +51,9 @@ use applier::Applier;
 pub(crate) use applier::alarm_key;
 use bootstrap::{
     bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade, load_members,
-    load_removed, new_cluster_start, read_u64, restart_start, wal_metadata,
+    load_removed, read_u64, restart_start,
 };
+pub use peer_host::PeerHost;
 pub use standalone::StandaloneMember;
 
 /// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
@@ -259,6 +250,13 @@ impl Inner {
         })
     }
 
+    /// Where a snapshot image for raft index `index` is received.
+    fn snapshot_receive_path(&self, index: u64) -> std::path::PathBuf {
+        self.config
+            .backend_path()
+            .with_file_name(format!("{index:016x}.snap.recv"))
+    }
+
     /// The image for raft index `index` has arrived (an older one waiting is dropped).
     fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
         let previous = self.pending_snapshot.lock().replace((index, path));
@@ -283,6 +281,8 @@ struct Core {
     /// Changes when require-leader streams must end (see `leader`).
     leader_losses: tokio::sync::watch::Receiver<u64>,
     request_timeout: Duration,
+    /// The started peer transport, which the peer port's raft routes serve.
+    peer_link: etcdrs_rafthttp::Running<PeerHost>,
 }
 
 /// The member's core. Cheap to clone.
@@ -329,6 +329,7 @@ impl EtcdServer {
                 config.data_dir.display()
             )));
         }
+        let peer_client = crate::peer::peer_client(&config)?;
         let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);
@@ -343,19 +344,16 @@ impl EtcdServer {
         } else if config.new_cluster {
             bootstrap(&config, &store)?
         } else {
-            let (member_id, cluster_id, start, remote) = join_existing(&config, &store).await?;
+            let (member_id, cluster_id, start, remote) =
+                join_existing(&config, &store, &peer_client).await?;
             remote_members = remote;
             (member_id, cluster_id, start)
         };
         let start_members = load_members(&store)?;
-        let transport = PeerTransport::new(
-            member_id,
-            cluster_id,
-            config
-                .initial_advertise_peer_urls
-                .iter()
-                .map(url_string)
-                .collect(),
+        // Raft may send into the transport from its start; the links run once the member
+        // they deliver to exists (`links.start` below).
+        let (transport, links) = PeerTransport::new(
+            crate::peer::transport_config(&config, member_id, cluster_id, peer_client),
             shutdown.clone(),
         );
         let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
@@ -415,10 +413,17 @@ impl EtcdServer {
             tasks,
             shutdown.clone(),
         )?;
+        let removed = CancellationToken::new();
+        let peer_link = links.start(Arc::new(PeerHost {
+            inner: Arc::downgrade(&inner),
+            raft: raft.clone(),
+            removed: removed.clone(),
+        }));
         let server = EtcdServer {
             inner,
             core: Arc::new(Core {
                 raft,
+                peer_link,
                 ids: IdGenerator::new(member_id),
                 version_decision: tokio::sync::Mutex::new(()),
                 published: AtomicBool::new(false),
@@ -427,8 +432,6 @@ impl EtcdServer {
             }),
         };
 
-        let removed = CancellationToken::new();
-        transport.set_snapshot_source(store.clone(), server.core.raft.clone(), removed.clone());
         let told = server.clone();
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -744,27 +747,14 @@ impl EtcdServer {
         }
     }
 
-    /// Where a snapshot image for raft index `index` is received.
-    pub fn snapshot_receive_path(&self, index: u64) -> std::path::PathBuf {
-        self.inner
-            .config
-            .backend_path()
-            .with_file_name(format!("{index:016x}.snap.recv"))
-    }
-
-    /// The image for raft index `index` has arrived: raft may install it.
-    pub fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
-        self.inner.snapshot_received(index, path);
-    }
-
-    /// Hand a raft message from a peer to the raft node.
-    pub async fn raft_step(&self, message: etcdrs_raftnode::eraftpb::Message) -> Result<()> {
-        Ok(self.core.raft.step(message).await?)
-    }
-
     /// The peer transport (links to the other members, and what their calls need).
     pub fn transport(&self) -> &PeerTransport {
         &self.inner.transport
+    }
+
+    /// The started peer transport with the member it delivers to (the peer port's raft routes).
+    pub fn peer_link(&self) -> &etcdrs_rafthttp::Running<PeerHost> {
+        &self.core.peer_link
     }
 
     /// The watch hub.

@@ -19,7 +19,7 @@ use etcdrs_raftnode::confchange::EtcdConfChange;
 use etcdrs_raftnode::eraftpb::{Entry, EntryType, Message, MessageType};
 use protobuf::Message as _;
 
-use crate::rafthttp::codec::{self, MsgAppV2Decoder, MsgAppV2Encoder};
+use etcdrs_rafthttp::codec::{self, MsgAppV2Decoder, MsgAppV2Encoder};
 
 mod raft_step;
 

@@ -185,11 +185,11 @@ pub async fn serve_http(
     serve_router(client_router(server, Serves::Http), listener, tls, shutdown).await
 }
 
-/// The router of the peer port: etcd's peer handlers (`rafthttp::handler`) and `/version`
-/// (like etcd's, no `/health`), and, as etcd serves them there too, the v3 gRPC services
-/// (without lock and election, and without the JSON gateway).
+/// The router of the peer port: etcd's peer handlers (the transport's raft routes and
+/// `peer::handlers`) and `/version` (like etcd's, no `/health`), and, as etcd serves them
+/// there too, the v3 gRPC services (without lock and election, and without the JSON gateway).
 pub fn peer_router(server: EtcdServer) -> Router {
-    let peer = crate::rafthttp::handler::routes()
+    let peer = crate::peer::routes(&server)
         .route("/version", get(version))
         .with_state(server.clone());
     let grpc = grpc_routes(Rpc::new(server.clone()), false);

@@ -25,7 +25,7 @@ pub mod http;
 mod idgen;
 pub mod membership;
 pub mod metrics;
-pub mod rafthttp;
+pub mod peer;
 mod request;
 pub mod rpc;
 pub mod tls;

@@ -26,22 +26,11 @@
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use etcdrs_mvcc::{Filters, HubMsg, WatchRange};
-use etcdrs_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use etcdrs_proto::etcdserverpb::PutRequest;
 use etcdrs_proto::etcdserverpb::kv_server::Kv;
-use etcdrs_proto::etcdserverpb::request_op::Request as OpRequest;
-use etcdrs_proto::etcdserverpb::response_op::Response as OpResponse;
-use etcdrs_proto::etcdserverpb::{
-    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
-};
-use etcdrs_proto::keys::prefix_end;
-use etcdrs_proto::mvccpb::KeyValue;
-use etcdrs_proto::mvccpb::event::EventType;
-use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 
 use crate::EtcdServer;
 use crate::rpc::Rpc;

@@ -7,7 +7,8 @@
 //! that owns it (see each rule's reason). A violation names the path that breaks the rule.
 //!
 //! The check is pure ([`violations`] over a [`Graph`]), so the tests below also prove, on a
-//! synthetic graph, that a forbidden edge is caught.
+//! synthetic graph, that a forbidden edge is caught. Beside them, a check of the server's own
+//! modules: none glob-imports its parent.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -39,10 +40,12 @@ struct Rule {
     why: &'static str,
 }
 
-/// Our crates that hold server state: storage, raft, and the server that joins them.
+/// Our crates that hold server state: storage, raft, the transport between members, and the
+/// server that joins them.
 const SERVER_SIDE: &[&str] = &[
     "etcdrs-server",
     "etcdrs-raftnode",
+    "etcdrs-rafthttp",
     "etcdrs-mvcc",
     "etcdrs-wal",
     "etcdrs-backend",
@@ -167,6 +170,22 @@ const RULES: &[Rule] = &[
             "etcdrs-proto",
         ]),
         why: "raftnode knows nothing of keys, MVCC or the server",
+    },
+    Rule {
+        krate: "etcdrs-rafthttp",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-server",
+            "etcdrs-mvcc",
+            "etcdrs-backend",
+            "etcdrs-serve",
+            "etcdrs-proto",
+            "etcdrs-etcddir",
+            "etcdrs-bolt",
+            "redb",
+            "tonic",
+        ]),
+        why: "rafthttp knows raft messages and HTTP, nothing of keys, MVCC, storage formats or the server",
     },
     Rule {
         krate: "etcdrs-serve",
@@ -439,6 +458,10 @@ mod tests {
             ("etcdrs-backend", &["redb"]),
             ("etcdrs-bench", &["etcdrs-proto", "etcdrs-testkit"]),
             ("etcdrs-testkit", &["tonic"]),
+            (
+                "etcdrs-rafthttp",
+                &["etcdrs-raftnode", "etcdrs-mvcc", "hyper"],
+            ),
         ]);
         let rules: Vec<Rule> = RULES
             .iter()
@@ -464,6 +487,9 @@ mod tests {
             "etcdrs-gateway -> etcdrs-discovery -> etcdrs-client -> etcdrs-mvcc: gateway relays",
             // tonic directly in the gateway (through discovery's proto it is allowed).
             "etcdrs-gateway -> tonic: gateway is L4",
+            // The peer transport reaches the store, and its backend below it.
+            "etcdrs-rafthttp -> etcdrs-mvcc: rafthttp knows raft messages and HTTP",
+            "etcdrs-rafthttp -> etcdrs-mvcc -> etcdrs-backend: rafthttp knows",
             // bench links testkit.
             "etcdrs-bench -> etcdrs-testkit: etcdrs-testkit appears only under [dev-dependencies]",
         ];
@@ -504,8 +530,57 @@ mod tests {
             ("etcdrs-backend", &["redb"]),
             ("etcdrs-bench", &["etcdrs-proto"]),
             ("etcdrs-testkit", &["tonic"]),
+            ("etcdrs-rafthttp", &["etcdrs-raftnode", "hyper"]),
         ]);
         assert_eq!(violations(&clean, &rules), Vec::<String>::new());
+    }
+
+    /// The Rust files under `dir`, recursively.
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("a source directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The server's modules name what they import from their parents (issue 39): a glob
+    /// import of the parent hides which module depends on what, and so the cycles between
+    /// them. Test modules may still glob their module under test.
+    #[test]
+    fn server_modules_do_not_glob_import_their_parents() {
+        let src = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../server/src"));
+        let mut files = Vec::new();
+        rust_files(src, &mut files);
+        assert!(
+            files.len() > 20,
+            "the server's sources are at {}",
+            src.display()
+        );
+        let mut found = Vec::new();
+        for file in files {
+            if file.file_name().is_some_and(|name| name == "tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).expect("a source file");
+            let mut in_tests = false;
+            for (n, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("mod tests") {
+                    in_tests = true;
+                }
+                if line.trim() == "use super::*;" && !in_tests {
+                    found.push(format!("{}:{}", file.display(), n + 1));
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "glob imports of a parent:\n{}",
+            found.join("\n")
+        );
     }
 
     #[test]

@@ -4,7 +4,21 @@
 //! every committed change, so it must be deterministic (no clock, no randomness: tokens and
 //! password hashes come made by the proposer).
 
-use super::*;
+use etcdrs_backend::Bucket;
+use etcdrs_mvcc::WriteBatch;
+use etcdrs_proto::authpb::{Role, User, UserAddOptions};
+use etcdrs_proto::etcdserverpb::{
+    AuthRoleGrantPermissionRequest, AuthRoleRevokePermissionRequest, AuthUserAddRequest,
+    AuthUserChangePasswordRequest, AuthUserGrantRoleRequest, AuthUserRevokeRoleRequest,
+};
+use etcdrs_proto::rpctypes;
+use prost::Message as _;
+
+use super::{
+    AuthInfo, AuthStore, KEY_ENABLED, KEY_REVISION, ROLE_PREFIX, ROOT, TokenProvider, USER_PREFIX,
+    etcd,
+};
+use crate::error::Result;
 
 impl AuthStore {
     /// Apply one replicated auth change in `batch`. `proposed` is the auth revision the

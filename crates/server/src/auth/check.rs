@@ -3,7 +3,14 @@
 //! key-interval permissions allow (merged as etcd merges them, `Interval`/`covers`). The
 //! checks only read the auth state; when they run is the caller's choice (see the parent).
 
-use super::*;
+use etcdrs_proto::authpb::Permission;
+use etcdrs_proto::authpb::permission::Type as PermType;
+use etcdrs_proto::etcdserverpb::request_op::Request as OpRequest;
+use etcdrs_proto::etcdserverpb::{DeleteRangeRequest, PutRequest, RangeRequest, TxnRequest};
+use etcdrs_proto::rpctypes;
+
+use super::{AuthInfo, AuthState, AuthStore, ROOT, etcd};
+use crate::error::Result;
 
 impl AuthStore {
     /// The caller must be an admin (have the root role) when auth is on.

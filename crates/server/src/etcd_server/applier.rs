@@ -1,6 +1,32 @@
 //! The applier: what the raft thread runs for each batch of committed entries (one backend transaction per batch; the proposers and the watch hub hear of it just before its commit), membership and alarm changes as they apply, snapshot installation, and the `StateMachine` the raft node calls.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering as AtomicOrdering;
+use std::time::Instant;
+
+use etcdrs_backend::Bucket;
+use etcdrs_mvcc::{META_CONF_STATE, WriteBatch};
+use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
+use etcdrs_proto::etcdserverpb::{
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, LeaseGrantResponse,
+    LeaseRevokeResponse, ResponseHeader,
+};
+use etcdrs_proto::raft_internal::ConfigChangeContext;
+use etcdrs_proto::rpctypes;
+use etcdrs_raftnode::confchange::{ChangeKind, EtcdConfChange};
+use etcdrs_raftnode::eraftpb::EntryType;
+use etcdrs_raftnode::{Applied, Apply, StateMachine};
+use prost::Message as _;
+
+use super::bootstrap::{load_alarms, load_cluster_version, load_downgrade, load_members};
+use super::protobuf_free::encode_conf_state;
+use super::{
+    ApplyOutput, Inner, META_CLUSTER_ID, META_CLUSTER_VERSION, META_DOWNGRADE, META_MEMBER_ID,
+};
+use crate::error::{Result, ServerError};
+use crate::membership::Member;
+use crate::request::{Decoded, Op};
+use crate::{apply, membership};
 
 /// The server's state machine, called by the raft thread: it owns the writes to the member's
 /// state ([`Inner`]) and reaches nothing of the server's request side, the raft node's handle

@@ -1,6 +1,20 @@
 //! How a member's identity and first raft state come about: a new cluster's bootstrap, joining an existing cluster, and what a restart loads from the backend (members, removed members, alarms).
 
-use super::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcdrs_backend::Bucket;
+use etcdrs_mvcc::{KvStore, META_CONF_STATE};
+use etcdrs_proto::etcdserverpb::AlarmMember;
+use etcdrs_raftnode::Start;
+use prost::Message as _;
+
+use super::protobuf_free::decode_conf_state;
+use super::{META_CLUSTER_ID, META_MEMBER_ID, url_string};
+use crate::config::ServerConfig;
+use crate::error::{Result, ServerError};
+use crate::membership;
+use crate::membership::Member;
 
 pub(super) fn read_u64(bytes: Option<Vec<u8>>) -> u64 {
     bytes
@@ -113,6 +127,7 @@ pub(super) fn restart_start(store: &KvStore, force_new_cluster: bool) -> Result<
 pub(super) async fn join_existing(
     config: &ServerConfig,
     store: &KvStore,
+    peer_client: &etcdrs_rafthttp::PeerClient,
 ) -> Result<(u64, u64, Start, Vec<(u64, Vec<String>)>)> {
     let ours: Vec<String> = config
         .initial_advertise_peer_urls
@@ -127,7 +142,8 @@ pub(super) async fn join_existing(
         }
         for url in urls {
             let url = url_string(url);
-            match crate::rafthttp::calls::fetch_members(&url, Duration::from_secs(2)).await {
+            match crate::peer::calls::fetch_members(peer_client, &url, Duration::from_secs(2)).await
+            {
                 Ok(remote) => {
                     found = Some(remote);
                     break;

@@ -1,8 +1,15 @@
 //! The server's background loops, each a named task on the run's task set that stops with its shutdown token: watch catch-up, lease expiry (on the leader), auto-compaction.
 
-use super::*;
+use std::time::{Duration, Instant};
 
 use etcdrs_proto::etcdserverpb::{LeaseCheckpoint, LeaseCheckpointRequest};
+use futures::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+
+use super::EtcdServer;
+use crate::compactor::Plan;
+use crate::error::{Result, ServerError};
+use crate::request::Op;
 
 /// Leases checkpointed per round (etcd's `maxLeaseCheckpointBatchSize`).
 const CHECKPOINT_BATCH: usize = 1000;

@@ -1,11 +1,23 @@
 //! Proposing requests through raft and waiting for their outcome (etcd's `processInternalRaftRequestOnce`), linearizable reads' barrier (ReadIndex, then the applied index), and the quota check that comes before a write.
 
-use super::*;
+use std::time::Instant;
 
+use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
 use etcdrs_proto::etcdserverpb::{
-    AlarmRequest as AlarmReq, CompactionRequest, DeleteRangeRequest, LeaseGrantRequest,
-    LeaseRevokeRequest, PutRequest, TxnRequest,
+    AlarmRequest, AlarmRequest as AlarmReq, AlarmResponse, AlarmType, CompactionRequest,
+    CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseRevokeRequest, LeaseRevokeResponse, PutRequest, PutResponse,
+    TxnRequest, TxnResponse,
 };
+use etcdrs_proto::rpctypes;
+use tokio::sync::oneshot;
+
+use super::{
+    ApplyOutput, EtcdServer, Inner, KV_OVERHEAD, MAX_AUTH_RETRIES, MAX_GAP_APPLY_COMMIT,
+    READ_INDEX_RETRY,
+};
+use crate::error::{Result, ServerError};
+use crate::request::Op;
 
 /// A client request that goes through raft, with the typed answer its apply produces: handlers
 /// call [`EtcdServer::request`] and get that answer, never a sum of every kind.

@@ -5,15 +5,28 @@
 //! the raft start from the store) is what this handle offers, each through the same code the
 //! server runs.
 
-use super::*;
+use std::sync::Arc;
+
+use etcdrs_mvcc::KvStore;
+use etcdrs_raftnode::{Start, StateMachine};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::applier::Applier;
+use super::bootstrap::{new_cluster_start, restart_start, wal_metadata};
+use super::{ApplyOutput, Inner};
+use crate::config::ServerConfig;
+use crate::error::{Result, ServerError};
+use crate::membership::Member;
+use crate::peer::PeerTransport;
 
 /// One member's applied state without its server: build it with [`StandaloneMember::open`],
 /// hand the state machine it returns to a `raftnode::Node`, and register a waiter
 /// ([`StandaloneMember::wait`]) before proposing a request whose answer matters.
 pub struct StandaloneMember {
     inner: Arc<Inner>,
-    /// The peer transport wants a runtime to spawn links on; it never spawns one here (the
-    /// members carry no peer URLs), and this runtime is never driven.
+    /// The peer transport wants a runtime to spawn links on; its links never start here (no
+    /// member is handed to its `Starter`), and this runtime is never driven.
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -31,7 +44,16 @@ impl StandaloneMember {
             .map_err(|e| ServerError::Fatal(format!("runtime: {e}")))?;
         let transport = {
             let _entered = runtime.enter();
-            PeerTransport::new(member_id, cluster_id, Vec::new(), CancellationToken::new())
+            PeerTransport::new(
+                crate::peer::transport_config(
+                    &config,
+                    member_id,
+                    cluster_id,
+                    etcdrs_rafthttp::PeerClient::new(None),
+                ),
+                CancellationToken::new(),
+            )
+            .0
         };
         let inner = Arc::new(Inner::load(
             config, member_id, cluster_id, store, transport,

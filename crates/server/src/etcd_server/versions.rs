@@ -13,10 +13,16 @@
 //! 3.4 member refuses a cluster at 3.5). The downgrade is cancelled, by the leader, once every
 //! member runs the target version, or by `Downgrade(CANCEL)`.
 
-use super::*;
+use std::time::{Duration, Instant};
 
 use etcdrs_proto::etcdserverpb::downgrade_request::DowngradeAction;
+use etcdrs_proto::rpctypes;
+use tokio_util::sync::CancellationToken;
 
+use super::EtcdServer;
+use crate::error::{Result, ServerError};
+use crate::membership;
+use crate::request::Op;
 use crate::version::{self, Version};
 
 /// How often the leader checks the members' versions (etcd's `monitorVersionInterval`, the
@@ -70,7 +76,13 @@ impl EtcdServer {
             if m.id == me {
                 return Some(version::local());
             }
-            match crate::rafthttp::calls::fetch_version(&m.peer_urls, VERSION_TIMEOUT).await {
+            match crate::peer::calls::fetch_version(
+                self.transport().client(),
+                &m.peer_urls,
+                VERSION_TIMEOUT,
+            )
+            .await
+            {
                 Ok(v) => {
                     let parsed = Version::parse(&v.server);
                     if parsed.is_none() {

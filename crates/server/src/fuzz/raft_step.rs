@@ -32,8 +32,8 @@ use raft::{Config, RawNode, ReadOnlyOption};
 
 use super::FRAME_LIMIT;
 use crate::etcd_server::protobuf_free::{decode_conf_state, encode_conf_state};
-use crate::rafthttp::codec::{self, MsgAppV2Decoder};
-use crate::rafthttp::handler::is_local;
+use etcdrs_rafthttp::codec::{self, MsgAppV2Decoder};
+use etcdrs_rafthttp::is_local;
 
 /// The member the corpus's messages are sent to, and the others (etcd's ids for m1..m3).
 const OUR_ID: u64 = 0x91bc_3c39_8fb3_c146;

@@ -91,7 +91,7 @@ async fn renew_on_leader(server: &EtcdServer, id: LeaseId) -> Result<i64, Server
         if status.leader != 0 {
             let timeout = deadline.saturating_duration_since(Instant::now());
             let renewed =
-                crate::rafthttp::calls::renew_lease(server.transport(), status.leader, id, timeout);
+                crate::peer::calls::renew_lease(server.transport(), status.leader, id, timeout);
             if let Some(ttl) = renewed.await {
                 return Ok(ttl);
             }
@@ -242,7 +242,7 @@ impl Lease for Rpc {
             // etcd asks the leader's lessor: only it knows the remaining time.
             if status.leader != 0 {
                 let timeout = deadline.saturating_duration_since(Instant::now());
-                let asked = crate::rafthttp::calls::lease_time_to_live(
+                let asked = crate::peer::calls::lease_time_to_live(
                     self.server.transport(),
                     status.leader,
                     req,

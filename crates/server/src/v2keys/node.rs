@@ -3,7 +3,10 @@
 //! hidden names, which changes a wait sees, and the v2 JSON of files and of directory trees
 //! read back from a v3 range. Pure functions: no server, no I/O.
 
-use super::*;
+use etcdrs_proto::mvccpb::KeyValue;
+use serde_json::{Map, Value, json};
+
+use super::V3_PREFIX;
 
 /// `path.Clean("/" + p)`.
 pub(super) fn clean(raw: &str) -> String {

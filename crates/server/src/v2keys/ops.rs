@@ -3,8 +3,28 @@
 //! transaction as the write, retried when a concurrent write changed the tree; a wait is a
 //! watcher in the server's hub from `waitIndex`. Also the v2 headers and error replies.
 
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse as _, Response};
+use etcdrs_mvcc::{Filters, HubMsg, WatchRange};
+use etcdrs_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use etcdrs_proto::etcdserverpb::kv_server::Kv;
+use etcdrs_proto::etcdserverpb::request_op::Request as OpRequest;
+use etcdrs_proto::etcdserverpb::response_op::Response as OpResponse;
+use etcdrs_proto::etcdserverpb::{
+    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, TxnResponse,
+};
+use etcdrs_proto::keys::prefix_end;
+use etcdrs_proto::mvccpb::KeyValue;
+use etcdrs_proto::mvccpb::event::EventType;
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
 use super::node::{Tree, ancestors, dir_key, file_json, file_key, wanted};
-use super::*;
+use super::{
+    DIR_NOT_EMPTY, EVENT_INDEX_CLEARED, INVALID_FIELD, KEY_NOT_FOUND, Keys, NODE_EXIST, NOT_DIR,
+    NOT_FILE, Params, V2Error, V3_PREFIX, WRITE_ATTEMPTS,
+};
+use crate::EtcdServer;
 
 pub(super) fn compare_create(key: Vec<u8>, result: CompareResult, rev: i64) -> Compare {
     Compare {

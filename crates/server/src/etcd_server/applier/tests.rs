@@ -2,6 +2,8 @@
 //! a temporary directory, with no raft node and no network. What each kind of entry changes,
 //! what its proposer is told, and that a refused entry changes nothing.
 
+use etcdrs_backend::Backend;
+use etcdrs_mvcc::KvStore;
 use etcdrs_mvcc::{KeyRange, RangeParams};
 use etcdrs_proto::etcdserverpb::{
     AuthEnableRequest, AuthRoleAddRequest, AuthUserAddRequest, AuthUserGrantRoleRequest,
@@ -9,8 +11,13 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_raftnode::RaftView;
 use etcdrs_raftnode::eraftpb::Entry;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::config::ServerConfig;
+use crate::peer::PeerTransport;
+use crate::request::PublishForm;
 
 const LOCAL: u64 = 0x1;
 
@@ -30,7 +37,15 @@ impl Harness {
         config.data_dir = dir.path().to_path_buf();
         let backend = Backend::open(&config.backend_path()).expect("open backend");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl()).expect("open store"));
-        let transport = PeerTransport::new(LOCAL, 0x2, Vec::new(), CancellationToken::new());
+        let (transport, _links) = PeerTransport::new(
+            crate::peer::transport_config(
+                &config,
+                LOCAL,
+                0x2,
+                etcdrs_rafthttp::PeerClient::new(None),
+            ),
+            CancellationToken::new(),
+        );
         let inner = Inner::load(config, LOCAL, 0x2, store, transport).expect("load state");
         Harness {
             applier: Applier {

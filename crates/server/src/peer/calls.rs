@@ -15,18 +15,28 @@ use etcdrs_proto::etcdserverpb::{
 use etcdrs_proto::rpctypes;
 use prost::Message as _;
 
-use super::handler::{
+use etcdrs_rafthttp::{CLUSTER_ID_HEADER, PeerClient};
+
+use super::PeerTransport;
+use super::handlers::{
     HashKvRequestJson, HashKvResponseJson, LeaseInternalRequest, LeaseInternalResponse, MemberJson,
 };
-use super::{CLUSTER_ID_HEADER, PeerTransport};
 use crate::error::{Result, ServerError};
 
 /// The largest answer a one-off call reads.
 const MAX_ANSWER: usize = 16 * 1024 * 1024;
 
+/// Who makes a call: anyone (no member headers: a joining member asking for the membership,
+/// the version monitor), or this member, with etcd's headers.
+#[derive(Clone, Copy)]
+enum Caller<'a> {
+    Anonymous(&'a PeerClient),
+    Member(&'a PeerTransport),
+}
+
 /// One request to `url` + `path`; the status, the cluster id header and the body.
 async fn call(
-    transport: Option<&PeerTransport>,
+    caller: Caller<'_>,
     url: &str,
     method: Method,
     path: &str,
@@ -39,17 +49,21 @@ async fn call(
         .method(method)
         .uri(&uri)
         .header(header::CONTENT_TYPE, content_type);
-    if let Some(transport) = transport {
-        builder = transport.stamp(builder);
-    }
+    let client = match caller {
+        Caller::Anonymous(client) => client,
+        Caller::Member(transport) => {
+            builder = transport.stamp(builder);
+            transport.client()
+        }
+    };
     let request = builder
         .body(Body::from(body))
         .map_err(|e| ServerError::Peer(format!("failed to make http request to {uri} ({e})")))?;
     let exchange = async {
-        let response = super::client::client()
+        let response = client
             .request(request)
             .await
-            .map_err(|e| ServerError::Peer(crate::tls::transport_error_text(&e)))?;
+            .map_err(|e| ServerError::Peer(etcdrs_rafthttp::alert::transport_error_text(&e)))?;
         let status = response.status();
         let cluster = response
             .headers()
@@ -68,9 +82,13 @@ async fn call(
 }
 
 /// The cluster id and members a peer at `url` knows (`GET /members`).
-pub async fn fetch_members(url: &str, timeout: Duration) -> Result<(u64, Vec<MemberJson>)> {
+pub async fn fetch_members(
+    client: &PeerClient,
+    url: &str,
+    timeout: Duration,
+) -> Result<(u64, Vec<MemberJson>)> {
     let (status, cluster, body) = call(
-        None,
+        Caller::Anonymous(client),
         url,
         Method::GET,
         "/members",
@@ -104,7 +122,7 @@ pub async fn renew_lease(
     let url = transport.urls(leader)?.into_iter().next()?;
     let body = LeaseKeepAliveRequest { id }.encode_to_vec();
     let answer = call(
-        Some(transport),
+        Caller::Member(transport),
         &url,
         Method::POST,
         "/leases",
@@ -139,7 +157,7 @@ pub async fn lease_time_to_live(
     }
     .encode_to_vec();
     let answer = call(
-        Some(transport),
+        Caller::Member(transport),
         &url,
         Method::POST,
         "/leases/internal",
@@ -181,7 +199,7 @@ pub async fn hash_kv(
         .ok_or_else(|| ServerError::Peer("no link to the peer".to_owned()))?;
     let body = serde_json::to_vec(&HashKvRequestJson { revision }).unwrap_or_default();
     let (status, _, body) = call(
-        Some(transport),
+        Caller::Member(transport),
         &url,
         Method::GET,
         "/members/hashkv",
@@ -228,11 +246,15 @@ pub struct Versions {
 
 /// The versions a member reports at the first of its peer URLs that answers (etcd's
 /// `getVersion`, which the leader's version monitor asks of every member).
-pub async fn fetch_version(urls: &[String], timeout: Duration) -> Result<Versions> {
+pub async fn fetch_version(
+    client: &PeerClient,
+    urls: &[String],
+    timeout: Duration,
+) -> Result<Versions> {
     let mut last = ServerError::Peer("the member has no peer URL".to_owned());
     for url in urls {
         let answer = call(
-            None,
+            Caller::Anonymous(client),
             url,
             Method::GET,
             "/version",

@@ -1,16 +1,12 @@
-//! The peer port's HTTP handlers, answering as etcd's do (etcd `rafthttp/http.go`,
-//! `etcdhttp/peer.go`, `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`, 3.5's
-//! `downgradeEnabledHandler`): the
-//! same paths, methods, status codes, headers and bodies (Go's `http.Error` bodies end in a
-//! newline), so that an etcd member and ours understand each other's refusals.
-//!
-//! Beyond etcd, a snapshot upload is accepted only from a member and only up to twice the
-//! backend quota, within idle and total deadlines, and a refused upload leaves no file.//!
-//! Layout: routing, version checks and the raft message paths are here; `snapshot` takes
-//! snapshot uploads, `members` the membership, hash and lease calls.
+//! The peer port's raft handlers, answering as etcd's do (etcd `rafthttp/http.go`): the
+//! pipeline (`POST /raft`), the streams (`GET /raft/stream/...`), snapshots
+//! (`POST /raft/snapshot`, in `receive`) and probing, with etcd's paths, methods, status codes,
+//! headers and bodies (Go's `http.Error` bodies end in a newline), so that an etcd member and
+//! ours understand each other's refusals. The member's other peer routes (membership, leases,
+//! hashes) are the server's; they share [`go_error`] and the version checks.
 
 use std::convert::Infallible;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -18,71 +14,25 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use bytes::{Bytes, BytesMut};
-use etcdrs_proto::etcdserverpb::{
-    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
-};
-use etcdrs_raftnode::eraftpb::MessageType;
+use bytes::Bytes;
 use futures::StreamExt;
-use prost::Message as _;
-use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
 
-use super::codec;
-use super::{
+use crate::receive::snapshot;
+use crate::{
     CLUSTER_ID_HEADER, FROM_HEADER, MIN_CLUSTER_VERSION, MIN_CLUSTER_VERSION_HEADER,
-    RAFT_TO_HEADER, SERVER_VERSION_HEADER, StreamType,
+    RAFT_TO_HEADER, Raft, Refusal, Running, SERVER_VERSION_HEADER, StreamType, Transport, codec,
+    gate, id_hex,
 };
-use crate::EtcdServer;
-use crate::membership::id_hex;
-mod members;
-mod snapshot;
 
-pub use self::members::{
-    HashKvRequestJson, HashKvResponseJson, HeaderJson, LeaseInternalRequest, LeaseInternalResponse,
-    MemberJson,
-};
-use self::members::{hash_kv, leases, members, promote};
-use self::snapshot::snapshot;
-
-/// The largest request body a pipeline post, lease or hash call may carry.
+/// The largest request body a pipeline post may carry.
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
-/// The peer port's routes (etcd's peer mux), `/version` aside.
-pub fn routes() -> Router<EtcdServer> {
+/// The raft routes of the peer port (etcd's `rafthttp.Handler`), for a started transport.
+pub fn routes<H: Raft, S>(running: Running<H>) -> Router<S> {
     Router::new()
-        .route("/raft", any(pipeline))
-        .route("/raft/{*rest}", any(raft_subtree))
-        .route("/members", any(members))
-        .route("/members/hashkv", any(hash_kv))
-        .route("/members/promote/", any(promote))
-        .route("/members/promote/{*rest}", any(promote))
-        .route("/leases", any(leases))
-        .route("/leases/internal", any(leases))
-        .route("/downgrade/enabled", any(downgrade_enabled))
-}
-
-/// `GET /downgrade/enabled` (etcd 3.5): whether a downgrade is under way, after a
-/// linearizable read.
-async fn downgrade_enabled(State(server): State<EtcdServer>, request: Request) -> Response {
-    if request.method() != Method::GET {
-        return method_not_allowed(Some("GET"));
-    }
-    let response = match server.linearizable_barrier().await {
-        Ok(()) => {
-            let enabled = if server.downgrade_target().is_some() {
-                "true"
-            } else {
-                "false"
-            };
-            ([(header::CONTENT_TYPE, "text/plain")], enabled).into_response()
-        }
-        Err(e) => go_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("failed linearized read: {e}"),
-        ),
-    };
-    with_cluster_id(response, &server)
+        .route("/raft", any(pipeline::<H>))
+        .route("/raft/{*rest}", any(raft_subtree::<H>))
+        .with_state(running)
 }
 
 /// Go's `http.Error`: the text and a newline, as plain text.
@@ -99,7 +49,7 @@ pub fn go_error(status: StatusCode, text: &str) -> Response {
 }
 
 /// `http.Error(w, "Method Not Allowed", 405)`, with `Allow` when etcd sets it.
-fn method_not_allowed(allow: Option<&'static str>) -> Response {
+pub fn method_not_allowed(allow: Option<&'static str>) -> Response {
     let mut response = go_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
     if let Some(allow) = allow {
         response
@@ -109,11 +59,51 @@ fn method_not_allowed(allow: Option<&'static str>) -> Response {
     response
 }
 
-fn with_cluster_id(mut response: Response, server: &EtcdServer) -> Response {
-    if let Ok(value) = header::HeaderValue::from_str(&id_hex(server.cluster_id())) {
-        response.headers_mut().insert(CLUSTER_ID_HEADER, value);
+impl<H: Raft> Transport<H> {
+    /// `response` with this member's cluster id in etcd's header.
+    pub fn with_cluster_id(&self, mut response: Response) -> Response {
+        if let Ok(value) = header::HeaderValue::from_str(&id_hex(self.local.cluster_id)) {
+            response.headers_mut().insert(CLUSTER_ID_HEADER, value);
+        }
+        response
     }
-    response
+
+    /// etcd's `checkClusterCompatibilityFromHeader`: the sender's version must be within ours,
+    /// and its cluster id ours. The error is the 412 body.
+    pub fn check_compatibility(&self, headers: &HeaderMap) -> Result<(), &'static str> {
+        let remote_name = headers
+            .get(FROM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let compatible = versions_compatible(
+            self.local.server_version,
+            major_minor(headers, SERVER_VERSION_HEADER),
+            major_minor(headers, MIN_CLUSTER_VERSION_HEADER),
+        );
+        if !compatible {
+            tracing::warn!(
+                local_member_id = %id_hex(self.local.id),
+                remote_peer_id = remote_name,
+                "failed to check version compatibility"
+            );
+            return Err("incompatible version");
+        }
+        let remote_cluster = headers
+            .get(CLUSTER_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if remote_cluster != id_hex(self.local.cluster_id) {
+            tracing::warn!(
+                local_member_id = %id_hex(self.local.id),
+                local_member_cluster_id = %id_hex(self.local.cluster_id),
+                remote_peer_id = remote_name,
+                remote_peer_cluster_id = remote_cluster,
+                "request cluster ID mismatch"
+            );
+            return Err("cluster ID mismatch");
+        }
+        Ok(())
+    }
 }
 
 /// Major and minor of a version header, absent meaning etcd 2.0.0; `None` when unparsable.
@@ -137,10 +127,11 @@ fn local_major_minor(version: &str) -> (u64, u64) {
 /// our minimum cluster version, and its minimum cluster version at most our server version.
 /// A version that does not parse is incompatible (etcd would panic on it).
 fn versions_compatible(
+    server_version: &str,
     remote_server: Option<(u64, u64)>,
     remote_min_cluster: Option<(u64, u64)>,
 ) -> bool {
-    let local_server = local_major_minor(crate::version::SERVER_VERSION);
+    let local_server = local_major_minor(server_version);
     let local_min_cluster = local_major_minor(MIN_CLUSTER_VERSION);
     match (remote_server, remote_min_cluster) {
         (Some(server), Some(min_cluster)) => {
@@ -150,129 +141,76 @@ fn versions_compatible(
     }
 }
 
-/// etcd's `checkClusterCompatibilityFromHeader`: the sender's version must be within ours,
-/// and its cluster id ours. The error is the 412 body.
-pub fn check_compatibility(server: &EtcdServer, headers: &HeaderMap) -> Result<(), &'static str> {
-    let remote_name = headers
-        .get(FROM_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    let compatible = versions_compatible(
-        major_minor(headers, SERVER_VERSION_HEADER),
-        major_minor(headers, MIN_CLUSTER_VERSION_HEADER),
-    );
-    if !compatible {
-        tracing::warn!(
-            local_member_id = %id_hex(server.member_id()),
-            remote_peer_id = remote_name,
-            "failed to check version compatibility"
-        );
-        return Err("incompatible version");
-    }
-    let remote_cluster = headers
-        .get(CLUSTER_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if remote_cluster != id_hex(server.cluster_id()) {
-        tracing::warn!(
-            local_member_id = %id_hex(server.member_id()),
-            local_member_cluster_id = %id_hex(server.cluster_id()),
-            remote_peer_id = remote_name,
-            remote_peer_cluster_id = remote_cluster,
-            "request cluster ID mismatch"
-        );
-        return Err("cluster ID mismatch");
-    }
-    Ok(())
-}
-
-/// The label of the member with hex id `from` for per-peer series, if it is a member.
-fn member_label(server: &EtcdServer, from: &str) -> Option<String> {
-    let id = u64::from_str_radix(from, 16).ok()?;
-    server.is_member(id).then(|| id_hex(id))
+/// The label of the member with id `from` for per-peer series, if it is a member.
+pub(crate) fn member_label<H: Raft>(host: &H, from: u64) -> Option<String> {
+    host.is_member(from).then(|| id_hex(from))
 }
 
 /// `POST /raft`: one raft message (etcd's `pipelineHandler`).
-async fn pipeline(State(server): State<EtcdServer>, request: Request) -> Response {
+async fn pipeline<H: Raft>(State(running): State<Running<H>>, request: Request) -> Response {
     if request.method() != Method::POST {
         return method_not_allowed(Some("POST"));
     }
-    with_cluster_id(pipeline_inner(&server, request).await, &server)
+    let response = pipeline_inner(&running, request).await;
+    running.transport.with_cluster_id(response)
 }
 
-async fn pipeline_inner(server: &EtcdServer, request: Request) -> Response {
-    if let Err(text) = check_compatibility(server, request.headers()) {
+async fn pipeline_inner<H: Raft>(running: &Running<H>, request: Request) -> Response {
+    let local = running.transport.local.id;
+    if let Err(text) = running.transport.check_compatibility(request.headers()) {
         return go_error(StatusCode::PRECONDITION_FAILED, text);
     }
     let Ok(bytes) = axum::body::to_bytes(request.into_body(), MAX_BODY).await else {
-        tracing::warn!(local_member_id = %id_hex(server.member_id()), "failed to read Raft message");
+        tracing::warn!(local_member_id = %id_hex(local), "failed to read Raft message");
         return go_error(StatusCode::BAD_REQUEST, "error reading raft message");
     };
     let message = match codec::decode_message(&bytes) {
         Ok(message) => message,
         Err(e) => {
-            tracing::warn!(local_member_id = %id_hex(server.member_id()), error = %e, "failed to unmarshal Raft message");
+            tracing::warn!(local_member_id = %id_hex(local), error = %e, "failed to unmarshal Raft message");
             return go_error(StatusCode::BAD_REQUEST, "error unmarshalling raft message");
         }
     };
-    if let Some(label) = member_label(server, &id_hex(message.from)) {
+    if let Some(label) = member_label(running.host.as_ref(), message.from) {
         crate::metrics::PEER_RECEIVED_BYTES
             .with_label_values(&[label.as_str()])
             .inc_by(bytes.len() as u64);
     }
-    process(server, message).await.unwrap_or_else(|r| r)
+    process(running, message).await
 }
 
-/// etcd's `EtcdServer.Process`: a removed member's message is refused with 403 and
-/// etcd's JSON error; otherwise raft steps it.
-async fn process(
-    server: &EtcdServer,
+/// A peer's message through the gate, answered as etcd's handlers answer `Process`: 204, or
+/// 403 with etcd's JSON error for a removed member, or 500.
+pub(crate) async fn process<H: Raft>(
+    running: &Running<H>,
     message: etcdrs_raftnode::eraftpb::Message,
-) -> Result<Response, Response> {
-    if server.is_removed_member(message.from) {
-        return Err((
+) -> Response {
+    match gate(running.host.as_ref(), message).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(Refusal::Removed) => (
             StatusCode::FORBIDDEN,
             [(header::CONTENT_TYPE, "application/json")],
             r#"{"message":"cannot process message from removed member"}"#,
         )
-            .into_response());
-    }
-    if is_local(message.get_msg_type()) {
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    }
-    match server.raft_step(message).await {
-        Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
-        Err(e) => {
-            tracing::warn!(local_member_id = %id_hex(server.member_id()), error = %e, "failed to process Raft message");
-            Err(go_error(
+            .into_response(),
+        Err(Refusal::Stopped) => {
+            tracing::warn!(local_member_id = %id_hex(running.transport.local.id), error = "raft node stopped", "failed to process Raft message");
+            go_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "error processing raft message",
-            ))
+            )
         }
     }
 }
 
-/// Raft's local messages, which never come from a peer: etcd's raft ignores them, and they
-/// are not stepped.
-pub(crate) fn is_local(kind: MessageType) -> bool {
-    matches!(
-        kind,
-        MessageType::MsgHup
-            | MessageType::MsgBeat
-            | MessageType::MsgUnreachable
-            | MessageType::MsgSnapStatus
-            | MessageType::MsgCheckQuorum
-    )
-}
-
 /// Everything under `/raft/`: streams, snapshots, probing (etcd's rafthttp mux).
-async fn raft_subtree(State(server): State<EtcdServer>, request: Request) -> Response {
+async fn raft_subtree<H: Raft>(State(running): State<Running<H>>, request: Request) -> Response {
     let path = request.uri().path().to_owned();
     if path.starts_with("/raft/stream/") {
-        return stream(&server, request).await;
+        return stream(&running, request).await;
     }
     match path.as_str() {
-        "/raft/snapshot" => snapshot(&server, request).await,
+        "/raft/snapshot" => snapshot(&running, request).await,
         "/raft/probing" => probing(),
         _ => go_error(StatusCode::NOT_FOUND, "404 page not found"),
     }
@@ -281,21 +219,23 @@ async fn raft_subtree(State(server): State<EtcdServer>, request: Request) -> Res
 /// `GET /raft/stream/{msgapp,message}/<from>` (etcd's `streamHandler`): a peer's reader
 /// attaches to this member's writer to it; the response stays open and carries this
 /// member's messages to the peer.
-async fn stream(server: &EtcdServer, request: Request) -> Response {
+async fn stream<H: Raft>(running: &Running<H>, request: Request) -> Response {
     if request.method() != Method::GET {
         return method_not_allowed(Some("GET"));
     }
-    let mut response = stream_inner(server, request).await;
+    let mut response = stream_inner(running, request).await;
     let headers = response.headers_mut();
     headers.insert(
         SERVER_VERSION_HEADER,
-        header::HeaderValue::from_static(crate::version::SERVER_VERSION),
+        header::HeaderValue::from_static(running.transport.local.server_version),
     );
-    with_cluster_id(response, server)
+    running.transport.with_cluster_id(response)
 }
 
-async fn stream_inner(server: &EtcdServer, request: Request) -> Response {
-    if let Err(text) = check_compatibility(server, request.headers()) {
+async fn stream_inner<H: Raft>(running: &Running<H>, request: Request) -> Response {
+    let transport = &running.transport;
+    let local = transport.local.id;
+    if let Err(text) = transport.check_compatibility(request.headers()) {
         return go_error(StatusCode::PRECONDITION_FAILED, text);
     }
     let path = request.uri().path();
@@ -309,21 +249,20 @@ async fn stream_inner(server: &EtcdServer, request: Request) -> Response {
         }
     };
     let Ok(from) = u64::from_str_radix(from_text, 16) else {
-        tracing::warn!(local_member_id = %id_hex(server.member_id()), path = from_text, "failed to parse path into ID");
+        tracing::warn!(local_member_id = %id_hex(local), path = from_text, "failed to parse path into ID");
         return go_error(StatusCode::NOT_FOUND, "invalid from");
     };
-    if server.is_removed_member(from) {
+    if running.host.is_removed(from) {
         tracing::warn!(
-            local_member_id = %id_hex(server.member_id()),
+            local_member_id = %id_hex(local),
             remote_peer_id_from = %id_hex(from),
             "rejected stream from remote peer because it was removed"
         );
         return go_error(StatusCode::GONE, "removed member");
     }
-    let transport = server.transport();
     if !transport.has_peer(from) {
         tracing::warn!(
-            local_member_id = %id_hex(server.member_id()),
+            local_member_id = %id_hex(local),
             remote_peer_id_from = %id_hex(from),
             "failed to find remote peer in cluster"
         );
@@ -334,15 +273,15 @@ async fn stream_inner(server: &EtcdServer, request: Request) -> Response {
         .get(RAFT_TO_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    if to != id_hex(server.member_id()) {
+    if to != id_hex(local) {
         tracing::warn!(
-            local_member_id = %id_hex(server.member_id()),
+            local_member_id = %id_hex(local),
             remote_peer_id_to = to,
             "ignored streaming request; ID mismatch"
         );
         return go_error(StatusCode::PRECONDITION_FAILED, "to field mismatch");
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(super::link::CONN_BUF);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(crate::link::CONN_BUF);
     if !transport.attach(from, kind, tx).await {
         return go_error(StatusCode::NOT_FOUND, "error sender not found");
     }
@@ -400,6 +339,8 @@ fn rfc3339_nano(time: SystemTime) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -411,6 +352,7 @@ mod tests {
                 headers.insert(MIN_CLUSTER_VERSION_HEADER, min.parse().expect("ascii"));
             }
             versions_compatible(
+                "3.5.17",
                 major_minor(&headers, SERVER_VERSION_HEADER),
                 major_minor(&headers, MIN_CLUSTER_VERSION_HEADER),
             )

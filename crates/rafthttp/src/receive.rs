@@ -1,16 +1,28 @@
 //! `POST /raft/snapshot` (etcd `rafthttp/http.go`'s `snapshotHandler`): a leader's snapshot
-//! streamed to disk and handed to raft. Beyond etcd, the upload is accepted only from a
-//! member and only up to twice the backend quota, within idle and total deadlines, and a
-//! refused upload leaves no file behind (`PartialFile`).
+//! streamed into the member's inbox ([`Raft::snapshot_inbox`]) and handed to raft through the
+//! gate. Beyond etcd, the upload is accepted only from a member and only up to the
+//! configured limit (the server's: twice the backend quota), within idle and total deadlines,
+//! and a refused upload leaves no file behind (`PartialFile`).
 
-use super::*;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
+use bytes::BytesMut;
+use etcdrs_raftnode::eraftpb::MessageType;
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use crate::handler::{go_error, member_label, method_not_allowed, process};
+use crate::{FROM_HEADER, Raft, Running, codec, id_hex};
 
 /// How long a snapshot upload may go without a chunk.
 const SNAPSHOT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a snapshot upload may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub(super) fn snapshot_too_large(limit: u64) -> Response {
+fn snapshot_too_large(limit: u64) -> Response {
     tracing::warn!(
         limit,
         "rejected a snapshot larger than twice the backend quota"
@@ -34,7 +46,7 @@ impl Drop for PartialFile {
 
 /// `POST /raft/snapshot` (etcd's `snapshotHandler`): the raft snapshot message framed as on
 /// the `message` stream, then the database image.
-pub(super) async fn snapshot(server: &EtcdServer, request: Request) -> Response {
+pub(crate) async fn snapshot<H: Raft>(running: &Running<H>, request: Request) -> Response {
     if request.method() != Method::POST {
         return method_not_allowed(Some("POST"));
     }
@@ -45,11 +57,10 @@ pub(super) async fn snapshot(server: &EtcdServer, request: Request) -> Response 
         .headers()
         .get(FROM_HEADER)
         .and_then(|v| v.to_str().ok())
+        .and_then(|from| u64::from_str_radix(from, 16).ok())
         .and_then(|from| {
-            member_label(server, from).or_else(|| {
-                let id = u64::from_str_radix(from, 16).ok()?;
-                server.transport().has_peer(id).then(|| id_hex(id))
-            })
+            member_label(running.host.as_ref(), from)
+                .or_else(|| running.transport.has_peer(from).then(|| id_hex(from)))
         });
     let label = from
         .clone()
@@ -67,13 +78,13 @@ pub(super) async fn snapshot(server: &EtcdServer, request: Request) -> Response 
             )
         }
         Some(_) => {
-            if let Err(text) = check_compatibility(server, request.headers()) {
+            if let Err(text) = running.transport.check_compatibility(request.headers()) {
                 go_error(StatusCode::PRECONDITION_FAILED, text)
             } else {
                 let inflight =
                     crate::metrics::SNAPSHOT_RECEIVE_INFLIGHTS.with_label_values(&labels);
                 inflight.inc();
-                let received = receive_snapshot(server, request).await;
+                let received = receive_snapshot(running, request).await;
                 inflight.dec();
                 received
             }
@@ -91,15 +102,16 @@ pub(super) async fn snapshot(server: &EtcdServer, request: Request) -> Response 
             .with_label_values(&labels)
             .inc();
     }
-    with_cluster_id(response, server)
+    running.transport.with_cluster_id(response)
 }
 
-pub(super) async fn receive_snapshot(server: &EtcdServer, request: Request) -> Response {
+async fn receive_snapshot<H: Raft>(running: &Running<H>, request: Request) -> Response {
+    let local = running.transport.local.id;
     let mut body = request.into_body().into_data_stream();
     // Bounds: a leader's database stays within its quota (the NOSPACE alarm stops writes at
     // it), so an image over twice the quota is not one; and an upload that stalls or drags
     // on is dropped rather than holding the file.
-    let limit = server.config().quota_bytes().saturating_mul(2);
+    let limit = running.transport.snapshot_limit;
     let deadline = tokio::time::Instant::now() + SNAPSHOT_TIMEOUT;
     let mut buf = BytesMut::new();
     let idle = || deadline.min(tokio::time::Instant::now() + SNAPSHOT_IDLE_TIMEOUT);
@@ -143,13 +155,13 @@ pub(super) async fn receive_snapshot(server: &EtcdServer, request: Request) -> R
     }
     let index = message.get_snapshot().get_metadata().index;
     tracing::info!(
-        local_member_id = %id_hex(server.member_id()),
+        local_member_id = %id_hex(local),
         remote_snapshot_sender_id = %id_hex(message.from),
         incoming_snapshot_index = index,
         "receiving database snapshot"
     );
     let saving = std::time::Instant::now();
-    let path = server.snapshot_receive_path(index);
+    let path = running.host.snapshot_inbox(index);
     let save_error = |e: &dyn std::fmt::Display| {
         go_error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -197,15 +209,12 @@ pub(super) async fn receive_snapshot(server: &EtcdServer, request: Request) -> R
     drop(file);
     crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
     tracing::info!(
-        local_member_id = %id_hex(server.member_id()),
+        local_member_id = %id_hex(local),
         incoming_snapshot_index = index,
         incoming_snapshot_size_bytes = received,
         "received and saved database snapshot"
     );
     partial.0 = None;
-    server.snapshot_received(index, path);
-    match process(server, message).await {
-        Ok(response) => response,
-        Err(response) => response,
-    }
+    running.host.snapshot_received(index, path);
+    process(running, message).await
 }

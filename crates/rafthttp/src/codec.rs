@@ -28,7 +28,7 @@ use bytes::{Buf, BytesMut};
 use etcdrs_raftnode::eraftpb::{Entry, Message, MessageType};
 use protobuf::Message as _;
 
-use crate::error::{Result, ServerError};
+use crate::error::{Error, Result};
 
 /// The largest frame a stream reader accepts (etcd's `readBytesLimit`).
 pub const READ_BYTES_LIMIT: u64 = 512 * 1024 * 1024;
@@ -53,13 +53,13 @@ pub fn is_link_heartbeat(message: &Message) -> bool {
 pub fn encode_message(message: &Message) -> Result<Vec<u8>> {
     message
         .write_to_bytes()
-        .map_err(|e| ServerError::PeerMessage(format!("failed to marshal raft message ({e})")))
+        .map_err(|e| Error::Message(format!("failed to marshal raft message ({e})")))
 }
 
 /// A raft message from its raftpb bytes (etcd's or ours).
 pub fn decode_message(bytes: &[u8]) -> Result<Message> {
     let mut message = Message::parse_from_bytes(bytes)
-        .map_err(|e| ServerError::PeerMessage(format!("failed to unmarshal raft message ({e})")))?;
+        .map_err(|e| Error::Message(format!("failed to unmarshal raft message ({e})")))?;
     // etcd writes its non-nullable snapshot field on every message.
     if message.get_msg_type() != MessageType::MsgSnapshot && message.has_snapshot() {
         message.clear_snapshot();
@@ -69,11 +69,11 @@ pub fn decode_message(bytes: &[u8]) -> Result<Message> {
 
 fn decode_entry(bytes: &[u8]) -> Result<Entry> {
     Entry::parse_from_bytes(bytes)
-        .map_err(|e| ServerError::PeerMessage(format!("failed to unmarshal raft entry ({e})")))
+        .map_err(|e| Error::Message(format!("failed to unmarshal raft entry ({e})")))
 }
 
-fn too_large() -> ServerError {
-    ServerError::PeerMessage("rafthttp: error limit exceeded".to_owned())
+fn too_large() -> Error {
+    Error::Message("rafthttp: error limit exceeded".to_owned())
 }
 
 /// The big-endian u64 at `at` in `buf`, if that many bytes are there.
@@ -138,9 +138,9 @@ impl MsgAppV2Encoder {
             out.push(MSG_TYPE_APP_ENTRIES);
             out.extend_from_slice(&(message.entries.len() as u64).to_be_bytes());
             for entry in message.entries.iter() {
-                let bytes = entry.write_to_bytes().map_err(|e| {
-                    ServerError::PeerMessage(format!("failed to marshal raft entry ({e})"))
-                })?;
+                let bytes = entry
+                    .write_to_bytes()
+                    .map_err(|e| Error::Message(format!("failed to marshal raft entry ({e})")))?;
                 out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
                 out.extend_from_slice(&bytes);
                 self.index += 1;
@@ -242,7 +242,7 @@ impl MsgAppV2Decoder {
                 }
                 Ok(Some(message))
             }
-            other => Err(ServerError::PeerMessage(format!(
+            other => Err(Error::Message(format!(
                 "failed to parse type {other} in msgappv2 stream"
             ))),
         }

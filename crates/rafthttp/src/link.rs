@@ -2,6 +2,7 @@
 //! `probing_status.go`): two stream writers, two stream readers, the pipeline, the snapshot
 //! sender and the prober, each a task that stops with the link's token.
 
+use std::io::Read as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -15,12 +16,12 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::codec::{self, MsgAppV2Decoder, MsgAppV2Encoder};
-use super::{
-    CLUSTER_ID_HEADER, LinkContext, Local, MEMBER_REMOVED, PIPELINE_BUF, Peer, RAFT_TO_HEADER,
-    STREAM_BUF, StreamType, WriterHandle,
+use crate::client::PeerClient;
+use crate::codec::{self, MsgAppV2Decoder, MsgAppV2Encoder};
+use crate::{
+    CLUSTER_ID_HEADER, Local, MEMBER_REMOVED, PIPELINE_BUF, Peer, RAFT_TO_HEADER, Raft, Refusal,
+    STREAM_BUF, StreamType, WriterHandle, gate, id_hex,
 };
-use crate::membership::id_hex;
 
 /// How long a stream connection may stay silent (etcd's `ConnReadTimeout`).
 const CONN_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,22 +42,42 @@ const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// The most bytes a writer encodes into one write.
 const MAX_WRITE: usize = 1 << 20;
 /// Chunks a stream response buffers between the writer and the connection.
-pub(super) const CONN_BUF: usize = 16;
+pub(crate) const CONN_BUF: usize = 16;
 
-pub(super) struct LinkConfig {
+/// Whom a link talks to, and how.
+pub(crate) struct LinkConfig {
     pub to: u64,
     pub local: Arc<Local>,
-    pub context: Arc<std::sync::OnceLock<LinkContext>>,
+    pub client: PeerClient,
     pub dial: Vec<String>,
     pub stop: CancellationToken,
 }
 
-/// What the link's tasks share: whom they talk to and the peer's status.
-struct Shared {
+/// A stream writer's receiving ends, until its task runs.
+struct WriterParts {
+    msgc: mpsc::Receiver<Message>,
+    connc: mpsc::Receiver<mpsc::Sender<Bytes>>,
+    working: Arc<AtomicBool>,
+}
+
+/// A link whose queues exist (raft may send into them) and whose tasks do not run yet.
+pub(crate) struct Parked {
+    config: LinkConfig,
+    active: Arc<AtomicBool>,
+    msgapp: WriterParts,
+    message: WriterParts,
+    pipeline: mpsc::Receiver<Message>,
+    snapshot: mpsc::Receiver<Message>,
+}
+
+/// What the link's tasks share: whom they talk to, the member they deliver to, and the
+/// peer's status.
+struct Shared<H> {
     to: u64,
     label: String,
     local: Arc<Local>,
-    context: Arc<std::sync::OnceLock<LinkContext>>,
+    client: PeerClient,
+    host: Arc<H>,
     picker: Mutex<Picker>,
     status: Mutex<Status>,
 }
@@ -86,7 +107,7 @@ struct Status {
     last_errors: std::collections::HashMap<String, String>,
 }
 
-impl Shared {
+impl<H: Raft> Shared<H> {
     fn activate(&self) {
         let mut status = self.status.lock();
         status.last_errors.clear();
@@ -137,9 +158,7 @@ impl Shared {
 
     fn removed(&self) {
         tracing::warn!(local_member_id = %id_hex(self.local.id), remote_peer_id = %self.label, "{MEMBER_REMOVED}");
-        if let Some(context) = self.context.get() {
-            context.removed.cancel();
-        }
+        self.host.removed();
     }
 
     /// A request to `path` on the peer's current URL, with etcd's headers.
@@ -150,15 +169,69 @@ impl Shared {
     }
 }
 
-/// Start the link to `config.to`; the returned peer's `urls`/`dial` are the caller's to set.
-pub(super) fn start(runtime: &tokio::runtime::Handle, config: LinkConfig) -> Peer {
+/// The queues of the link to `config.to` (the returned peer's `urls`/`dial` are the caller's
+/// to set) and the receiving ends its tasks take when they run.
+pub(crate) fn open(config: LinkConfig) -> (Peer, Parked) {
+    let writer = || {
+        let (msgc_tx, msgc) = mpsc::channel(STREAM_BUF);
+        let (connc_tx, connc) = mpsc::channel(1);
+        let working = Arc::new(AtomicBool::new(false));
+        let handle = WriterHandle {
+            msgc: msgc_tx,
+            working: working.clone(),
+            connc: connc_tx,
+        };
+        let parts = WriterParts {
+            msgc,
+            connc,
+            working,
+        };
+        (handle, parts)
+    };
+    let (msgapp, msgapp_parts) = writer();
+    let (message, message_parts) = writer();
+    let (pipeline, pipeline_rx) = mpsc::channel(PIPELINE_BUF);
+    let (snapshot, snapshot_rx) = mpsc::channel(1);
     let active = Arc::new(AtomicBool::new(false));
-    let activity = crate::metrics::PeerActivity::new(config.local.id, config.to, active.clone());
+    let peer = Peer {
+        urls: Vec::new(),
+        dial: Vec::new(),
+        msgapp,
+        message,
+        pipeline,
+        snapshot,
+        active: active.clone(),
+        stop: config.stop.clone(),
+    };
+    let parked = Parked {
+        config,
+        active,
+        msgapp: msgapp_parts,
+        message: message_parts,
+        pipeline: pipeline_rx,
+        snapshot: snapshot_rx,
+    };
+    (peer, parked)
+}
+
+/// Run a parked link's tasks (two stream writers, two readers, the pipeline, the snapshot
+/// sender, the prober), delivering to `host`; they stop with the link's token.
+pub(crate) fn spawn<H: Raft>(runtime: &tokio::runtime::Handle, host: Arc<H>, parked: Parked) {
+    let Parked {
+        config,
+        active,
+        msgapp,
+        message,
+        pipeline,
+        snapshot,
+    } = parked;
+    let activity = crate::metrics::PeerActivity::new(config.local.id, config.to, active);
     let shared = Arc::new(Shared {
         to: config.to,
         label: id_hex(config.to),
         local: config.local,
-        context: config.context,
+        client: config.client,
+        host,
         picker: Mutex::new(Picker {
             urls: config.dial,
             index: 0,
@@ -169,44 +242,25 @@ pub(super) fn start(runtime: &tokio::runtime::Handle, config: LinkConfig) -> Pee
         }),
     });
     let stop = config.stop;
-    let writer = |kind: StreamType| {
-        let (msgc_tx, msgc) = mpsc::channel(STREAM_BUF);
-        let (connc_tx, connc) = mpsc::channel(1);
-        let working = Arc::new(AtomicBool::new(false));
+    for (kind, parts) in [
+        (StreamType::MsgAppV2, msgapp),
+        (StreamType::Message, message),
+    ] {
         runtime.spawn(run_writer(
             shared.clone(),
             kind,
-            msgc,
-            connc,
-            working.clone(),
+            parts.msgc,
+            parts.connc,
+            parts.working,
             stop.clone(),
         ));
-        WriterHandle {
-            msgc: msgc_tx,
-            working,
-            connc: connc_tx,
-        }
-    };
-    let msgapp = writer(StreamType::MsgAppV2);
-    let message = writer(StreamType::Message);
+    }
     for kind in [StreamType::MsgAppV2, StreamType::Message] {
         runtime.spawn(run_reader(shared.clone(), kind, stop.clone()));
     }
-    let (pipeline, pipeline_rx) = mpsc::channel(PIPELINE_BUF);
-    runtime.spawn(run_pipeline(shared.clone(), pipeline_rx, stop.clone()));
-    let (snapshot, snapshot_rx) = mpsc::channel(1);
-    runtime.spawn(run_snapshots(shared.clone(), snapshot_rx, stop.clone()));
-    runtime.spawn(run_prober(shared, stop.clone()));
-    Peer {
-        urls: Vec::new(),
-        dial: Vec::new(),
-        msgapp,
-        message,
-        pipeline,
-        snapshot,
-        active,
-        stop,
-    }
+    runtime.spawn(run_pipeline(shared.clone(), pipeline, stop.clone()));
+    runtime.spawn(run_snapshots(shared.clone(), snapshot, stop.clone()));
+    runtime.spawn(run_prober(shared, stop));
 }
 
 enum Encoder {
@@ -232,8 +286,8 @@ impl Encoder {
 
 /// etcd's `streamWriter`: writes what is sent to the peer into the connection the peer's
 /// reader attached, until it fails or another replaces it.
-async fn run_writer(
-    shared: Arc<Shared>,
+async fn run_writer<H: Raft>(
+    shared: Arc<Shared<H>>,
     kind: StreamType,
     mut msgc: mpsc::Receiver<Message>,
     mut connc: mpsc::Receiver<mpsc::Sender<Bytes>>,
@@ -313,7 +367,7 @@ async fn run_writer(
 /// error with its causes (`client error (Connect): tcp connect error: Connection refused`).
 fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
     let top = error.to_string();
-    let tls = crate::tls::transport_error_text(error);
+    let tls = crate::alert::transport_error_text(error);
     if tls != top {
         return tls;
     }
@@ -340,32 +394,30 @@ enum DialError {
 
 /// etcd's `streamReader`: dials the peer's stream for this member, hands what arrives to raft,
 /// dials again when the connection ends.
-async fn run_reader(shared: Arc<Shared>, kind: StreamType, stop: CancellationToken) {
+async fn run_reader<H: Raft>(shared: Arc<Shared<H>>, kind: StreamType, stop: CancellationToken) {
     loop {
-        if let Some(context) = shared.context.get().cloned() {
-            let dialled = tokio::select! {
-                _ = stop.cancelled() => return,
-                dialled = dial_stream(&shared, kind) => dialled,
-            };
-            match dialled {
-                Ok(body) => {
-                    shared.activate();
-                    tracing::info!(local_member_id = %id_hex(shared.local.id), remote_peer_id = %shared.label, stream_reader_type = kind.name(), "established TCP streaming connection with remote peer");
-                    let ended = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        ended = decode_loop(&shared, kind, body, &context) => ended,
-                    };
-                    tracing::warn!(local_member_id = %id_hex(shared.local.id), remote_peer_id = %shared.label, stream_reader_type = kind.name(), "lost TCP streaming connection with remote peer");
-                    if let Err(reason) = ended {
-                        shared.deactivate(kind.name(), "read", &reason);
-                    }
+        let dialled = tokio::select! {
+            _ = stop.cancelled() => return,
+            dialled = dial_stream(&shared, kind) => dialled,
+        };
+        match dialled {
+            Ok(body) => {
+                shared.activate();
+                tracing::info!(local_member_id = %id_hex(shared.local.id), remote_peer_id = %shared.label, stream_reader_type = kind.name(), "established TCP streaming connection with remote peer");
+                let ended = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ended = decode_loop(&shared, kind, body) => ended,
+                };
+                tracing::warn!(local_member_id = %id_hex(shared.local.id), remote_peer_id = %shared.label, stream_reader_type = kind.name(), "lost TCP streaming connection with remote peer");
+                if let Err(reason) = ended {
+                    shared.deactivate(kind.name(), "read", &reason);
                 }
-                Err(DialError::Removed) => {
-                    shared.removed();
-                    return;
-                }
-                Err(DialError::Other(reason)) => shared.deactivate(kind.name(), "dial", &reason),
             }
+            Err(DialError::Removed) => {
+                shared.removed();
+                return;
+            }
+            Err(DialError::Other(reason)) => shared.deactivate(kind.name(), "dial", &reason),
         }
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -374,8 +426,8 @@ async fn run_reader(shared: Arc<Shared>, kind: StreamType, stop: CancellationTok
     }
 }
 
-async fn dial_stream(
-    shared: &Shared,
+async fn dial_stream<H: Raft>(
+    shared: &Shared<H>,
     kind: StreamType,
 ) -> Result<hyper::body::Incoming, DialError> {
     let url = shared.url();
@@ -386,9 +438,7 @@ async fn dial_stream(
         .body(Body::empty())
         .map_err(|e| DialError::Other(format!("failed to make http request to {url} ({e})")))?;
     let response =
-        match tokio::time::timeout(CONN_READ_TIMEOUT, super::client::client().request(request))
-            .await
-        {
+        match tokio::time::timeout(CONN_READ_TIMEOUT, shared.client.request(request)).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 shared.unreachable(&url);
@@ -462,11 +512,10 @@ async fn read_body(body: hyper::body::Incoming, limit: usize) -> String {
 }
 
 /// Read messages off a stream until it ends; `Ok` for a clean end (EOF).
-async fn decode_loop(
-    shared: &Shared,
+async fn decode_loop<H: Raft>(
+    shared: &Shared<H>,
     kind: StreamType,
     body: hyper::body::Incoming,
-    context: &LinkContext,
 ) -> Result<(), String> {
     let mut body = Body::new(body).into_data_stream();
     let mut decoder = match kind {
@@ -503,16 +552,22 @@ async fn decode_loop(
             if codec::is_link_heartbeat(&message) {
                 continue;
             }
-            if context.raft.step(message).await.is_err() {
-                return Ok(());
+            // The same gate as a pipeline post's (etcd's `peer` hands stream messages to
+            // `Process` too): a removed member's message is dropped, as etcd drops it.
+            match gate(shared.host.as_ref(), message).await {
+                Ok(()) => {}
+                Err(Refusal::Removed) => {
+                    tracing::warn!(local_member_id = %id_hex(shared.local.id), remote_peer_id = %shared.label, "failed to process Raft message (cannot process message from removed member)");
+                }
+                Err(Refusal::Stopped) => return Ok(()),
             }
         }
     }
 }
 
 /// etcd's `pipeline`: messages posted one by one while no stream works.
-async fn run_pipeline(
-    shared: Arc<Shared>,
+async fn run_pipeline<H: Raft>(
+    shared: Arc<Shared<H>>,
     mut rx: mpsc::Receiver<Message>,
     stop: CancellationToken,
 ) {
@@ -536,7 +591,7 @@ async fn run_pipeline(
         else {
             continue;
         };
-        match post(request).await {
+        match post(&shared.client, request).await {
             Ok(()) => {
                 shared.activate();
                 crate::metrics::PEER_SENT_BYTES
@@ -568,21 +623,21 @@ enum PostError {
     Failed(String),
 }
 
-async fn post(request: axum::http::Request<Body>) -> Result<(), PostError> {
-    post_with_timeout(request, POST_TIMEOUT).await
+async fn post(client: &PeerClient, request: axum::http::Request<Body>) -> Result<(), PostError> {
+    post_with_timeout(client, request, POST_TIMEOUT).await
 }
 
 async fn post_with_timeout(
+    client: &PeerClient,
     request: axum::http::Request<Body>,
     timeout: Duration,
 ) -> Result<(), PostError> {
     let uri = request.uri().to_string();
-    let response =
-        match tokio::time::timeout(timeout, super::client::client().request(request)).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(e)) => return Err(PostError::Failed(error_text(&e))),
-            Err(_) => return Err(PostError::Failed("i/o timeout".to_owned())),
-        };
+    let response = match tokio::time::timeout(timeout, client.request(request)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => return Err(PostError::Failed(error_text(&e))),
+        Err(_) => return Err(PostError::Failed("i/o timeout".to_owned())),
+    };
     let status = response.status();
     let body = read_body(response.into_body(), 4096).await;
     match status {
@@ -605,8 +660,8 @@ async fn post_with_timeout(
 
 /// etcd's `snapshotSender`: each snapshot message goes with the store's image in one post;
 /// raft hears whether it arrived.
-async fn run_snapshots(
-    shared: Arc<Shared>,
+async fn run_snapshots<H: Raft>(
+    shared: Arc<Shared<H>>,
     mut rx: mpsc::Receiver<Message>,
     stop: CancellationToken,
 ) {
@@ -618,37 +673,29 @@ async fn run_snapshots(
                 None => return,
             },
         };
-        let Some(context) = shared.context.get().cloned() else {
-            continue;
-        };
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = send_snapshot(&shared, &context, message) => {}
+            _ = send_snapshot(&shared, message) => {}
         }
     }
 }
 
-async fn send_snapshot(shared: &Shared, context: &LinkContext, message: Message) {
+async fn send_snapshot<H: Raft>(shared: &Shared<H>, message: Message) {
     let index = message.get_snapshot().get_metadata().index;
     tracing::info!(remote_peer_id = %shared.label, index, "sending database snapshot");
     let to = shared.label.as_str();
     let inflight = crate::metrics::SNAPSHOT_SEND_INFLIGHTS.with_label_values(&[to]);
     inflight.inc();
     let started = Instant::now();
-    let store = context.store.clone();
-    // etcd's form, which an etcd member installs and so do we: the v2 store's JSON as the
-    // snapshot's data, and the database in bbolt's format.
-    let image = tokio::task::spawn_blocking(move || {
-        let data = crate::v2snap::from_store(&store, index).map_err(|e| e.to_string())?;
-        let image = crate::etcd_db::snapshot(store.backend()).map_err(|e| e.to_string())?;
-        Ok::<_, String>((data, image))
-    })
-    .await;
+    let host = shared.host.clone();
+    // etcd's form, which an etcd member installs and so do we: the member's snapshot data
+    // (etcd's: the v2 store's JSON) in the message, then its database image.
+    let image = tokio::task::spawn_blocking(move || host.snapshot_image(index)).await;
     let ok = match image {
-        Ok(Ok((data, image))) => {
+        Ok(Ok(image)) => {
             let mut message = message;
-            message.mut_snapshot().data = data.into();
-            stream_snapshot(shared, message, image).await
+            message.mut_snapshot().data = image.data.into();
+            stream_snapshot(shared, message, image.body).await
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "failed to take a database snapshot");
@@ -670,13 +717,13 @@ async fn send_snapshot(shared: &Shared, context: &LinkContext, message: Message)
             .with_label_values(&[to])
             .inc();
     }
-    let _ = context.raft.report_snapshot(shared.to, ok).await;
+    shared.host.report_snapshot(shared.to, ok).await;
 }
 
-async fn stream_snapshot(
-    shared: &Shared,
+async fn stream_snapshot<H: Raft>(
+    shared: &Shared<H>,
     message: Message,
-    image: etcdrs_backend::Snapshot,
+    mut image: Box<dyn std::io::Read + Send>,
 ) -> bool {
     let mut first = Vec::new();
     if codec::encode_frame(&message, &mut first).is_err() {
@@ -686,20 +733,12 @@ async fn stream_snapshot(
     // The body: the raft message as the `message` stream frames it, then the image (etcd's
     // `createSnapBody`), read on a blocking thread.
     let reader = tokio::task::spawn_blocking(move || -> bool {
-        use std::io::Read;
         if tx.blocking_send(Ok(Bytes::from(first))).is_err() {
             return false;
         }
-        let mut file = match image.open() {
-            Ok(file) => file,
-            Err(e) => {
-                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
-                return false;
-            }
-        };
         let mut buf = vec![0u8; SNAPSHOT_CHUNK];
         loop {
-            match file.read(&mut buf) {
+            match image.read(&mut buf) {
                 Ok(0) => return true,
                 Ok(n) => {
                     if tx
@@ -726,7 +765,7 @@ async fn stream_snapshot(
     else {
         return false;
     };
-    let sent = post_with_timeout(request, SNAPSHOT_TIMEOUT).await;
+    let sent = post_with_timeout(&shared.client, request, SNAPSHOT_TIMEOUT).await;
     let read_ok = reader.await.unwrap_or(false);
     match sent {
         Ok(()) => read_ok,
@@ -743,7 +782,7 @@ async fn stream_snapshot(
 }
 
 /// etcd's prober: times `GET /raft/probing` for the round-trip series.
-async fn run_prober(shared: Arc<Shared>, stop: CancellationToken) {
+async fn run_prober<H: Raft>(shared: Arc<Shared<H>>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -761,7 +800,7 @@ async fn run_prober(shared: Arc<Shared>, stop: CancellationToken) {
         let started = Instant::now();
         let answered = tokio::select! {
             _ = stop.cancelled() => return,
-            answered = tokio::time::timeout(POST_TIMEOUT, super::client::client().request(request)) => answered,
+            answered = tokio::time::timeout(POST_TIMEOUT, shared.client.request(request)) => answered,
         };
         if let Ok(Ok(response)) = answered
             && response.status() == StatusCode::OK

@@ -1,12 +1,15 @@
 //! The HTTP/1.1 client members call each other with (etcd's peer round trippers, which speak
-//! HTTP/1.1 over plain TCP or TLS): one connection pool for the process, dialled by
+//! HTTP/1.1 over plain TCP or TLS): one connection pool per [`PeerClient`], dialled by
 //! [`PeerConnector`], which adds the peer TLS (`--peer-cert-file`, ...) for `https` URLs.
 //! Dials time out after a second (TLS handshakes after three), as etcd's `DialTimeout`.
+//!
+//! The TLS comes from whoever builds the client (the server's configuration, which follows its
+//! certificate files): this crate knows how to dial with it, not where it comes from.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,41 +17,55 @@ use axum::body::Body;
 use axum::http::Uri;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-
-use crate::tls::TlsClient;
 
 /// How long dialling a peer may take (TCP connect).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long dialling plus the TLS handshake may take.
 const TLS_DIAL_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The TLS peers dial `https` peer URLs with; set once at start-up, before any link exists.
-static CLIENT_TLS: OnceLock<Arc<TlsClient>> = OnceLock::new();
-
-/// Use `tls` to dial `https` peer URLs.
-pub fn set_client_tls(tls: Arc<TlsClient>) {
-    let _ = CLIENT_TLS.set(tls);
+/// The client side of the peer TLS: a connector for each new connection (so that renewed
+/// certificate files apply) and the name to verify a peer's certificate for.
+pub trait PeerTls: Send + Sync + 'static {
+    /// The connector for a new connection.
+    fn connector(&self) -> tokio_rustls::TlsConnector;
+    /// The name to verify the certificate of `host` for (`None`: not a valid name).
+    fn server_name_for(&self, host: &str) -> Option<ServerName<'static>>;
 }
 
-/// The process's peer client.
-pub type PeerClient = hyper_util::client::legacy::Client<PeerConnector, Body>;
+/// The pooled client for every call to peers: links, and the server's one-off calls. Cheap
+/// to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PeerClient {
+    inner: hyper_util::client::legacy::Client<PeerConnector, Body>,
+}
 
-/// The one pooled client for every peer call.
-pub fn client() -> &'static PeerClient {
-    static CLIENT: OnceLock<PeerClient> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+impl PeerClient {
+    /// A client that dials `https` peer URLs with `tls` (without it, they fail to dial).
+    pub fn new(tls: Option<Arc<dyn PeerTls>>) -> PeerClient {
+        let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(4)
-            .build(PeerConnector)
-    })
+            .build(PeerConnector { tls });
+        PeerClient { inner }
+    }
+
+    /// Send `request`, answering with the response's head (the body streams).
+    pub fn request(
+        &self,
+        request: axum::http::Request<Body>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        self.inner.request(request)
+    }
 }
 
 /// Dials peer URLs: plain TCP for `http`, the peer TLS for `https`.
-#[derive(Clone, Copy, Debug)]
-pub struct PeerConnector;
+#[derive(Clone)]
+pub struct PeerConnector {
+    tls: Option<Arc<dyn PeerTls>>,
+}
 
 /// A connection to a peer.
 pub enum PeerStream {
@@ -114,11 +131,12 @@ impl tower::Service<Uri> for PeerConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        Box::pin(async move { dial(uri).await.map(TokioIo::new) })
+        let tls = self.tls.clone();
+        Box::pin(async move { dial(uri, tls).await.map(TokioIo::new) })
     }
 }
 
-async fn dial(uri: Uri) -> io::Result<PeerStream> {
+async fn dial(uri: Uri, tls: Option<Arc<dyn PeerTls>>) -> io::Result<PeerStream> {
     let host = uri
         .host()
         .ok_or_else(|| io::Error::other(format!("no host in {uri}")))?
@@ -137,10 +155,8 @@ async fn dial(uri: Uri) -> io::Result<PeerStream> {
         let _ = tcp.set_nodelay(true);
         return Ok(PeerStream::Plain(tcp));
     }
-    let tls = CLIENT_TLS
-        .get()
-        .cloned()
-        .ok_or_else(|| io::Error::other("no peer TLS configured for an https peer URL"))?;
+    let tls =
+        tls.ok_or_else(|| io::Error::other("no peer TLS configured for an https peer URL"))?;
     let name = tls
         .server_name_for(&host)
         .ok_or_else(|| io::Error::other(format!("invalid host name {host:?}")))?;

@@ -1,9 +1,67 @@
-//! The peer port's member-to-member calls besides raft (etcd `etcdhttp/peer.go`,
-//! `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`): `/members` and
-//! `/members/promote/`, `/members/hashkv`, and `/leases` and `/leases/internal`, with the
-//! JSON and protobuf bodies etcd's members send (shared with `calls`, which makes the calls).
+//! The peer port's handlers besides raft's, all of them (etcd `etcdhttp/peer.go`,
+//! `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`, 3.5's
+//! `downgradeEnabledHandler`): `/members` and `/members/promote/`, `/members/hashkv`,
+//! `/leases` and `/leases/internal`, and `/downgrade/enabled`, with the JSON and protobuf
+//! bodies etcd's members send (shared with `calls`, which makes the calls) and etcd's status
+//! codes and Go's `http.Error` bodies (`etcdrs_rafthttp::go_error`). The raft routes are the
+//! transport's (`etcdrs_rafthttp::routes`).
 
-use super::*;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use etcdrs_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use etcdrs_rafthttp::{go_error, method_not_allowed};
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+
+use crate::EtcdServer;
+
+/// The largest request body a lease or hash call may carry.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// The member's peer routes (etcd's peer mux without rafthttp's).
+pub fn routes() -> Router<EtcdServer> {
+    Router::new()
+        .route("/members", any(members))
+        .route("/members/hashkv", any(hash_kv))
+        .route("/members/promote/", any(promote))
+        .route("/members/promote/{*rest}", any(promote))
+        .route("/leases", any(leases))
+        .route("/leases/internal", any(leases))
+        .route("/downgrade/enabled", any(downgrade_enabled))
+}
+
+/// `response` with the cluster id header, as every peer handler of etcd's answers.
+fn with_cluster_id(response: Response, server: &EtcdServer) -> Response {
+    server.transport().with_cluster_id(response)
+}
+
+/// `GET /downgrade/enabled` (etcd 3.5): whether a downgrade is under way, after a
+/// linearizable read.
+async fn downgrade_enabled(State(server): State<EtcdServer>, request: Request) -> Response {
+    if request.method() != Method::GET {
+        return method_not_allowed(Some("GET"));
+    }
+    let response = match server.linearizable_barrier().await {
+        Ok(()) => {
+            let enabled = if server.downgrade_target().is_some() {
+                "true"
+            } else {
+                "false"
+            };
+            ([(header::CONTENT_TYPE, "text/plain")], enabled).into_response()
+        }
+        Err(e) => go_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("failed linearized read: {e}"),
+        ),
+    };
+    with_cluster_id(response, &server)
+}
 
 /// A member as etcd's `/members` lists it (Go's JSON of `membership.Member`), which is how
 /// `membership::Member` encodes.
@@ -19,7 +77,7 @@ fn members_json(server: &EtcdServer) -> String {
 
 /// `GET /members`: the cluster as this member knows it, with the cluster id in a header
 /// (joining members use it; no cluster check, since they do not know the id yet).
-pub(super) async fn members(State(server): State<EtcdServer>, request: Request) -> Response {
+async fn members(State(server): State<EtcdServer>, request: Request) -> Response {
     if request.method() != Method::GET {
         return method_not_allowed(Some("GET"));
     }
@@ -36,7 +94,7 @@ pub(super) async fn members(State(server): State<EtcdServer>, request: Request) 
 }
 
 /// `POST /members/promote/<id>` (etcd 3.4's learner promotion forwarded to the leader).
-pub(super) async fn promote(State(server): State<EtcdServer>, request: Request) -> Response {
+async fn promote(State(server): State<EtcdServer>, request: Request) -> Response {
     if request.method() != Method::POST {
         return method_not_allowed(Some("POST"));
     }
@@ -122,7 +180,7 @@ fn is_zero_u32(v: &u32) -> bool {
 }
 
 /// `GET /members/hashkv` with a JSON `HashKVRequest` body (etcd's `hashKVHandler`).
-pub(super) async fn hash_kv(State(server): State<EtcdServer>, request: Request) -> Response {
+async fn hash_kv(State(server): State<EtcdServer>, request: Request) -> Response {
     if request.method() != Method::GET {
         return method_not_allowed(Some("GET"));
     }
@@ -177,7 +235,7 @@ fn protobuf(bytes: Vec<u8>) -> Response {
 
 /// `POST /leases` (renew on the leader) and `POST /leases/internal` (time to live), with
 /// protobuf bodies (etcd's `leasehttp`).
-pub(super) async fn leases(State(server): State<EtcdServer>, request: Request) -> Response {
+async fn leases(State(server): State<EtcdServer>, request: Request) -> Response {
     if request.method() != Method::POST {
         return go_error(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
     }
