@@ -94,7 +94,12 @@ impl NodeCore {
         Ok(NodeCore {
             config,
             node,
-            log,
+            persistence: Persistence::Inline(log),
+            gathering: SyncBatch::default(),
+            gathering_messages: Vec::new(),
+            in_flight_messages: Vec::new(),
+            durable: None,
+            durable_messages: Vec::new(),
             transport,
             status,
             state_machine,
@@ -268,9 +273,15 @@ impl Node {
     }
 
     /// Run what the raft thread runs after each turn: a lone voter's campaign, then the
-    /// `Ready` step if raft has one. Returns whether there was a `Ready`.
+    /// `Ready` steps as long as raft has one (the log store writes each batch where it is
+    /// handed over, so what a `Ready` persisted can commit and apply in the next). Returns
+    /// whether there was a `Ready`.
     pub fn process(&mut self) -> Result<bool> {
-        self.core.turn()
+        let mut had_ready = false;
+        while self.core.turn()? {
+            had_ready = true;
+        }
+        Ok(had_ready)
     }
 
     /// The node's state as of its last `Ready`.
