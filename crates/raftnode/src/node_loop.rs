@@ -343,7 +343,8 @@ impl NodeCore {
         if !ready.messages().is_empty() {
             self.transport.send(ready.take_messages());
         }
-        if !ready.snapshot().is_empty() {
+        let with_snapshot = !ready.snapshot().is_empty();
+        if with_snapshot {
             self.install_snapshot(ready.snapshot().clone())?;
         }
         let committed = ready.take_committed_entries();
@@ -374,6 +375,12 @@ impl NodeCore {
         self.gathering_messages
             .extend(ready.take_persisted_messages());
         self.node.advance_append_async(ready);
+        if with_snapshot {
+            // raft counts the snapshot applied only once it knows it persisted: this `Ready`
+            // is made durable where it stands (a snapshot is rare; the disk was flushed for it).
+            self.flush()?;
+            self.report_durable();
+        }
         self.node.advance_apply();
         self.sync_step()?;
         self.propose_deferred_conf_changes();
