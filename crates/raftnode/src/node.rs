@@ -284,6 +284,25 @@ impl Node {
         Ok(had_ready)
     }
 
+    /// From now on the log store's writes wait for [`Node::write_to_disk`], as the raft
+    /// thread's wait for its `wal-sync` thread: raft goes on meanwhile, a leader replicating
+    /// what it has not persisted, a follower holding back what depends on what it has not. A
+    /// batch not written when the node is dropped is lost.
+    pub fn defer_disk_writes(&mut self) {
+        self.core.persistence.defer();
+    }
+
+    /// Whether a batch waits for [`Node::write_to_disk`].
+    pub fn disk_write_waiting(&self) -> bool {
+        self.core.persistence.deferred_waiting()
+    }
+
+    /// Writes the batch that waits (after [`Node::defer_disk_writes`]); the next
+    /// [`Node::process`] tells raft and sends what waited for it. Whether a batch was written.
+    pub fn write_to_disk(&mut self) -> Result<bool> {
+        self.core.persistence.write_deferred()
+    }
+
     /// The node's state as of its last `Ready`.
     pub fn status(&self) -> NodeStatus {
         self.core.status.read().clone()

@@ -115,10 +115,10 @@ impl NodeCore {
     /// voter's campaign, then the `Ready` step if raft has one (whether it had one is
     /// returned).
     pub(crate) fn turn(&mut self) -> Result<bool> {
-        self.sync_step()?;
+        let reported = self.sync_step()?;
         self.maybe_campaign()?;
         if !self.node.has_ready() {
-            return Ok(false);
+            return Ok(reported);
         }
         self.on_ready()?;
         Ok(true)
@@ -274,7 +274,8 @@ impl NodeCore {
 
     /// Takes the outcome of the batch in flight if it is in, hands the gathering batch to the
     /// disk if the disk is free, and tells raft what is durable. Never waits for the disk.
-    fn sync_step(&mut self) -> Result<()> {
+    /// Whether raft was told anything or messages went out.
+    fn sync_step(&mut self) -> Result<bool> {
         if let Some(number) = self.persistence.poll(false)? {
             let messages = std::mem::take(&mut self.in_flight_messages);
             self.mark_durable(number, messages);
@@ -292,8 +293,7 @@ impl NodeCore {
                 }
             }
         }
-        self.report_durable();
-        Ok(())
+        Ok(self.report_durable())
     }
 
     /// Waits until everything raft handed over is durable (not yet told to raft: see
@@ -328,14 +328,20 @@ impl NodeCore {
     /// Tells raft what is durable, and only then sends the messages that waited for it: an
     /// answer to them (a vote that makes this member leader, an append's acknowledgement)
     /// must find raft knowing it. Never called while a `Ready` is out.
-    fn report_durable(&mut self) {
-        if let Some(number) = self.durable.take() {
-            self.node.on_persist_ready(number);
-        }
-        if !self.durable_messages.is_empty() {
+    fn report_durable(&mut self) -> bool {
+        let told = match self.durable.take() {
+            Some(number) => {
+                self.node.on_persist_ready(number);
+                true
+            }
+            None => false,
+        };
+        let sent = !self.durable_messages.is_empty();
+        if sent {
             self.transport
                 .send(std::mem::take(&mut self.durable_messages));
         }
+        told || sent
     }
 
     fn on_ready(&mut self) -> Result<()> {

@@ -14,8 +14,9 @@
 //! sends the batch's messages, so no answer to them can reach raft before raft knows what they
 //! depended on is durable (raft-rs asserts that a new leader's log is all persisted).
 //!
-//! [`Persistence::Inline`] is the same contract without the thread, for the deterministic
-//! simulator and for the node's start: a batch is written where it is handed over.
+//! [`Persistence::Inline`] is the same contract without the thread, for the node's start and
+//! the simulator: a batch is written where it is handed over; [`Persistence::Deferred`] lets
+//! the simulator decide when each batch reaches its disk.
 
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
@@ -172,6 +173,17 @@ pub(crate) enum Persistence {
         /// The number of the batch being written, if one is.
         in_flight: Option<u64>,
     },
+    /// Written when the caller says ([`crate::Node::write_to_disk`]): the simulator's disk,
+    /// whose writes take the time its seed gives them. What is not written when the node goes
+    /// (a crash) is lost, as a batch in the `wal-sync` thread's hands is.
+    Deferred {
+        /// The log store.
+        log: Box<dyn LogStore>,
+        /// The batch handed over and not written yet.
+        queued: Option<SyncBatch>,
+        /// The number of the batch written and not reported yet.
+        written: Option<u64>,
+    },
     /// Between the two (only while [`Persistence::start_thread`] runs).
     Moving,
 }
@@ -193,15 +205,60 @@ impl Persistence {
         Ok(())
     }
 
-    /// Whether a batch is being written.
-    pub(crate) fn busy(&self) -> bool {
+    /// Writes from now on wait for [`Persistence::write_deferred`] (inline only).
+    pub(crate) fn defer(&mut self) {
+        let log = match std::mem::replace(self, Persistence::Moving) {
+            Persistence::Inline(log) => log,
+            other => {
+                *self = other;
+                return;
+            }
+        };
+        *self = Persistence::Deferred {
+            log,
+            queued: None,
+            written: None,
+        };
+    }
+
+    /// Writes the deferred batch, if one waits; whether one did.
+    pub(crate) fn write_deferred(&mut self) -> Result<bool> {
+        let Persistence::Deferred {
+            log,
+            queued,
+            written,
+        } = self
+        else {
+            return Ok(false);
+        };
+        let Some(batch) = queued.take() else {
+            return Ok(false);
+        };
+        write(log.as_mut(), &batch)?;
+        *written = Some(batch.number);
+        Ok(true)
+    }
+
+    /// Whether a deferred batch waits to be written.
+    pub(crate) fn deferred_waiting(&self) -> bool {
         matches!(
             self,
-            Persistence::Thread {
-                in_flight: Some(_),
+            Persistence::Deferred {
+                queued: Some(_),
                 ..
             }
         )
+    }
+
+    /// Whether a batch is being written (or written and not yet reported).
+    pub(crate) fn busy(&self) -> bool {
+        match self {
+            Persistence::Thread { in_flight, .. } => in_flight.is_some(),
+            Persistence::Deferred {
+                queued, written, ..
+            } => queued.is_some() || written.is_some(),
+            Persistence::Inline(_) | Persistence::Moving => false,
+        }
     }
 
     /// What wakes the raft thread when a batch is done (none inline: nothing is ever pending).
@@ -229,6 +286,11 @@ impl Persistence {
                 *in_flight = Some(number);
                 Ok(None)
             }
+            Persistence::Deferred { queued, .. } => {
+                debug_assert!(queued.is_none(), "one batch in flight at a time");
+                *queued = Some(batch);
+                Ok(None)
+            }
             Persistence::Moving => Err(Error::Stopped),
         }
     }
@@ -236,6 +298,16 @@ impl Persistence {
     /// The outcome of the batch in flight: `Some(number)` once it is durable; `None` while it
     /// is still being written (unless `wait`, which blocks until it is) or if none is.
     pub(crate) fn poll(&mut self, wait: bool) -> Result<Option<u64>> {
+        if let Persistence::Deferred { .. } = self {
+            // Waiting for the disk is the disk finishing its write.
+            if wait {
+                self.write_deferred()?;
+            }
+            let Persistence::Deferred { written, .. } = self else {
+                return Ok(None);
+            };
+            return Ok(written.take());
+        }
         let Persistence::Thread { sync, in_flight } = self else {
             return Ok(None);
         };
