@@ -7,14 +7,28 @@
 //!
 //! # The Ready contract, as this loop keeps it
 //!
-//! 1. Messages in `Ready::messages` go to peers at once (the leader may send before it
-//!    persists, as in etcd).
-//! 2. Committed entries go to the apply channel; configuration changes among them are applied
-//!    to raft here, before the batch leaves, and the resulting `ConfState` travels with it.
-//! 3. New entries and the hard state are written to the WAL with **one** fsync per `Ready`:
-//!    every proposal that arrived while the previous fsync ran shares this one (group commit).
-//! 4. Only then are `persisted_messages` sent and the `Ready` advanced; the `LightReady`'s
-//!    commit index and committed entries are handled like 2.
+//! Persistence is asynchronous (raft-rs's `advance_append_async` and `on_persist_ready`): the
+//! WAL is written and fsynced on the `wal-sync` thread (`raftnode::wal_sync`), so ticks,
+//! heartbeats, votes and appends never wait behind a slow disk.
+//!
+//! 1. `Ready::messages` (a leader's) go to peers at once: a leader sends its appends before
+//!    its own fsync and commits on a quorum of acknowledgements, which may be its followers'
+//!    alone (the Raft thesis, 10.2.1).
+//! 2. A snapshot to install waits for everything before it to be durable, then the state
+//!    machine restores it and its mark is made durable before raft's log restarts after it.
+//! 3. Committed entries go to the state machine; raft hands over only entries this member
+//!    has persisted itself, so a member never applies (nor acknowledges to a client) what its
+//!    own WAL does not hold. Configuration changes among them are applied to raft here, before
+//!    the batch leaves, and the resulting `ConfState` travels with it.
+//! 4. The `Ready`'s entries and hard state go into raft's in-memory log at once and into the
+//!    batch gathering for the next fsync, with its `persisted_messages` (a non-leader's
+//!    answers and votes); the `Ready` is advanced without waiting. One batch is written at a
+//!    time: every `Ready` that comes during an fsync shares the next one (group commit).
+//! 5. When a batch is durable, raft is told (`on_persist_ready`) and only then are the
+//!    batch's messages sent: a follower acknowledges only what it holds durably, and no answer
+//!    to a vote reaches raft before raft knows the log behind it is persisted.
+//! 6. While the gathering batch is over its bound, no new local proposal is taken (peers'
+//!    messages and ticks still are).
 //!
 //! Snapshots and peers arrive with the cluster work; a single voter runs the same path.
 
@@ -28,6 +42,10 @@ pub mod metrics;
 mod node;
 mod node_loop;
 mod storage;
+mod wal_sync;
+
+#[cfg(test)]
+mod stall_tests;
 
 use confchange::{ChangeKind, EtcdConfChange};
 use node_loop::NodeCore;
@@ -53,6 +71,7 @@ pub use node::Node;
 pub use raft::eraftpb;
 use storage::persist;
 pub use storage::{LogStore, NodeStorage, Recovered, read_log, write_imported_log};
+use wal_sync::{Persistence, SyncBatch};
 
 /// How the node runs.
 #[derive(Clone, Debug)]
@@ -456,12 +475,25 @@ pub fn start(
         transport,
         state_machine,
     )?;
+    spawn(core, tasks, shutdown)
+}
+
+/// Runs `core` on the raft thread, its log store on the `wal-sync` thread, represented on
+/// `tasks`.
+fn spawn(
+    mut core: NodeCore,
+    tasks: &mut tokio::task::JoinSet<task::TaskResult>,
+    shutdown: CancellationToken,
+) -> Result<RaftNodeHandle> {
+    core.persistence.start_thread()?;
     let status = core.status.clone();
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
     let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);
     // The node runs on a thread of its own: its fsyncs then block nobody else, and it needs no
     // hand-off of a shared runtime worker per `Ready`. The task on `tasks` stands for it.
     let (done_tx, done_rx) = oneshot::channel();
+    // The WAL moves to the `wal-sync` thread, which the raft thread owns: it stops (after its
+    // last batch) when the raft thread's loop ends, before the task below reports the end.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -94,7 +94,12 @@ impl NodeCore {
         Ok(NodeCore {
             config,
             node,
-            log,
+            persistence: Persistence::Inline(log),
+            gathering: SyncBatch::default(),
+            gathering_messages: Vec::new(),
+            in_flight_messages: Vec::new(),
+            durable: None,
+            durable_messages: Vec::new(),
             transport,
             status,
             state_machine,
@@ -268,9 +273,34 @@ impl Node {
     }
 
     /// Run what the raft thread runs after each turn: a lone voter's campaign, then the
-    /// `Ready` step if raft has one. Returns whether there was a `Ready`.
+    /// `Ready` steps as long as raft has one (the log store writes each batch where it is
+    /// handed over, so what a `Ready` persisted can commit and apply in the next). Returns
+    /// whether there was a `Ready`.
     pub fn process(&mut self) -> Result<bool> {
-        self.core.turn()
+        let mut had_ready = false;
+        while self.core.turn()? {
+            had_ready = true;
+        }
+        Ok(had_ready)
+    }
+
+    /// From now on the log store's writes wait for [`Node::write_to_disk`], as the raft
+    /// thread's wait for its `wal-sync` thread: raft goes on meanwhile, a leader replicating
+    /// what it has not persisted, a follower holding back what depends on what it has not. A
+    /// batch not written when the node is dropped is lost.
+    pub fn defer_disk_writes(&mut self) {
+        self.core.persistence.defer();
+    }
+
+    /// Whether a batch waits for [`Node::write_to_disk`].
+    pub fn disk_write_waiting(&self) -> bool {
+        self.core.persistence.deferred_waiting()
+    }
+
+    /// Writes the batch that waits (after [`Node::defer_disk_writes`]); the next
+    /// [`Node::process`] tells raft and sends what waited for it. Whether a batch was written.
+    pub fn write_to_disk(&mut self) -> Result<bool> {
+        self.core.persistence.write_deferred()
     }
 
     /// The node's state as of its last `Ready`.

@@ -20,8 +20,19 @@ pub(crate) const CATCH_UP_BYTES: u64 = 32 << 20;
 pub(crate) struct NodeCore {
     pub(crate) config: NodeConfig,
     pub(crate) node: RawNode<NodeStorage>,
-    /// Where the log is made durable: the WAL (or the simulator's memory).
-    pub(crate) log: Box<dyn LogStore>,
+    /// Where the log is made durable: the WAL on the `wal-sync` thread (or, inline, the
+    /// simulator's memory).
+    pub(crate) persistence: Persistence,
+    /// What the `Ready`s since the last hand-over ask to make durable: the next fsync's.
+    pub(crate) gathering: SyncBatch,
+    /// Messages that may leave once `gathering` is durable (a non-leader's answers, votes).
+    pub(crate) gathering_messages: Vec<Message>,
+    /// Messages that may leave once the batch in flight is durable.
+    pub(crate) in_flight_messages: Vec<Message>,
+    /// The last `Ready` number known durable and not yet told to raft.
+    pub(crate) durable: Option<u64>,
+    /// Messages whose batch is durable, to send once raft has been told.
+    pub(crate) durable_messages: Vec<Message>,
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) status: Arc<RwLock<NodeStatus>>,
     pub(crate) state_machine: Box<dyn StateMachine>,
@@ -48,11 +59,18 @@ impl NodeCore {
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(self.config.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Woken by the `wal-sync` thread after each batch (never, inline).
+        let synced = self.persistence.wake().unwrap_or_default();
         loop {
-            // Biased: shutdown, then peers' messages, then ticks, then local requests.
+            // While the disk is behind by more than the bound, no new local proposal is taken;
+            // peers' messages (heartbeats, votes, appends) and ticks go on.
+            let backlogged = self.gathering.over_bound();
+            // Biased: shutdown, then the disk's reports (they release acknowledgements and
+            // commits), then peers' messages, then ticks, then local requests.
             let first = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                _ = synced.notified() => None,
                 // Both channels' senders live in the handle: one closed means both.
                 msg = peer_rx.recv() => match msg {
                     Some(msg) => Some(msg),
@@ -62,7 +80,7 @@ impl NodeCore {
                     self.node.tick();
                     None
                 }
-                msg = rx.recv() => match msg {
+                msg = rx.recv(), if !backlogged => match msg {
                     Some(msg) => Some(msg),
                     None => break,
                 },
@@ -71,26 +89,36 @@ impl NodeCore {
                 self.handle(msg)?;
                 // Whatever else is waiting, peers' first, up to the turn's bound.
                 for _ in 0..MAX_BATCH {
-                    match peer_rx.try_recv().or_else(|_| rx.try_recv()) {
-                        Ok(msg) => self.handle(msg)?,
-                        Err(_) => break,
+                    let next = match peer_rx.try_recv() {
+                        Ok(msg) => Some(msg),
+                        Err(_) if self.gathering.over_bound() => None,
+                        Err(_) => rx.try_recv().ok(),
+                    };
+                    match next {
+                        Some(msg) => self.handle(msg)?,
+                        None => break,
                     }
                 }
             }
-            self.turn()?;
+            // A `Ready` can make the next one (a batch found durable, then what it commits).
+            while self.turn()? {}
         }
         for (_, done) in self.pending_reads.drain() {
             let _ = done.send(Err(Error::Stopped));
         }
-        Ok(())
+        // What raft handed over is written before the node stops (the thread is joined when
+        // the node is dropped).
+        self.flush()
     }
 
-    /// What follows each turn's messages: a lone voter's campaign, then the `Ready` step if
-    /// raft has one (whether it had one is returned).
+    /// What follows each turn's messages: what the disk has made durable told to raft, a lone
+    /// voter's campaign, then the `Ready` step if raft has one (whether it had one is
+    /// returned).
     pub(crate) fn turn(&mut self) -> Result<bool> {
+        let reported = self.sync_step()?;
         self.maybe_campaign()?;
         if !self.node.has_ready() {
-            return Ok(false);
+            return Ok(reported);
         }
         self.on_ready()?;
         Ok(true)
@@ -230,9 +258,90 @@ impl NodeCore {
         }
         let voters = raft.prs().conf().voters().ids();
         if voters.len() == 1 && voters.contains(self.config.id) {
+            // A lone voter leads at once, and raft-rs requires a new leader's whole log to be
+            // persisted: what is on its way to the disk gets there first.
+            self.flush()?;
+            self.report_durable();
             self.node.campaign()?;
         }
         Ok(())
+    }
+
+    /// Whether anything raft handed over is not yet known durable.
+    fn unpersisted(&self) -> bool {
+        self.persistence.busy() || self.gathering.number != 0 || !self.gathering.nothing_to_write()
+    }
+
+    /// Takes the outcome of the batch in flight if it is in, hands the gathering batch to the
+    /// disk if the disk is free, and tells raft what is durable. Never waits for the disk.
+    /// Whether raft was told anything or messages went out.
+    fn sync_step(&mut self) -> Result<bool> {
+        if let Some(number) = self.persistence.poll(false)? {
+            let messages = std::mem::take(&mut self.in_flight_messages);
+            self.mark_durable(number, messages);
+        }
+        if !self.persistence.busy() && self.unpersisted() {
+            let batch = std::mem::take(&mut self.gathering);
+            let messages = std::mem::take(&mut self.gathering_messages);
+            if batch.nothing_to_write() {
+                // Nothing of its own to wait for, and everything before it is durable.
+                self.mark_durable(batch.number, messages);
+            } else {
+                match self.persistence.submit(batch)? {
+                    Some(number) => self.mark_durable(number, messages),
+                    None => self.in_flight_messages = messages,
+                }
+            }
+        }
+        Ok(self.report_durable())
+    }
+
+    /// Waits until everything raft handed over is durable (not yet told to raft: see
+    /// [`NodeCore::report_durable`]). Blocks the raft thread: only for the rare steps that
+    /// need the log durable where they stand (a snapshot installed, a lone voter's campaign,
+    /// a stop).
+    fn flush(&mut self) -> Result<()> {
+        if let Some(number) = self.persistence.poll(true)? {
+            let messages = std::mem::take(&mut self.in_flight_messages);
+            self.mark_durable(number, messages);
+        }
+        if !self.unpersisted() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.gathering);
+        let messages = std::mem::take(&mut self.gathering_messages);
+        let number = match self.persistence.submit(batch)? {
+            Some(number) => number,
+            None => self.persistence.poll(true)?.ok_or(Error::Stopped)?,
+        };
+        self.mark_durable(number, messages);
+        Ok(())
+    }
+
+    fn mark_durable(&mut self, number: u64, messages: Vec<Message>) {
+        if number != 0 {
+            self.durable = Some(self.durable.map_or(number, |durable| durable.max(number)));
+        }
+        self.durable_messages.extend(messages);
+    }
+
+    /// Tells raft what is durable, and only then sends the messages that waited for it: an
+    /// answer to them (a vote that makes this member leader, an append's acknowledgement)
+    /// must find raft knowing it. Never called while a `Ready` is out.
+    fn report_durable(&mut self) -> bool {
+        let told = match self.durable.take() {
+            Some(number) => {
+                self.node.on_persist_ready(number);
+                true
+            }
+            None => false,
+        };
+        let sent = !self.durable_messages.is_empty();
+        if sent {
+            self.transport
+                .send(std::mem::take(&mut self.durable_messages));
+        }
+        told || sent
     }
 
     fn on_ready(&mut self) -> Result<()> {
@@ -240,7 +349,8 @@ impl NodeCore {
         if !ready.messages().is_empty() {
             self.transport.send(ready.take_messages());
         }
-        if !ready.snapshot().is_empty() {
+        let with_snapshot = !ready.snapshot().is_empty();
+        if with_snapshot {
             self.install_snapshot(ready.snapshot().clone())?;
         }
         let committed = ready.take_committed_entries();
@@ -253,32 +363,32 @@ impl NodeCore {
                 let _ = done.send(Ok(read_state.index));
             }
         }
+        // Raft reads its log from memory at once (a leader sends these entries before its own
+        // fsync); the disk gets them with the next batch, and raft counts them persisted only
+        // when that batch is durable.
         let hard_state = ready.hs().cloned();
-        if hard_state.is_some() || !ready.entries().is_empty() {
-            let entries = ready.take_entries();
-            let storage = self.node.raft.raft_log.store.mem.clone();
-            persist(self.log.as_mut(), &storage, hard_state.as_ref(), &entries)?;
+        let entries = ready.take_entries();
+        {
+            let mut memory = self.node.raft.raft_log.store.mem.wl();
+            if !entries.is_empty() {
+                memory.append(&entries)?;
+            }
+            if let Some(hard_state) = &hard_state {
+                memory.set_hardstate(hard_state.clone());
+            }
         }
-        if !ready.persisted_messages().is_empty() {
-            self.transport.send(ready.take_persisted_messages());
+        self.gathering.add(ready.number(), hard_state, entries);
+        self.gathering_messages
+            .extend(ready.take_persisted_messages());
+        self.node.advance_append_async(ready);
+        if with_snapshot {
+            // raft counts the snapshot applied only once it knows it persisted: this `Ready`
+            // is made durable where it stands (a snapshot is rare; the disk was flushed for it).
+            self.flush()?;
+            self.report_durable();
         }
-        let mut light = self.node.advance(ready);
-        if let Some(commit) = light.commit_index() {
-            self.node
-                .raft
-                .raft_log
-                .store
-                .mem
-                .wl()
-                .mut_hard_state()
-                .commit = commit;
-        }
-        if !light.messages().is_empty() {
-            self.transport.send(light.take_messages());
-        }
-        let committed = light.take_committed_entries();
-        self.send_committed(committed)?;
         self.node.advance_apply();
+        self.sync_step()?;
         self.propose_deferred_conf_changes();
         self.publish_status();
         Ok(())
@@ -363,6 +473,8 @@ impl NodeCore {
     /// A snapshot from the leader: the state machine installs its image first, then the WAL
     /// records the snapshot and raft's log restarts after it.
     fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<()> {
+        // The log before the snapshot reaches the disk first, so that the mark follows it.
+        self.flush()?;
         let meta = snapshot.get_metadata();
         let (index, term) = (meta.index, meta.term);
         let machine = &mut self.state_machine;
@@ -370,7 +482,15 @@ impl NodeCore {
         let restored = machine.restore(index, term, meta.get_conf_state());
         metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(0);
         restored.map_err(Error::Apply)?;
-        self.log.mark_snapshot(index, term)?;
+        // The mark is durable before raft's log restarts after it: a restart must not find
+        // the state machine past a log that has no mark.
+        let mark = SyncBatch {
+            mark: Some((index, term)),
+            ..SyncBatch::default()
+        };
+        if self.persistence.submit(mark)?.is_none() {
+            self.persistence.poll(true)?;
+        }
         let store = &self.node.raft.raft_log.store;
         *store.conf_state.lock() = meta.get_conf_state().clone();
         store.mem.wl().apply_snapshot(snapshot)?;
@@ -400,9 +520,11 @@ impl NodeCore {
             return Ok(());
         }
         self.compact_requested = false;
-        // Everything up to `index` is durable in the backend: the WAL no longer needs it.
-        self.log.mark_snapshot(index, term)?;
-        self.log.release_to(index)?;
+        // Everything up to `index` is durable in the backend: the WAL no longer needs it. The
+        // mark and the release go with the next batch (every applied entry is durable in the
+        // WAL already: raft hands over only persisted entries to apply).
+        self.gathering.mark = Some((index, term));
+        self.gathering.release_to = Some(index);
         // Catch-up entries, as many as fit in CATCH_UP_BYTES at the mean size since the last
         // mark.
         let since = index.saturating_sub(self.last_mark).max(1);

@@ -1,7 +1,7 @@
 //! The raft log's storage: raft-rs's in-memory log, which answers raft (`NodeStorage`), and
-//! the WAL under it, to which every `Ready`'s entries and hard state are persisted with one
-//! fsync before they count (`persist`), plus snapshot marks and the log import and export the
-//! server's conversion and tests use. Entries are stored as their `eraftpb` encoding: the
+//! the WAL under it, to which the `Ready`s' entries and hard state are persisted with one
+//! fsync per batch (`crate::wal_sync`; raft counts them persisted only then), plus snapshot
+//! marks and the log import and export the server's conversion and tests use. Entries are stored as their `eraftpb` encoding: the
 //! WAL knows nothing of raft types.
 
 use std::path::Path;
@@ -140,8 +140,8 @@ pub(crate) fn decode_entry(record: &EntryRecord) -> Result<Entry> {
 }
 
 /// Where the raft log is made durable: the WAL in a member ([`Wal`]), memory that survives a
-/// simulated crash in the deterministic simulator. The node calls it on its own thread, in
-/// raft's order; what `save` returns from is durable.
+/// simulated crash in the deterministic simulator. The node calls it in raft's order, from one
+/// thread at a time (the `wal-sync` thread in a member); what `save` returns from is durable.
 pub trait LogStore: Send + 'static {
     /// Append `entries` (each replacing the entry at its index and everything after it) and
     /// then record `hard_state`, durably (one fsync for both).
@@ -214,8 +214,9 @@ impl LogStore for Wal {
     }
 }
 
-/// Persist a `Ready`'s entries and hard state to `log`, then to raft's in-memory log, which
-/// answers raft only for what is durable.
+/// Persist entries and hard state to `log`, then to raft's in-memory log: the start's own
+/// entries (a new cluster's members, `--force-new-cluster`'s removals), durable before raft
+/// starts. The `Ready`s' go through `crate::wal_sync`.
 pub(crate) fn persist(
     log: &mut dyn LogStore,
     storage: &MemStorage,

@@ -164,6 +164,11 @@ pub struct Config {
     /// MemberPromote, MemberRemove), five-member clusters only: at most one learner added and
     /// two members removed.
     pub membership_changes: bool,
+    /// Whether the members' disks take their time: each WAL batch is written a few ms after
+    /// raft hands it over (raft goes on meanwhile, as with the `wal-sync` thread), and while
+    /// faults happen a member's disk stalls now and then for 1.5-10 election timeouts; a
+    /// crash loses the batch not yet written.
+    pub slow_disks: bool,
 }
 
 impl Config {
@@ -173,6 +178,7 @@ impl Config {
         // Drawn apart, so that the draws below are what they were before membership changes came.
         let membership_changes =
             StdRng::seed_from_u64(seed ^ 0x5eed_4e40_7e00_0001).random_bool(0.5);
+        let slow_disks = StdRng::seed_from_u64(seed ^ 0x5eed_d15c_0041_0001).random_bool(0.5);
         let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
@@ -196,6 +202,7 @@ impl Config {
                 .random_bool(0.5)
                 .then(|| (rng.random_range(5..=40), rng.random_range(1..=10))),
             membership_changes: membership_changes && members == 5,
+            slow_disks,
         }
     }
 }
@@ -229,6 +236,8 @@ pub struct Report {
     pub partitions: u32,
     /// Member stalls.
     pub pauses: u32,
+    /// Disk stalls (a member's WAL writes held for 1.5-10 election timeouts).
+    pub disk_stalls: u32,
     /// Leader transfers asked for.
     pub transfers: u32,
     /// Virtual milliseconds simulated.
@@ -332,6 +341,8 @@ enum Event {
     Fault,
     Crash(usize),
     Restart(usize),
+    /// A member's disk finishes writing the batch its node handed over.
+    DiskWrite(usize),
     Heal,
     EndFaults,
 }
@@ -418,6 +429,10 @@ struct Member {
     promoted_at: Option<u64>,
     /// Stalled until then (virtual ms): its events wait.
     paused_until: u64,
+    /// Its disk writes nothing until then (virtual ms).
+    disk_stalled_until: u64,
+    /// A `DiskWrite` is scheduled for it.
+    disk_write_scheduled: bool,
     /// Its tick interval: clocks drift apart a little.
     tick_ms: u64,
     /// Removed from the cluster: stopped for good.
@@ -451,6 +466,8 @@ impl Member {
             read_waits: Vec::new(),
             promoted_at: None,
             paused_until: 0,
+            disk_stalled_until: 0,
+            disk_write_scheduled: false,
             tick_ms: TICK_MS,
             removed: false,
             membership_checked: 0,
@@ -468,6 +485,7 @@ impl Member {
         lock(&self.outbox.0).clear();
         lock(&self.observed).clear();
         self.promoted_at = None;
+        self.disk_write_scheduled = false;
     }
 
     fn store(&self) -> Option<&Arc<KvStore>> {
@@ -550,6 +568,7 @@ struct Sim {
     crashes: u32,
     partitions: u32,
     pauses: u32,
+    disk_stalls: u32,
     transfers: u32,
     /// The instant virtual time 0 stands for (only differences of instants are used).
     base: Instant,
@@ -658,6 +677,7 @@ impl Sim {
             crashes: 0,
             partitions: 0,
             pauses: 0,
+            disk_stalls: 0,
             transfers: 0,
             base: Instant::now(),
             now_ms: Arc::default(),
@@ -798,6 +818,13 @@ impl Sim {
             Event::Client { client, generation } => self.client_wakes(client, generation)?,
             Event::Fault => self.fault()?,
             Event::Crash(i) => self.crash(i),
+            Event::DiskWrite(i) => {
+                self.members[i].disk_write_scheduled = false;
+                if let Some(node) = self.members[i].node.as_mut() {
+                    node.write_to_disk()
+                        .map_err(|e| format!("member {}: disk write: {e}", i + 1))?;
+                }
+            }
             Event::Restart(i) => {
                 if self.members[i].node.is_none() && self.members[i].is_member() {
                     self.start_member(i)?;

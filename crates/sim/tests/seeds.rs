@@ -87,6 +87,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let (mut leases, mut lease_revokes, mut replayed, mut snapshots) = (0, 0, 0, 0);
     let (mut cas_held, mut cas_failed) = (0, 0);
     let (mut pauses, mut transfers, mut removed, mut added, mut promoted) = (0, 0, 0, 0, 0);
+    let mut disk_stalls = 0;
     let mut late_leaders = Vec::new();
     for report in results.into_iter().flatten() {
         let seed = report.seed;
@@ -103,6 +104,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         snapshots += report.snapshots;
         cas_held += report.cas.0;
         pauses += report.pauses;
+        disk_stalls += report.disk_stalls;
         transfers += report.transfers;
         removed += report.removed;
         added += report.added.0;
@@ -124,7 +126,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes; \
          compare-and-sets: {cas_held} held, {cas_failed} failed), \
          {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, \
-         {pauses} stalls, {transfers} leader transfers, {added} learners added ({promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
+         {pauses} stalls, {disk_stalls} disk stalls, {transfers} leader transfers, {added} learners added ({promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()
@@ -140,6 +142,10 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         );
         assert!(crashes > 0 && partitions > 0 && replayed > 0 && snapshots > 0);
         assert!(cas_held > 0 && cas_failed > 0 && pauses > 0 && transfers > 0);
+        assert!(
+            disk_stalls > 0,
+            "no disk stalled: slow disks went unexercised"
+        );
         assert!(
             removed > 0 && added > 0 && promoted > 0,
             "membership changes went unexercised"

@@ -26,6 +26,10 @@
 //! rather than, as a kill at a random instant mostly does, nothing (the WAL fsyncs before it
 //! acknowledges, and redb keeps its non-durable commits in memory).
 //!
+//! [`PowerLoss::delay_syncs`] makes one member's disk slow rather than failing: every fsync of
+//! its files whose path contains a given part sleeps a given time first (a stalled disk, as in
+//! etcd#7617), until [`PowerLoss::end_delay`].
+//!
 //! What it does not model: reordering of unsynced writes within one file or of entry changes
 //! within one directory, and the instant between a directory change and its record (the
 //! change is journaled once it succeeded, so a SIGKILL in between keeps it).
@@ -49,6 +53,8 @@ pub struct PowerLoss {
     stash: PathBuf,
     /// Exists while a stop at the next sync is armed (see the module docs).
     stop: PathBuf,
+    /// Exists while syncs are delayed (see the module docs).
+    delay: PathBuf,
 }
 
 /// What one power cut undid.
@@ -104,12 +110,14 @@ impl PowerLoss {
         let stash = dir.path().join("stash");
         std::fs::create_dir(&stash).context("creating the power-loss stash")?;
         let stop = dir.path().join("stop");
+        let delay = dir.path().join("delay");
         Ok(PowerLoss {
             dir,
             library,
             journal,
             stash,
             stop,
+            delay,
         })
     }
 
@@ -129,7 +137,32 @@ impl PowerLoss {
                 self.stash.display().to_string(),
             ),
             ("ETCDRS_POWER_STOP".into(), self.stop.display().to_string()),
+            (
+                "ETCDRS_POWER_DELAY".into(),
+                self.delay.display().to_string(),
+            ),
         ]
+    }
+
+    /// A slow disk: from now on every fsync (or fdatasync) of a file under the layer whose
+    /// path contains `path_part` (a member's `<data-dir>/member/wal/`, say) sleeps `delay`
+    /// before it syncs, until [`PowerLoss::end_delay`].
+    pub fn delay_syncs(&self, path_part: &str, delay: std::time::Duration) -> anyhow::Result<()> {
+        // Written whole under another name, then renamed: a sync never reads half of it.
+        let next = self.dir.path().join("delay.next");
+        std::fs::write(&next, format!("{}\n{path_part}", delay.as_micros()))
+            .context("writing the sync delay")?;
+        std::fs::rename(&next, &self.delay).context("arming the sync delay")
+    }
+
+    /// Ends [`PowerLoss::delay_syncs`]: syncs take their own time again.
+    pub fn end_delay(&self) -> anyhow::Result<()> {
+        match std::fs::remove_file(&self.delay) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).context("ending the sync delay")
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Arms the stop at the next sync: the first process under the layer to fsync (or

@@ -3,6 +3,8 @@
 //! behind a failed write, fsync or commit), loses no acknowledged write, and starts again
 //! once there is room, with every acknowledged write and nothing half-written.
 //!
+//! A slow disk rather than a failing one (issue 41) is `disk::stall`.
+//!
 //! Damage on a stopped member's disk (a flipped bit in a WAL record or in a backend page) makes
 //! it refuse to start with an error that names the file.
 //!
@@ -18,6 +20,8 @@ use etcd_client::GetOptions;
 use etcdrs_testkit::Member;
 
 use crate::{opts, ours, pairs};
+
+mod stall;
 
 const WAIT: Duration = Duration::from_secs(20);
 /// Values big enough to fill a few MiB in a few dozen puts.

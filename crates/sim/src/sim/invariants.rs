@@ -163,6 +163,7 @@ impl Sim {
             crashes: self.crashes,
             partitions: self.partitions,
             pauses: self.pauses,
+            disk_stalls: self.disk_stalls,
             transfers: self.transfers,
             simulated_ms: self.now,
             checker_states: summary.states,

@@ -82,6 +82,10 @@ impl Sim {
             Box::new(recorder),
         )
         .map_err(|e| format!("start raft: {e}"))?;
+        let mut node = node;
+        if self.cfg.slow_disks {
+            node.defer_disk_writes();
+        }
         member.node = Some(node);
         member.state = Some(state);
         member.applied = applied;
@@ -90,6 +94,20 @@ impl Sim {
         // raft drew the new node's election timeout from the thread's RNG.
         self.pin_election_timeouts();
         Ok(())
+    }
+
+    /// Schedules member `i`'s disk to write the batch its node handed over: in a few ms, or
+    /// once its stall is over.
+    pub(super) fn schedule_disk_write(&mut self, i: usize) {
+        let member = &self.members[i];
+        let waiting = member.node.as_ref().is_some_and(Node::disk_write_waiting);
+        if !waiting || member.disk_write_scheduled {
+            return;
+        }
+        let stalled = member.disk_stalled_until.saturating_sub(self.now);
+        let after = stalled + self.rng.random_range(0..=3);
+        self.members[i].disk_write_scheduled = true;
+        self.schedule(after, Event::DiskWrite(i));
     }
 
     pub(super) fn crash(&mut self, i: usize) {
@@ -130,6 +148,17 @@ impl Sim {
                 1 => self.promote_learner()?,
                 _ => self.remove_member(),
             }
+            let after = self.rng.random_range(50..=500);
+            self.schedule(after, Event::Fault);
+            return Ok(());
+        }
+        if self.cfg.slow_disks && self.rng.random_bool(0.15) {
+            let i = self.rng.random_range(0..self.members.len());
+            let stall = self.rng.random_range(150..=1000);
+            self.members[i].disk_stalled_until = self.now + stall;
+            let id = self.members[i].id;
+            self.disk_stalls += 1;
+            self.note("disk-stall", id, stall, 0);
             let after = self.rng.random_range(50..=500);
             self.schedule(after, Event::Fault);
             return Ok(());

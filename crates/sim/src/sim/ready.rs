@@ -11,6 +11,7 @@ impl Sim {
             let mut any = false;
             for i in 0..self.members.len() {
                 any |= self.process(i)?;
+                self.schedule_disk_write(i);
             }
             self.pin_election_timeouts();
             if !any {

@@ -26,7 +26,12 @@
  * fdatasync a watched regular file whose path contains what the stop file holds (anything,
  * when it is empty) removes it, writes that file's path to $ETCDRS_POWER_STOP.at and stops
  * its process (SIGSTOP) before the sync, so that the test's SIGKILL then finds the file's
- * latest writes unsynced. */
+ * latest writes unsynced.
+ *
+ * The slow disk: while the file $ETCDRS_POWER_DELAY exists, holding a number of microseconds
+ * and, on the next line, part of a path, every fsync or fdatasync of a watched regular file
+ * whose path contains that part sleeps that long before it syncs (outside the journal's
+ * lock: other files' syncs do not queue behind it). A stalled disk, not a failing one. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -43,6 +48,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -317,13 +323,39 @@ static void stop_if_asked(const char *path) {
     raise(SIGSTOP);
 }
 
+/* The slow disk (see the top). */
+static void delay_if_asked(const char *path) {
+    const char *delay = getenv("ETCDRS_POWER_DELAY");
+    char wanted[PATH_MAX + 32], *part;
+    unsigned long long micros;
+    struct timespec pause;
+    ssize_t n;
+    int fd;
+    if (delay == NULL) return;
+    fd = real_openat64(AT_FDCWD, delay, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    n = read(fd, wanted, sizeof wanted - 1);
+    close(fd);
+    if (n <= 0) return;
+    wanted[n] = 0;
+    micros = strtoull(wanted, &part, 10);
+    if (*part == '\n') part++;
+    if (strstr(path, part) == NULL) return;
+    pause.tv_sec = (time_t)(micros / 1000000);
+    pause.tv_nsec = (long)(micros % 1000000) * 1000;
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+}
+
 static int synced(int fd, int (*real)(int)) {
     char path[PATH_MAX];
     struct stat st;
     int r;
     init();
     if (!watched_fd(fd, path, sizeof path, &st, 1)) return real(fd);
-    if (S_ISREG(st.st_mode)) stop_if_asked(path);
+    if (S_ISREG(st.st_mode)) {
+        stop_if_asked(path);
+        delay_if_asked(path);
+    }
     pthread_mutex_lock(&lock);
     r = real(fd);
     if (r == 0) {

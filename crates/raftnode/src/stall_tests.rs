@@ -1,0 +1,275 @@
+//! A slow disk under a three-member cluster of raft threads in one process (issue 41): each
+//! member's log store sleeps before it returns from a save when told to (the fsync of a
+//! stalled disk), and the members talk through channels.
+//!
+//! Before the `wal-sync` thread, the raft thread saved inline: a leader whose saves took
+//! longer than the election timeout sent no heartbeat meanwhile and was deposed. Now a slow
+//! leader keeps its term while its followers go on committing, and a slow follower does not
+//! hold up the leader's commits.
+
+use super::*;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+const TICK: Duration = Duration::from_millis(50);
+const ELECTION_TICKS: usize = 10;
+/// 1.5x the election timeout.
+const STALL: Duration = Duration::from_millis(750);
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A log store in memory whose saves take `delay_ms` when it is set.
+struct SlowLog {
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl LogStore for SlowLog {
+    fn save(&mut self, _hard_state: Option<&HardState>, _entries: &[Entry]) -> Result<()> {
+        let delay = self.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_millis(delay));
+        }
+        Ok(())
+    }
+    fn mark_snapshot(&mut self, _index: u64, _term: u64) -> Result<()> {
+        Ok(())
+    }
+    fn release_to(&mut self, _index: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Counts the non-empty normal entries it applies.
+struct Counter {
+    applied: Arc<AtomicU64>,
+}
+
+impl StateMachine for Counter {
+    fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
+        let mut last = (0, 0);
+        for entry in &batch.entries {
+            if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
+                self.applied.fetch_add(1, Ordering::Relaxed);
+            }
+            last = (entry.index, entry.term);
+        }
+        Ok(Applied {
+            index: last.0,
+            term: last.1,
+            durable: false,
+            compact_log: false,
+        })
+    }
+    fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
+        true
+    }
+    fn restore(&mut self, _: u64, _: u64, _: &ConfState) -> std::result::Result<(), String> {
+        Err("no snapshots here".into())
+    }
+}
+
+/// Delivers messages to the members' peer channels.
+#[derive(Default)]
+struct Net {
+    peers: RwLock<HashMap<u64, mpsc::Sender<NodeMsg>>>,
+}
+
+impl Transport for Arc<Net> {
+    fn send(&self, messages: Vec<Message>) {
+        let peers = self.peers.read();
+        for message in messages {
+            if let Some(peer) = peers.get(&message.to) {
+                let _ = peer.try_send(NodeMsg::Step(Box::new(message)));
+            }
+        }
+    }
+}
+
+struct Member {
+    handle: RaftNodeHandle,
+    applied: Arc<AtomicU64>,
+    delay_ms: Arc<AtomicU64>,
+}
+
+struct Cluster {
+    members: Vec<Member>,
+    _tasks: tokio::task::JoinSet<task::TaskResult>,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+fn cluster() -> Cluster {
+    let net = Arc::new(Net::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    let shutdown = CancellationToken::new();
+    let peers: Vec<(u64, Vec<u8>)> = (1..=3).map(|id| (id, Vec::new())).collect();
+    let mut members = Vec::new();
+    for id in 1..=3u64 {
+        let config = NodeConfig {
+            id,
+            wal_dir: PathBuf::from("unused"),
+            tick_interval: TICK,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: 1,
+            pre_vote: true,
+            snapshot_count: 1_000_000,
+            catch_up_entries: 100,
+            unsafe_no_fsync: false,
+        };
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let applied = Arc::new(AtomicU64::new(0));
+        let start = Start::New {
+            metadata: Vec::new(),
+            peers: peers.clone(),
+        };
+        let core = NodeCore::new(
+            config,
+            start,
+            Box::new(SlowLog {
+                delay_ms: delay_ms.clone(),
+            }),
+            Recovered::default(),
+            Arc::new(net.clone()),
+            Box::new(Counter {
+                applied: applied.clone(),
+            }),
+        )
+        .expect("node");
+        let handle = spawn(core, &mut tasks, shutdown.clone()).expect("spawn");
+        net.peers.write().insert(id, handle.peer_tx.clone());
+        members.push(Member {
+            handle,
+            applied,
+            delay_ms,
+        });
+    }
+    Cluster {
+        members,
+        _tasks: tasks,
+        shutdown,
+    }
+}
+
+impl Cluster {
+    /// Index of the leader, once one leads and the others follow it.
+    async fn leader(&self) -> usize {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let statuses: Vec<NodeStatus> =
+                self.members.iter().map(|m| m.handle.status()).collect();
+            if let Some(i) = statuses.iter().position(|s| s.is_leader) {
+                let id = statuses[i].id;
+                if statuses.iter().all(|s| s.leader == id) {
+                    return i;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader: {statuses:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// (leader, term) as each member sees it.
+    fn views(&self) -> Vec<(u64, u64)> {
+        self.members
+            .iter()
+            .map(|m| {
+                let status = m.handle.status();
+                (status.leader, status.term)
+            })
+            .collect()
+    }
+}
+
+/// Waits until `member` has applied `n` entries; returns how long that took.
+async fn applied(member: &Member, n: u64, what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        if member.applied.load(Ordering::Relaxed) >= n {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "{what}: {} of {n} applied",
+            member.applied.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_leader_whose_saves_outlast_the_election_timeout_keeps_its_term_and_the_followers_commit()
+{
+    let c = cluster();
+    let leader = c.leader().await;
+    let views = c.views();
+    c.members[leader]
+        .delay_ms
+        .store(STALL.as_millis() as u64, Ordering::Relaxed);
+    let started = Instant::now();
+    let mut proposed = 0;
+    // Four election timeouts' worth of stalled saves, proposals all along.
+    while started.elapsed() < STALL * 3 {
+        c.members[leader]
+            .handle
+            .propose(vec![1], |_| {})
+            .await
+            .expect("propose");
+        proposed += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            c.views(),
+            views,
+            "the leader or a term changed under the stall"
+        );
+    }
+    // The followers commit and apply without the leader's disk, well within one stall.
+    for (i, member) in c.members.iter().enumerate().filter(|(i, _)| *i != leader) {
+        let took = applied(member, proposed, "a follower").await;
+        assert!(
+            took < STALL,
+            "follower {i} waited {took:?} for the slow leader"
+        );
+    }
+    // The leader applies once its own saves are done.
+    applied(&c.members[leader], proposed, "the slow leader").await;
+    assert!(c.members[leader].handle.status().is_leader);
+    assert_eq!(
+        c.views(),
+        views,
+        "the leader or a term changed under the stall"
+    );
+}
+
+#[tokio::test]
+async fn a_follower_whose_saves_stall_does_not_hold_up_the_leaders_commits() {
+    let c = cluster();
+    let leader = c.leader().await;
+    let views = c.views();
+    let slow = (leader + 1) % 3;
+    c.members[slow]
+        .delay_ms
+        .store(STALL.as_millis() as u64, Ordering::Relaxed);
+    for n in 1..=50u64 {
+        c.members[leader]
+            .handle
+            .propose(vec![1], |_| {})
+            .await
+            .expect("propose");
+        // Each commits with the other follower, without a stalled save in its way.
+        let took = applied(&c.members[leader], n, "the leader").await;
+        assert!(took < STALL / 2, "entry {n} waited {took:?}");
+    }
+    assert_eq!(c.views(), views, "the leader or a term changed");
+    c.members[slow].delay_ms.store(0, Ordering::Relaxed);
+    applied(
+        &c.members[slow],
+        50,
+        "the slow follower, its disk fast again",
+    )
+    .await;
+}
