@@ -244,7 +244,12 @@ fn defragment_while_writes_go_on_loses_nothing() {
             n
         })
     };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while written.load(Ordering::Acquire) < 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer made no commit"
+        );
         std::thread::yield_now();
     }
     let at_start = written.load(Ordering::Acquire);

@@ -110,16 +110,20 @@ impl DirectKv {
         use etcdrs_proto::etcdserverpb as pb;
         match method {
             // A plain range is written from the key-values as stored.
-            Method::Range => match pb::RangeRequest::decode(message.clone()) {
-                Ok(decoded) if crate::rpc::encoded_range::is_plain(&decoded) => {
+            Method::Range => match pb::RangeRequest::decode(message) {
+                Ok(decoded) => {
+                    let plain = crate::rpc::encoded_range::is_plain(&decoded);
                     let request =
                         tonic::Request::from_http(axum::http::Request::from_parts(parts, decoded));
+                    if !plain {
+                        return respond(Kv::range(&rpc, request).await);
+                    }
                     match rpc.range_framed(request).await {
                         Ok(chunks) => etcdrs_serve::unary::answer_chunks(chunks),
                         Err(status) => respond::<pb::RangeResponse>(Err(status)),
                     }
                 }
-                _ => answer!(pb::RangeRequest, range),
+                Err(_) => self.replay(parts, replay).await,
             },
             Method::Put => answer!(pb::PutRequest, put),
             Method::DeleteRange => answer!(pb::DeleteRangeRequest, delete_range),
