@@ -10,11 +10,11 @@
 //!    after the barrier is copied whole into `<db>.defrag` (`snapshot::copy_tables`).
 //! 2. Rounds: the keys changed meanwhile are taken, and each is copied again from a newer read
 //!    transaction (or removed from the copy when it is gone), until few are left.
-//! 3. The writer is held (the applier waits here, for the last few keys only): the last
-//!    changes are copied, the copy is committed durably, renamed over the database, its
-//!    directory synced, and swapped in. A writer that was waiting for the old file sees the
-//!    swap and begins again on the new one; readers of the old file finish on it, and it
-//!    closes when the last of them is done.
+//! 3. The copy so far is made durable; then the writer is held (the applier waits here, for
+//!    the last few keys only): the last changes are copied, the copy is committed durably,
+//!    renamed over the database, its directory synced, and swapped in. A writer that was
+//!    waiting for the old file sees the swap and begins again on the new one; readers of the
+//!    old file finish on it, and it closes when the last of them is done.
 //!
 //! A write transaction hands its keys over just before its commit, while it holds the writer,
 //! and a round takes them and begins its read transaction while it holds the writer itself
@@ -206,6 +206,16 @@ impl Backend {
             )?;
             rounds += 1;
         }
+
+        // Everything copied so far made durable before the writer is taken: the commit below,
+        // with the writer held, then writes only the last changes' pages to the disk (the copy's
+        // rounds are not durable, and flushing all of them there held every write for a
+        // quarter of a second at 300,000 keys).
+        let mut flush = copy.begin_write().map_err(Error::storage)?;
+        flush
+            .set_durability(Durability::Immediate)
+            .map_err(Error::storage)?;
+        flush.commit().map_err(Error::storage)?;
 
         // The last changes, with the writer held.
         let held = Instant::now();

@@ -4,11 +4,13 @@
 //! records it as scheduled: from then on reads below it are refused, and nothing else waits.
 //! The work of forgetting history (dropping revisions from the key index and deleting their
 //! values from the backend) is done afterwards by [`KvStore::compaction_step`], called in a
-//! loop by the server's compactor: each step compacts the index of a bounded run of keys
-//! under the index lock, then deletes what they dropped in one backend transaction of its own,
-//! so readers and the one writer (the applier) wait for at most one step, never for the whole
-//! compaction. etcd does the same with batches of `--experimental-compaction-batch-limit`
-//! revisions and a pause between them.
+//! loop by the server's compactor. The index is compacted a bounded run of keys at a time
+//! under its lock; the revisions it drops are gathered (up to a bound), sorted, and their
+//! values deleted oldest first, `--experimental-compaction-batch-limit` of them per backend
+//! transaction of their own. Readers and the one writer (the applier) wait for at most one
+//! run or one batch, never for the whole compaction. Deleting in revision order (as etcd's
+//! walk of the key bucket does) keeps a batch on neighbouring pages: the index yields
+//! revisions in key order, scattered over the whole bucket.
 //!
 //! Why this is safe: a revision that compacting at `rev` drops is visible to no read at `rev`
 //! or later, and every read below `rev` is refused once the compaction is applied, so whether
@@ -52,13 +54,45 @@ struct Pass {
     /// The revision this pass compacts at (a newer compaction applied meanwhile gets a pass
     /// of its own after this one).
     rev: i64,
-    /// The last key compacted; the next step starts after it.
+    /// The last key whose index entry was compacted; the next index chunk starts after it.
     after: Option<Vec<u8>>,
+    /// Whether every key's index entry is compacted.
+    index_done: bool,
+    /// Revisions dropped from the index whose values are not yet deleted; newest first once
+    /// `draining`, so that each batch deleted is the oldest left.
+    dropped: Vec<(Revision, bool)>,
+    /// Whether the pass is deleting what it holds (rather than taking more from the index).
+    draining: bool,
     started: Instant,
     /// Values deleted so far.
     deleted: u64,
     /// Time spent holding the index lock so far.
     index_pause: std::time::Duration,
+}
+
+impl Pass {
+    fn new(rev: i64) -> Pass {
+        Pass {
+            rev,
+            after: None,
+            index_done: false,
+            dropped: Vec::new(),
+            draining: false,
+            started: Instant::now(),
+            deleted: 0,
+            index_pause: std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// What one index chunk left the pass with.
+enum Chunk {
+    /// More keys remain and the pass holds room for their revisions.
+    More,
+    /// The pass holds enough revisions, or every key is done: time to delete.
+    Full,
+    /// The pass ended under it (the store was replaced).
+    Ended,
 }
 
 impl Compaction {
@@ -86,96 +120,80 @@ impl Compaction {
     }
 }
 
-/// Keys whose index entries one step looks at, at most, when they drop little.
+/// Keys whose index entries one index chunk looks at, at most, when they drop little.
 const KEYS_PER_STEP_FACTOR: usize = 16;
 
+/// Revisions a pass takes from the index before it deletes them (about 24 MiB). Sorted, the
+/// revisions of one batch are neighbours in the key bucket, so a batch rewrites few pages: the
+/// index yields them in key order, which scatters them over the whole bucket (the pages a
+/// scattered batch rewrites made each one hold the writer for up to a quarter of a second).
+const SORT_BUFFER: usize = 1 << 20;
+
 impl KvStore {
-    /// Do one step of the pending compaction: compact the index of the next keys until they
-    /// dropped `batch_limit` revisions (or `16 * batch_limit` keys were looked at), then delete
-    /// those revisions' values in one backend transaction. When the step reaches the last key,
-    /// the compaction is finished and `finishedCompactRev` written with its deletions.
+    /// Do one step of the pending compaction. A step either takes dropped revisions from the
+    /// index, a bounded run of keys at a time under the index lock (released between runs),
+    /// until it holds [`SORT_BUFFER`] of them or the index is done, and sorts them; or it
+    /// deletes the oldest `batch_limit` of those it holds in one backend transaction. The step
+    /// that deletes the last of them after the index is done finishes the compaction and
+    /// writes `finishedCompactRev` with its deletions.
     pub fn compaction_step(&self, batch_limit: usize) -> Result<CompactionStep> {
         let batch_limit = batch_limit.max(1);
         // One stepper at a time (the server's compactor, or an open or install finishing).
         let _stepping = self.stepping.lock();
-        let (rev, after, epoch) = {
+        let (rev, epoch, draining) = {
             let mut compaction = self.compaction.lock();
             if compaction.pass.is_none() {
                 if compaction.target <= compaction.finished {
                     return Ok(CompactionStep::Idle);
                 }
-                compaction.pass = Some(Pass {
-                    rev: compaction.target,
-                    after: None,
-                    started: Instant::now(),
-                    deleted: 0,
-                    index_pause: std::time::Duration::ZERO,
-                });
+                compaction.pass = Some(Pass::new(compaction.target));
             }
             let epoch = compaction.epoch;
             let pass = compaction.pass.as_ref().expect("a pass was just ensured");
-            (pass.rev, pass.after.clone(), epoch)
+            (pass.rev, epoch, pass.draining)
         };
-
-        // The index, under its write lock, for a bounded run of keys.
-        let locked = Instant::now();
-        let mut dropped = Vec::new();
-        let mut reached_end = true;
-        {
-            let mut state = self.state.write();
-            if self.compaction.lock().epoch != epoch {
-                return Ok(CompactionStep::Progress);
-            }
-            let lower = match &after {
-                Some(key) => Bound::Excluded(key.as_slice()),
-                None => Bound::Unbounded,
-            };
-            let mut emptied = Vec::new();
-            let mut last = None;
-            let keys = state.index.range_mut::<[u8], _>((lower, Bound::Unbounded));
-            for (looked, (key, key_index)) in keys.enumerate() {
-                if looked > 0
-                    && (dropped.len() >= batch_limit
-                        || looked >= batch_limit * KEYS_PER_STEP_FACTOR)
-                {
-                    reached_end = false;
-                    break;
+        if !draining {
+            loop {
+                match self.compact_index_chunk(rev, epoch, batch_limit) {
+                    Chunk::Ended => return Ok(CompactionStep::Progress),
+                    Chunk::More => {}
+                    Chunk::Full => break,
                 }
-                dropped.extend(key_index.compact(rev));
-                if key_index.is_empty() {
-                    emptied.push(key.clone());
-                }
-                last = Some(key);
-            }
-            let last = last.cloned();
-            for key in emptied {
-                state.index.remove(&key);
-            }
-            drop(state);
-            if let (Some(key), Some(pass)) = (last, self.compaction.lock().pass.as_mut()) {
-                pass.after = Some(key);
             }
         }
-        let index_pause = locked.elapsed();
 
-        // The values, in one backend transaction of their own.
+        // The oldest revisions held, in one backend transaction of their own.
         let deleting = Instant::now();
         let tx = self.backend.write()?;
-        if self.compaction.lock().epoch != epoch {
-            // The store was replaced meanwhile: these revisions name nothing of the new one.
-            return Ok(CompactionStep::Progress);
-        }
-        let keys: Vec<Vec<u8>> = dropped
+        let (batch, finishing) = {
+            let mut compaction = self.compaction.lock();
+            if compaction.epoch != epoch {
+                // The store was replaced meanwhile: these revisions name nothing of the new one.
+                return Ok(CompactionStep::Progress);
+            }
+            let Some(pass) = compaction.pass.as_mut() else {
+                return Ok(CompactionStep::Progress);
+            };
+            let take = pass.dropped.len().min(batch_limit);
+            let mut batch = pass.dropped.split_off(pass.dropped.len() - take);
+            batch.reverse();
+            let finishing = pass.index_done && pass.dropped.is_empty();
+            if pass.dropped.is_empty() {
+                pass.draining = false;
+            }
+            (batch, finishing)
+        };
+        let keys: Vec<Vec<u8>> = batch
             .iter()
             .map(|(revision, tombstone)| revision.to_key(*tombstone))
             .collect();
         tx.delete_all(Bucket::KEY, keys.iter().map(Vec::as_slice))?;
-        if reached_end {
+        if finishing {
             tx.put(Bucket::META, META_FINISHED_COMPACT, &rev.to_be_bytes())?;
         }
         tx.commit(false)?;
         crate::metrics::DB_COMPACTION_PAUSE_MS.observe(deleting.elapsed().as_secs_f64() * 1000.0);
-        crate::metrics::COMPACTION_KEYS.inc_by(dropped.len() as u64);
+        crate::metrics::COMPACTION_KEYS.inc_by(batch.len() as u64);
 
         let mut compaction = self.compaction.lock();
         if compaction.epoch != epoch {
@@ -184,9 +202,8 @@ impl KvStore {
         let Some(pass) = compaction.pass.as_mut() else {
             return Ok(CompactionStep::Progress);
         };
-        pass.deleted += dropped.len() as u64;
-        pass.index_pause += index_pause;
-        if !reached_end {
+        pass.deleted += batch.len() as u64;
+        if !finishing {
             return Ok(CompactionStep::Progress);
         }
         let pass = compaction.pass.take().expect("the pass was just read");
@@ -206,6 +223,60 @@ impl KvStore {
             "finished scheduled compaction"
         );
         Ok(CompactionStep::Finished(rev))
+    }
+
+    /// Compacts the index of the next keys of the pass at `rev`, under the index lock, until
+    /// they dropped `batch_limit` revisions or `KEYS_PER_STEP_FACTOR * batch_limit` keys were
+    /// looked at, and adds what they dropped to the pass.
+    fn compact_index_chunk(&self, rev: i64, epoch: u64, batch_limit: usize) -> Chunk {
+        let locked = Instant::now();
+        let mut state = self.state.write();
+        let mut compaction = self.compaction.lock();
+        if compaction.epoch != epoch {
+            return Chunk::Ended;
+        }
+        let Some(pass) = compaction.pass.as_mut() else {
+            return Chunk::Ended;
+        };
+        let lower = match &pass.after {
+            Some(key) => Bound::Excluded(key.as_slice()),
+            None => Bound::Unbounded,
+        };
+        let before = pass.dropped.len();
+        let mut emptied = Vec::new();
+        let mut last = None;
+        let mut reached_end = true;
+        let keys = state.index.range_mut::<[u8], _>((lower, Bound::Unbounded));
+        for (looked, (key, key_index)) in keys.enumerate() {
+            if looked > 0
+                && (pass.dropped.len() - before >= batch_limit
+                    || looked >= batch_limit * KEYS_PER_STEP_FACTOR)
+            {
+                reached_end = false;
+                break;
+            }
+            pass.dropped.extend(key_index.compact(rev));
+            if key_index.is_empty() {
+                emptied.push(key.clone());
+            }
+            last = Some(key);
+        }
+        if let Some(key) = last {
+            pass.after = Some(key.clone());
+        }
+        for key in emptied {
+            state.index.remove(&key);
+        }
+        drop(state);
+        pass.index_pause += locked.elapsed();
+        pass.index_done = reached_end;
+        if reached_end || pass.dropped.len() >= SORT_BUFFER {
+            pass.dropped.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            pass.draining = true;
+            Chunk::Full
+        } else {
+            Chunk::More
+        }
     }
 
     /// Run the pending compaction to its end (at open, after a snapshot is installed, and in

@@ -258,6 +258,47 @@ fn compaction_is_applied_at_once_and_carried_out_in_steps() {
 }
 
 #[test]
+fn compaction_deletes_the_oldest_revisions_first_whatever_the_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Keys written in reverse order, twice: key order and revision order are opposite, so
+    // the index (walked in key order) yields the oldest revisions last. Revisions 2..=201.
+    for value in [b"1", b"2"] {
+        let mut batch = store.write().unwrap();
+        for k in (0..100).rev() {
+            let mut txn = batch.txn();
+            txn.put(format!("k{k:03}").as_bytes(), value, 0).unwrap();
+            txn.end();
+        }
+        batch.commit(false).unwrap();
+    }
+    let mut batch = store.write().unwrap();
+    batch.compact(201).unwrap();
+    batch.commit(false).unwrap();
+    let stored = |main: i64| {
+        let key = Revision::new(main, 0).to_key(false);
+        store
+            .backend()
+            .read()
+            .unwrap()
+            .get(Bucket::KEY, &key)
+            .unwrap()
+            .is_some()
+    };
+    // A step of 30 deletes revisions 2..=31, whichever keys they belong to.
+    let mut step = store.compaction_step(30).unwrap();
+    assert_eq!(step, CompactionStep::Progress);
+    assert_eq!(stored_revisions(&store), 170);
+    assert!((2..=31).all(|main| !stored(main)));
+    assert!((32..=201).all(stored));
+    while step != CompactionStep::Finished(201) {
+        step = store.compaction_step(30).unwrap();
+    }
+    assert_eq!(stored_revisions(&store), 100);
+    assert!((102..=201).all(stored));
+}
+
+#[test]
 fn a_compaction_cut_short_is_finished_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
