@@ -271,7 +271,8 @@ impl KvStore {
         pass.index_pause += locked.elapsed();
         pass.index_done = reached_end;
         if reached_end || pass.dropped.len() >= SORT_BUFFER {
-            pass.dropped.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            pass.dropped
+                .sort_unstable_by_key(|(revision, _)| std::cmp::Reverse(*revision));
             pass.draining = true;
             Chunk::Full
         } else {
