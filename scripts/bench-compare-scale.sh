@@ -1,7 +1,8 @@
 # The scale section of scripts/bench-compare (sourced by it when BENCH_SCALE=1; it uses the
 # helpers defined there): a big database side by side on a fresh single member of each, etcd 3.4
 # first, then ours. Per server, in order:
-#   load BENCH_SCALE_KEYS keys of BENCH_SCALE_VAL bytes with etcd's benchmark (100 clients);
+#   load BENCH_SCALE_KEYS keys of BENCH_SCALE_VAL bytes with etcd's benchmark (100 clients), with
+#   the server's CPU and bytes sent to the disk per put;
 #   file size (length and blocks on the disk), endpoint status's dbSize and dbSizeInUse, RSS;
 #   restart after SIGKILL and after SIGTERM, each timed to a healthy endpoint;
 #   a paginated full scan (pages of 10,000 at the first page's revision), one reader and four;
@@ -108,9 +109,11 @@ for sys in etcd ours; do
   wait_healthy "$SC_EP" 60 "$SC_PID" || { log "scale: $sys did not start"; continue; }
 
   before=$(cpu_ticks "$SC_PID")
+  wbefore=$(write_bytes "$SC_PID")
   etool_run scale-load "$sys" "$SC_EP" --clients 100 --conns 10 put --key-size 16 \
     --val-size "$SC_VAL" --sequential-keys --key-space-size "$SC_KEYS" --total "$SC_KEYS"
   echo $(($(cpu_ticks "$SC_PID") - before)) >"$OUT/scale.$sys.load.ticks"
+  per_request "$wbefore" "$(write_bytes "$SC_PID")" "$SC_KEYS" >"$OUT/scale.$sys.load.wbytes"
   sleep 2
   rss_mib "$SC_PID" >"$OUT/scale.$sys.rss"
   sc_sizes "$sys" load
@@ -188,6 +191,8 @@ for sys in etcd ours; do
     >"$OUT/scale.$sys.load.cpu"
 done
 row "$L: load, server CPU us per put" "$(sc_get etcd load.cpu)" "$(sc_get ours load.cpu)" lower
+row "$L: load, server bytes written to disk per put" "$(sc_get etcd load.wbytes)" \
+  "$(sc_get ours load.wbytes)" lower
 row "$L: RSS after the load, MiB" "$(sc_get etcd rss)" "$(sc_get ours rss)" lower
 for step in load overwrite compact defrag; do
   row "$L: file after $step, MiB on disk (length)" \
