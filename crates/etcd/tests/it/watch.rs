@@ -684,6 +684,23 @@ async fn one_stream_holds_at_most_a_bounded_number_of_watchers() {
     assert!(again.created() && !again.canceled(), "{again:?}");
 }
 
+/// A client that closes its sending side (clientv3's `CloseSend`) goes on getting its
+/// watchers' events, as from etcd: only the client going away ends the stream.
+#[tokio::test]
+async fn a_stream_whose_client_stopped_sending_goes_on() {
+    let (_m, mut c) = start().await;
+    let (stream, _) = created(&mut c, "k", WatchOptions::new()).await;
+    let (sender, mut responses) = stream.split();
+    drop(sender);
+    for i in 0..10 {
+        let value = format!("v{i}");
+        let r = c.put("k", value.as_str(), None).await.expect("put");
+        let rev = r.header().expect("header").revision();
+        let resp = next_on(&mut responses).await;
+        assert_eq!(events_of(&resp), vec![ev("PUT", "k", &value, rev)]);
+    }
+}
+
 async fn next_on(responses: &mut etcd_client::WatchResponseStream) -> WatchResponse {
     tokio::time::timeout(Duration::from_secs(10), responses.message())
         .await

@@ -133,6 +133,8 @@ struct StreamState {
     /// Some watcher of the stream asked for progress notifications (so receiving events
     /// marks watchers as sent to since the last tick).
     any_progress_notify: bool,
+    /// The client closed its sending side: no more requests, but the watchers go on.
+    requests_done: bool,
     /// Events delivered lately, which decides whether hot watchers' events wait to be
     /// batched ([`StreamState::hold_until`]).
     load: StreamLoad,
@@ -562,7 +564,7 @@ impl StreamState {
                 return Some(Ok(resp));
             }
             let step = tokio::select! {
-                req = self.requests.next() => Step::Request(req),
+                req = self.requests.next(), if !self.requests_done => Step::Request(req),
                 msg = self.rx.recv() => Step::Hub(msg),
                 _ = self.progress_tick.tick() => Step::ProgressTick,
                 _ = self.progress_poll.tick(), if self.progress_pending => Step::ProgressPoll,
@@ -575,7 +577,9 @@ impl StreamState {
                     crate::metrics::stream_receive_failed("watch", &status);
                     return Some(Err(etcdrs_serve::grpc_size::grpc_go_status(status)));
                 }
-                Step::Request(None) => return None,
+                // The client closed its side (clientv3's CloseSend): as etcd's, the stream
+                // goes on answering its watchers until the client goes away.
+                Step::Request(None) => self.requests_done = true,
                 Step::Hub(Some(msg)) => {
                     if let Some(until) = self.hold_until(&msg) {
                         // Until then, or until the channel is half full: a full one would
@@ -651,6 +655,7 @@ impl Watch for Rpc {
             progress_poll,
             progress_pending: false,
             any_progress_notify: false,
+            requests_done: false,
             load: StreamLoad::new(tokio::time::Instant::now()),
             auth,
         };
