@@ -103,7 +103,10 @@ fn server_config(cfg: &EtcdConfig) -> anyhow::Result<ServerConfig> {
         pre_vote: cfg.pre_vote,
         snapshot_catchup_entries: cfg.experimental_snapshot_catchup_entries,
         listen_metrics_urls: cfg.listen_metrics_urls.clone(),
-        watch_progress_notify_interval: cfg.experimental_watch_progress_notify_interval,
+        // etcd's default of 0 stands for its built-in ten minutes.
+        watch_progress_notify_interval: Some(cfg.experimental_watch_progress_notify_interval)
+            .filter(|d| !d.is_zero())
+            .unwrap_or(std::time::Duration::from_secs(600)),
         client_tls: client_tls(cfg)?,
         peer_tls: peer_tls(cfg)?,
         auth: etcdrs_server::auth::AuthConfig {

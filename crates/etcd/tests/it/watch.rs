@@ -701,6 +701,32 @@ async fn a_stream_whose_client_stopped_sending_goes_on() {
     }
 }
 
+/// With the default interval (etcd's ten minutes), a watcher that asked for progress
+/// notifications gets none while it is idle and others on its stream get events (a default
+/// of 0 was taken as the shortest interval: an empty response every 100 ms, which
+/// kube-apiserver reads as a bookmark each).
+#[tokio::test]
+async fn an_idle_watcher_gets_no_progress_notification_before_the_default_interval() {
+    let (_m, mut c) = start().await;
+    let watchers = [
+        ("idle", WatchOptions::new().with_progress_notify()),
+        ("busy", WatchOptions::new().with_progress_notify()),
+    ];
+    let (stream, ids) = on_one_stream(&mut c, watchers).await;
+    let (_sender, mut responses) = stream.split();
+    let started = Instant::now();
+    let mut puts = 0;
+    // A second of puts: five times the interval the default was taken for.
+    while started.elapsed() < Duration::from_secs(1) {
+        c.put("busy", "v", None).await.expect("put");
+        puts += 1;
+        let resp = next_on(&mut responses).await;
+        assert_eq!(resp.watch_id(), ids[1], "{resp:?}");
+        assert_eq!(resp.events().len(), 1, "{resp:?}");
+    }
+    assert!(puts > 0);
+}
+
 async fn next_on(responses: &mut etcd_client::WatchResponseStream) -> WatchResponse {
     tokio::time::timeout(Duration::from_secs(10), responses.message())
         .await
