@@ -39,6 +39,14 @@ fn etcdrs() -> EtcdBin {
     EtcdBin::at(env!("CARGO_BIN_EXE_etcd"))
 }
 
+fn is_etcd34(bin: &EtcdBin) -> bool {
+    bin.path() == etcd34().path()
+}
+
+fn is_etcdrs(bin: &EtcdBin) -> bool {
+    bin.path() == etcdrs().path()
+}
+
 /// A member of the test's cluster: its process, raft id and whether it is etcd-rs.
 struct Node {
     member: Member,
@@ -65,9 +73,9 @@ fn opts(
     if existing {
         opts = opts.setting("initial-cluster-state", "existing");
     }
-    // Compacted: etcd 3.4 compacts its raft log often, so a late etcd-rs member needs
-    // etcd's snapshot.
-    if compacted && bin.path() == std::path::Path::new("/usr/bin/etcd") {
+    // Compacted: etcd compacts its raft log often, so a late etcd-rs member needs etcd's
+    // snapshot.
+    if compacted && !is_etcdrs(bin) {
         opts = opts.setting("snapshot-count", "1000");
     }
     opts
@@ -242,9 +250,11 @@ async fn leader(nodes: &[Node]) -> u64 {
     .expect("a leader")
 }
 
-/// Replaces `nodes[old]` by a fresh member of the other implementation, started on
-/// `host`: member add, start, catch-up, member remove.
+/// Replaces `nodes[old]` by a fresh member of the other implementation (etcd-rs, or the
+/// etcd of `etcd`), started on `host`: member add, start, catch-up, member remove.
+#[allow(clippy::too_many_arguments)]
 async fn replace(
+    etcd: &EtcdBin,
     nodes: &mut Vec<Node>,
     old: usize,
     name: &str,
@@ -278,7 +288,7 @@ async fn replace(
         .map(|m| format!("{}={}", m.name(), m.peer_urls()[0]))
         .collect();
     initial.push(format!("{name}={peer_url}"));
-    let bin = if rs { etcdrs() } else { etcd34() };
+    let bin = if rs { etcdrs() } else { etcd.clone() };
     let mut member = Member::spawn_on(
         opts(&bin, name, host, &initial.join(","), true, compacted),
         client_port,
@@ -354,7 +364,7 @@ async fn start_cluster(bin: &EtcdBin, names: [&str; 3], salt: u8, compacted: boo
         .map(|(n, (h, _, p))| format!("{n}=http://{h}:{}", p.port()))
         .collect();
     let initial = initial.join(",");
-    let rs = bin.path() != std::path::Path::new("/usr/bin/etcd");
+    let rs = is_etcdrs(bin);
     let mut nodes = Vec::new();
     for (name, (h, c, p)) in names.iter().zip(reserved) {
         let member =
@@ -448,6 +458,51 @@ async fn downgrade_to_34(nodes: &[Node]) {
     assert_eq!(enabled.body, "true");
 }
 
+/// Every node lists exactly the nodes, each started: with its name, peer URL and client URL.
+async fn check_member_list(nodes: &[Node]) {
+    let mut want: Vec<(u64, String, String, String)> = nodes
+        .iter()
+        .map(|n| {
+            (
+                n.id,
+                n.member.name().to_owned(),
+                n.member.peer_url(),
+                n.member.endpoint(),
+            )
+        })
+        .collect();
+    want.sort();
+    for node in nodes {
+        let name = node.member.name().to_owned();
+        let c = node.member.client().await.expect("client");
+        poll_until(WAIT, || async {
+            let list = c.clone().member_list().await.map_err(|e| e.to_string())?;
+            let mut got: Vec<(u64, String, String, String)> = list
+                .members()
+                .iter()
+                .map(|m| {
+                    (
+                        m.id(),
+                        m.name().to_owned(),
+                        m.peer_urls().join(","),
+                        m.client_urls().join(","),
+                    )
+                })
+                .collect();
+            got.sort();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "member list through {name}: {got:?}, want {want:?}"
+                ))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// Every acknowledged put of the writer is on every node, and the nodes agree on `hashkv`.
 async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
     eprintln!(
@@ -523,8 +578,8 @@ async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
 /// puts), so the first etcd-rs member catches up through etcd's merged snapshot, and the
 /// etcd 3.4 members on the way back through etcd-rs's (the v2 store's JSON and a bbolt
 /// database, as etcd sends it).
-async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
-    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, compacted).await;
+async fn rolling_migration(etcd: &EtcdBin, compacted: bool, back: bool, salt: u8) {
+    let mut nodes = start_cluster(etcd, ["e0", "e1", "e2"], salt, compacted).await;
     let client = nodes[0].member.client().await.expect("client");
     // More than etcd's 5000 catch-up entries: the first newcomer needs a snapshot.
     let mut load = Vec::new();
@@ -556,6 +611,7 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
             .position(|n| !n.rs)
             .expect("an etcd member left");
         replace(
+            etcd,
             &mut nodes,
             old,
             name,
@@ -621,17 +677,24 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
         }
     }
     assert!(nodes.iter().all(|n| n.rs));
+    check_member_list(&nodes).await;
     if back {
         // And back: once the last etcd member has gone the cluster runs at 3.5, so it is
         // downgraded to 3.4 first; then etcd 3.4 members join the etcd-rs cluster and
         // replace it.
-        downgrade_to_34(&nodes).await;
+        if is_etcd34(etcd) {
+            downgrade_to_34(&nodes).await;
+        } else {
+            // etcd 3.5 joins a cluster at 3.5 as it is.
+            wait_cluster_version(&nodes, "3.5.0").await;
+        }
         for (step, name) in ["b0", "b1", "b2"].iter().enumerate() {
             let old = nodes
                 .iter()
                 .position(|n| n.rs)
                 .expect("an etcd-rs member left");
             replace(
+                etcd,
                 &mut nodes,
                 old,
                 name,
@@ -642,6 +705,7 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
             .await;
         }
         assert!(nodes.iter().all(|n| !n.rs));
+        check_member_list(&nodes).await;
     }
 
     stop.store(true, Ordering::SeqCst);
@@ -655,7 +719,7 @@ async fn an_etcd_34_cluster_becomes_etcd_rs_and_back_member_by_member_while_writ
     if !ours() {
         return;
     }
-    rolling_migration(false, true, 0).await;
+    rolling_migration(&etcd34(), false, true, 0).await;
 }
 
 #[tokio::test]
@@ -663,7 +727,19 @@ async fn a_rolling_migration_with_compacted_logs_catches_up_through_snapshots_bo
     if !ours() {
         return;
     }
-    rolling_migration(true, true, 10).await;
+    rolling_migration(&etcd34(), true, true, 10).await;
+}
+
+/// The rolling migration of an etcd 3.5.1 cluster, its members catching up through snapshots
+/// both ways. etcd 3.5 keeps its membership in both its v2 store and its v3 backend's `members`
+/// bucket and hands both on in its snapshot; each member's published attributes (name, client
+/// URLs) must survive every hand-over, whichever kind of member applied and sent them.
+#[tokio::test]
+async fn an_etcd_35_cluster_becomes_etcd_rs_and_back_through_snapshots_while_writing() {
+    if !ours() {
+        return;
+    }
+    rolling_migration(&crate::etcd35(), true, true, 50).await;
 }
 
 /// The reverse from the start: a new etcd-rs cluster runs at 3.5, which an etcd 3.4 member
@@ -731,6 +807,7 @@ async fn a_new_etcd_rs_cluster_downgrades_and_etcd_34_members_replace_it() {
             .position(|n| n.rs)
             .expect("an etcd-rs member left");
         replace(
+            &etcd34(),
             &mut nodes,
             old,
             name,
@@ -759,7 +836,16 @@ async fn auth_changes_through_an_etcd_rs_member_hold_on_its_etcd_34_peers() {
     let salt = 30;
     let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, false).await;
     let writes = Arc::new(Mutex::new(Writes::default()));
-    replace(&mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
+    replace(
+        &etcd34(),
+        &mut nodes,
+        0,
+        "r0",
+        host(salt + 3),
+        &writes,
+        false,
+    )
+    .await;
     let rs = nodes.iter().find(|n| n.rs).expect("the etcd-rs member");
     let ctl = rs.member.etcdctl();
     for args in [

@@ -36,12 +36,41 @@ pub(super) struct Applier {
     pub(super) last_leader: u64,
 }
 
+/// The membership an etcd snapshot's v2 store holds (`/0/members`, `/0/removed_members`,
+/// `/0/version`).
+struct V2Membership {
+    members: Vec<Member>,
+    removed: Vec<u64>,
+    cluster_version: Option<String>,
+}
+
+/// The membership in `data`, a raft snapshot's v2 store JSON; `None` when `data` is not one
+/// or holds no members (then the database's membership stands).
+fn v2_membership(data: &[u8]) -> Option<V2Membership> {
+    let store = etcdrs_etcddir::v2store::V2Store::parse(data).ok()?;
+    let members = match store.members() {
+        Ok(members) if !members.is_empty() => members,
+        Ok(_) => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "the snapshot's v2 store has a member etcd-rs cannot read; keeping the database's membership");
+            return None;
+        }
+    };
+    Some(V2Membership {
+        members,
+        removed: store.removed_member_ids(),
+        cluster_version: store.cluster_version(),
+    })
+}
+
 impl Applier {
-    /// Replace the store with the leader's snapshot image for `index` (called by raft).
+    /// Replace the store with the leader's snapshot image for `index` (called by raft);
+    /// `data` is the raft snapshot's payload, etcd's v2 store JSON.
     pub(super) fn install_snapshot(
         &self,
         index: u64,
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+        data: &[u8],
     ) -> Result<()> {
         let Some((received, path)) = self.inner.pending_snapshot.lock().take() else {
             return Err(ServerError::Fatal(format!(
@@ -76,9 +105,42 @@ impl Applier {
             }
             Err(_) => (path, None),
         };
+        // etcd recovers the membership and the cluster version from the snapshot's v2 store
+        // (3.4's and 3.5's `RaftCluster.Recover`), not from its database, and so does etcd-rs
+        // when an etcd leader sends the snapshot: etcd 3.5.1's database keeps every member as
+        // it was added (its `unsafeSaveMemberToBackend` writes no member the `members` bucket
+        // already holds, so `UpdateAttributes` and `PromoteMember` never reach it), and a
+        // member's name, client URLs and promotion live in its v2 store only.
+        let v2 = match &cluster_version {
+            Some(_) => v2_membership(data),
+            None => None,
+        };
+        let cluster_version = match (cluster_version, &v2) {
+            (Some((version, downgrade)), Some(v2)) => {
+                Some((v2.cluster_version.clone().or(version), downgrade))
+            }
+            (cluster_version, _) => cluster_version,
+        };
         store.install_snapshot(&image, &[META_MEMBER_ID, META_CLUSTER_ID])?;
         let _ = std::fs::remove_file(&image);
+        let from_db = match &v2 {
+            Some(_) => load_members(store)?,
+            None => Default::default(),
+        };
         let mut batch = store.write()?;
+        if let Some(v2) = &v2 {
+            for id in from_db.keys() {
+                batch.bucket_delete(Bucket::MEMBERS, &id.to_be_bytes())?;
+            }
+            for member in &v2.members {
+                let json = serde_json::to_vec(member)
+                    .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+            }
+            for id in &v2.removed {
+                batch.bucket_put(Bucket::MEMBERS_REMOVED, &id.to_be_bytes(), b"removed")?;
+            }
+        }
         // etcd's database carries its cluster version and downgrade record in its own
         // bucket; what it lacks is none.
         if let Some((version, downgrade)) = &cluster_version {
@@ -742,8 +804,9 @@ impl StateMachine for Applier {
         index: u64,
         term: u64,
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+        data: &[u8],
     ) -> std::result::Result<(), String> {
-        self.install_snapshot(index, conf_state)
+        self.install_snapshot(index, conf_state, data)
             .map_err(|e| e.to_string())?;
         self.inner.set_applied_term(term);
         Ok(())
