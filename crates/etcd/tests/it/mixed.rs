@@ -906,8 +906,21 @@ async fn an_etcd_member_converted_in_place_rejoins_its_etcd_34_peers() {
     if !ours() {
         return;
     }
-    let salt = 40;
-    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, false).await;
+    converted_in_place(&etcd34(), 40).await;
+}
+
+/// The same in an etcd 3.5.1 cluster, whose members' database holds no published
+/// attributes: the converted member still lists its peers with their names and client URLs.
+#[tokio::test]
+async fn an_etcd_member_converted_in_place_rejoins_its_etcd_35_peers() {
+    if !ours() {
+        return;
+    }
+    converted_in_place(&crate::etcd35(), 60).await;
+}
+
+async fn converted_in_place(etcd: &EtcdBin, salt: u8) {
+    let mut nodes = start_cluster(etcd, ["e0", "e1", "e2"], salt, false).await;
     let writes = Arc::new(Mutex::new(Writes {
         endpoints: nodes.iter().map(|n| n.member.endpoint()).collect(),
         ..Writes::default()
@@ -955,6 +968,7 @@ async fn an_etcd_member_converted_in_place_rejoins_its_etcd_34_peers() {
     assert_eq!(ids.len(), 3, "no member added or lost: {ids:?}");
     assert!(ids.contains(&id), "the converted member keeps its id");
     same_hashkv(&nodes).await;
+    check_member_list(&nodes).await;
 
     // The converted member leads its etcd peers while the writer goes on.
     let from = leader(&nodes).await;
