@@ -833,7 +833,7 @@ fn no_password(req: &etcdrs_proto::etcdserverpb::AuthUserAddRequest) -> bool {
 fn hash_clear_password(password: &mut String, hashed: &mut String, no_password: bool) {
     if hashed.is_empty() && !password.is_empty() && !no_password {
         match bcrypt::hash(password.as_str(), ETCD_BCRYPT_COST) {
-            Ok(hash) => *hashed = hash,
+            Ok(hash) => *hashed = crate::auth::hashed_password_field(&hash),
             Err(e) => tracing::warn!(error = %e, "failed to hash a password"),
         }
     }
