@@ -252,7 +252,6 @@ async fn leader(nodes: &[Node]) -> u64 {
 
 /// Replaces `nodes[old]` by a fresh member of the other implementation (etcd-rs, or the
 /// etcd of `etcd`), started on `host`: member add, start, catch-up, member remove.
-#[allow(clippy::too_many_arguments)]
 async fn replace(
     etcd: &EtcdBin,
     nodes: &mut Vec<Node>,
