@@ -8,6 +8,9 @@
 //! that member (a single member, and every member of a 3-member cluster), leaving etcd's own
 //! files as they were, so etcd starts on them again.
 //!
+//! The same against etcd 3.5.1 (`ETCDRS_TEST_ETCD35`): its data directory with a separate WAL
+//! dir and `.snap` files, and its snapshots both ways with `etcdutl`.
+//!
 //! These tests always run both servers, ours and `/usr/bin/etcd` (3.4), so they are skipped
 //! when the suite itself runs against etcd (`ETCDRS_TEST_ETCD_BIN`).
 

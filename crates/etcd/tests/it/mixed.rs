@@ -1,5 +1,6 @@
 //! Mixed clusters (issue 17): etcd 3.4 members (`/usr/bin/etcd`) and etcd-rs members in one
-//! raft group, for a rolling migration with no downtime and the same path back.
+//! raft group, for a rolling migration with no downtime and the same path back; and the same
+//! with etcd 3.5.1 members (issue 42; `ETCDRS_TEST_ETCD35`, which `scripts/test` sets).
 //!
 //! A 3-member etcd 3.4 cluster has its members replaced one by one: `member add` of an
 //! etcd-rs member, its start with `--initial-cluster-state existing`, its catch-up (by log
@@ -16,6 +17,14 @@
 //! that etcd-rs started. Also: auth changes made through an etcd-rs member hold on its etcd
 //! peers, and a member converted in place (etcd-rs started on its etcd data directory) rejoins
 //! them and leads them.
+//!
+//! What differs with etcd 3.5.1: no downgrade is needed either way (the cluster runs at 3.5);
+//! 3.5.1 keeps members' published attributes and promotions in its v2 store only (its
+//! database's `members` bucket holds each member as added), so a snapshot from a 3.5.1 leader,
+//! or a 3.5.1 data directory converted in place, gives the membership from the v2 store, as
+//! etcd itself recovers it (before that fix the first etcd-rs member that joined was listed
+//! nameless and `unstarted` once the 3.5.1 members were gone); and 3.5 proposes a new
+//! password as `hashed_password`, the bcrypt hash in base64.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
