@@ -457,6 +457,12 @@ async fn etcd_35_data_dir_with_snapshots_and_a_separate_wal_dir_starts_as_the_sa
     assert!(wal_files > 0, "etcd's WAL is where --wal-dir put it");
 }
 
+/// An etcd 3.5.1 member young enough to have no `.snap` file: its WAL from the first entry.
+#[tokio::test]
+async fn etcd_35_data_dir_without_snapshots_starts_as_the_same_member() {
+    data_dir_round_trip(&crate::etcd35(), &[], false).await;
+}
+
 async fn data_dir_round_trip(etcd: &EtcdBin, args: &[&str], expect_snap_files: bool) {
     if !ours() {
         return;
@@ -521,12 +527,21 @@ async fn data_dir_round_trip(etcd: &EtcdBin, args: &[&str], expect_snap_files: b
 /// writes.
 #[tokio::test]
 async fn stopped_etcd_cluster_runs_as_an_etcd_rs_cluster() {
+    stopped_cluster_runs_as_etcd_rs(&etcd34()).await;
+}
+
+/// The same for a stopped etcd 3.5.1 cluster, whose databases hold no member's client URLs:
+/// every member lists them as etcd did.
+#[tokio::test]
+async fn stopped_etcd_35_cluster_runs_as_an_etcd_rs_cluster() {
+    stopped_cluster_runs_as_etcd_rs(&crate::etcd35()).await;
+}
+
+async fn stopped_cluster_runs_as_etcd_rs(etcd: &EtcdBin) {
     if !ours() {
         return;
     }
-    let mut cluster = Cluster::start(3, ClusterOpts::new(&etcd34()))
-        .await
-        .unwrap();
+    let mut cluster = Cluster::start(3, ClusterOpts::new(etcd)).await.unwrap();
     write_history(cluster.member(0)).await;
     let before = capture(cluster.member(0)).await;
     let mut ids_before = Vec::new();
@@ -549,7 +564,13 @@ async fn stopped_etcd_cluster_runs_as_an_etcd_rs_cluster() {
         assert_eq!(ids(m).await, *ids_before);
         assert_eq!(capture(m).await, before, "member {i}");
     }
-    assert_eq!(members(cluster.member(0)).await, members_before);
+    for i in 0..3 {
+        assert_eq!(
+            members(cluster.member(i)).await,
+            members_before,
+            "member {i}"
+        );
+    }
     check_alice(cluster.member(1)).await;
     root_ctl(cluster.member(2))
         .ok(&["put", "after", "conversion"])
