@@ -541,7 +541,9 @@ async fn stopped_cluster_runs_as_etcd_rs(etcd: &EtcdBin) {
     if !ours() {
         return;
     }
-    let mut cluster = Cluster::start(3, ClusterOpts::new(etcd)).await.unwrap();
+    let mut cluster = Cluster::start(3, ClusterOpts::new(etcd))
+        .await
+        .expect("the etcd cluster starts");
     write_history(cluster.member(0)).await;
     let before = capture(cluster.member(0)).await;
     let mut ids_before = Vec::new();
@@ -550,10 +552,13 @@ async fn stopped_cluster_runs_as_etcd_rs(etcd: &EtcdBin) {
     }
     let members_before = members(cluster.member(0)).await;
     for i in 0..3 {
-        cluster.member_mut(i).stop().await.unwrap();
+        cluster.member_mut(i).stop().await.expect("etcd stops");
         cluster.member_mut(i).set_bin(&our_bin());
     }
-    cluster.restart_all().await.unwrap();
+    cluster
+        .restart_all()
+        .await
+        .expect("the converted cluster starts");
     for (i, ids_before) in ids_before.iter().enumerate() {
         let m = cluster.member(i);
         assert!(
