@@ -811,7 +811,8 @@ fn etcd35_tool(tool: &str, args: &[&str]) -> std::process::Output {
 /// `etcdctl snapshot save` 3.5.1 → our binary as `etcdutl snapshot restore` → etcd-rs, then
 /// etcd-rs → `snapshot save` → `etcdutl snapshot restore` 3.5.1 → etcd 3.5.1; each member
 /// serves the same keys, revisions, history, leases, users and roles with the same `endpoint
-/// hashkv`, and `etcdutl snapshot status` 3.5.1 says of each file what ours says.
+/// hashkv`, and `etcdutl snapshot status` 3.5.1 says of each file what ours says; and etcd
+/// 3.5.1 starts on its data directory after our `etcdutl defrag --data-dir`.
 #[tokio::test]
 async fn etcd_35_snapshots_restore_into_etcd_rs_and_back_with_etcdutl() {
     if !ours() {
@@ -838,7 +839,7 @@ async fn etcd_35_snapshots_restore_into_etcd_rs_and_back_with_etcdutl() {
         }
     };
 
-    let source = Member::start(MemberOpts::new(&crate::etcd35()))
+    let mut source = Member::start(MemberOpts::new(&crate::etcd35()))
         .await
         .unwrap();
     write_history(&source).await;
@@ -852,6 +853,17 @@ async fn etcd_35_snapshots_restore_into_etcd_rs_and_back_with_etcdutl() {
         &[&endpoints, &user, "snapshot", "save", &file_arg],
     ));
     status_agrees(&file);
+    // Our `etcdutl defrag --data-dir` on the stopped 3.5.1 member: etcd 3.5.1 starts on the
+    // rewritten database with the same state.
+    source.stop().await.unwrap();
+    let data_dir = source.data_dir().display().to_string();
+    let out = Command::new(&our_etcdutl)
+        .args(["defrag", "--data-dir", &data_dir])
+        .output()
+        .unwrap();
+    assert_eq!(stdout_ok(&out), "");
+    source.restart().await.unwrap();
+    assert_eq!(capture(&source).await, before);
 
     let mut ours_restored = empty_member(&our_bin()).await;
     let args = restore_args(&ours_restored, &file);
