@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, MemberAddOptions};
+use etcd_client::{Client, GetOptions, LeaseTimeToLiveOptions, MemberAddOptions, PutOptions};
 use etcdrs_testkit::{EtcdBin, Member, MemberOpts, http_request, poll_until, ports};
 
 use crate::{ours, pairs};
@@ -1073,4 +1073,70 @@ async fn converted_in_place(etcd: &EtcdBin, salt: u8) {
     task.await.expect("writer");
     let writes = std::mem::take(&mut *writes.lock().expect("lock"));
     check_writes(&nodes, writes, 1).await;
+}
+
+/// Moves leadership to the node with raft id `to`.
+async fn move_leadership(nodes: &[Node], to: u64) {
+    let from = leader(nodes).await;
+    if from != to {
+        let at = nodes.iter().find(|n| n.id == from).expect("leader node");
+        let mut c = at.member.client().await.expect("client");
+        c.move_leader(to).await.expect("move leader");
+    }
+    assert_eq!(leader(nodes).await, to, "leadership moved");
+}
+
+/// Leases across implementations in an etcd 3.5.1 cluster, under a leader of each kind: a
+/// lease granted through one kind of member is kept alive, read (`TimeToLive` with its keys,
+/// which a follower forwards to the leader over the peer port's `/leases/internal`; keep-alives
+/// over `/leases`) and revoked through the other, and its key goes with it.
+#[tokio::test]
+async fn leases_work_through_either_kind_of_member_in_an_etcd_35_cluster() {
+    if !ours() {
+        return;
+    }
+    let salt = 80;
+    let etcd = crate::etcd35();
+    let mut nodes = start_cluster(&etcd, ["e0", "e1", "e2"], salt, false).await;
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    replace(&etcd, &mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
+    let rs = nodes.iter().position(|n| n.rs).expect("the etcd-rs member");
+    let theirs = nodes.iter().position(|n| !n.rs).expect("an etcd member");
+    let mut n = 0;
+    for leader_kind in [theirs, rs] {
+        move_leadership(&nodes, nodes[leader_kind].id).await;
+        for (granter, other) in [(rs, theirs), (theirs, rs)] {
+            let (granter, other) = (&nodes[granter].member, &nodes[other].member);
+            let mut g = granter.client().await.expect("client");
+            let mut o = other.client().await.expect("client");
+            let lease = g.lease_grant(30, None).await.expect("grant").id();
+            let key = format!("leased/{n}");
+            n += 1;
+            g.put(key.as_str(), "v", Some(PutOptions::new().with_lease(lease)))
+                .await
+                .expect("put with the lease");
+            let (mut keeper, mut stream) = o.lease_keep_alive(lease).await.expect("keep alive");
+            keeper.keep_alive().await.expect("keep alive");
+            let kept = stream
+                .message()
+                .await
+                .expect("keep-alive answer")
+                .expect("a message");
+            assert_eq!((kept.id(), kept.ttl()), (lease, 30));
+            let ttl = o
+                .lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                .await
+                .expect("time to live");
+            assert_eq!(ttl.granted_ttl(), 30);
+            assert!((1..=30).contains(&ttl.ttl()), "{}", ttl.ttl());
+            assert_eq!(ttl.keys(), [key.as_bytes().to_vec()]);
+            o.lease_revoke(lease).await.expect("revoke");
+            let left = g
+                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                .await
+                .expect("read")
+                .count();
+            assert_eq!(left, 0, "the revoked lease's key is gone");
+        }
+    }
 }
