@@ -1140,3 +1140,79 @@ async fn leases_work_through_either_kind_of_member_in_an_etcd_35_cluster() {
         }
     }
 }
+
+/// A downgrade that an etcd 3.5.1 member enables, under an etcd-rs leader: etcd 3.5 never
+/// lowers the cluster version to the target, and its members exit as soon as it is lowered
+/// while they know of the downgrade ("server version is not allowed to join when downgrade is
+/// enabled"); etcd-rs, which lowers it at once for a downgrade it records itself, keeps it
+/// here, so the etcd 3.5.1 members stay up; cancelled through etcd-rs, in the form etcd 3.5
+/// applies, they restart (etcd 3.5.1 refuses to start while it knows of a downgrade to a
+/// version other than its own). etcd 3.5.1 never answers a downgrade request itself (its
+/// applier returns no result for `downgrade_info_set`, so the waiting request times out, as
+/// in a cluster of etcd 3.5.1 alone); the test follows the entry, not the answer.
+#[tokio::test]
+async fn a_downgrade_enabled_by_etcd_35_keeps_the_cluster_version_under_an_etcd_rs_leader() {
+    if !ours() {
+        return;
+    }
+    let salt = 90;
+    let etcd = crate::etcd35();
+    let mut nodes = start_cluster(&etcd, ["e0", "e1", "e2"], salt, false).await;
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    replace(&etcd, &mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
+    let rs = nodes.iter().position(|n| n.rs).expect("the etcd-rs member");
+    let theirs = nodes.iter().position(|n| !n.rs).expect("an etcd member");
+    move_leadership(&nodes, nodes[rs].id).await;
+    wait_cluster_version(&nodes, "3.5.0").await;
+    let addr = nodes[theirs].member.client_addr();
+    let enable = http_request(
+        &addr,
+        "POST",
+        "/v3/maintenance/downgrade",
+        &[("Content-Type", "application/json")],
+        br#"{"action":"ENABLE","version":"3.4"}"#,
+    );
+    // Whatever etcd 3.5.1 answers, if anything.
+    let _ = tokio::time::timeout(Duration::from_secs(1), enable).await;
+    // The leader's version monitor has decided with the downgrade applied.
+    let leader = &nodes[rs].member;
+    poll_until(WAIT, || async {
+        if leader.log_contains("keeping the cluster version: etcd 3.5 members know") {
+            Ok(())
+        } else {
+            Err("no decision yet")
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", leader.log_tail(20)));
+    wait_cluster_version(&nodes, "3.5.0").await;
+    same_hashkv(&nodes).await;
+    let (status, body) = downgrade(&nodes[rs], "CANCEL", "").await;
+    assert_eq!(status, 200, "{body}");
+    for node in nodes.iter().filter(|n| !n.rs) {
+        let peer = node
+            .member
+            .peer_url()
+            .trim_start_matches("http://")
+            .to_owned();
+        poll_until(WAIT, || async {
+            let enabled = http_request(&peer, "GET", "/downgrade/enabled", &[], b"")
+                .await
+                .map_err(|e| e.to_string())?;
+            if enabled.body == "false" {
+                Ok(())
+            } else {
+                Err(format!("{peer}: downgrade enabled: {}", enabled.body))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for node in nodes.iter_mut().filter(|n| !n.rs) {
+        node.member
+            .restart()
+            .await
+            .unwrap_or_else(|e| panic!("etcd 3.5.1 restarts after the cancel: {e:#}"));
+    }
+    same_hashkv(&nodes).await;
+}

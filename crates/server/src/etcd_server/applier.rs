@@ -18,7 +18,9 @@ use etcdrs_raftnode::eraftpb::EntryType;
 use etcdrs_raftnode::{Applied, Apply, StateMachine};
 use prost::Message as _;
 
-use super::bootstrap::{load_alarms, load_cluster_version, load_downgrade, load_members};
+use super::bootstrap::{
+    load_alarms, load_cluster_version, load_downgrade, load_downgrade_known_to_etcd35, load_members,
+};
 use super::protobuf_free::encode_conf_state;
 use super::{
     ApplyOutput, Inner, META_CLUSTER_ID, META_CLUSTER_VERSION, META_DOWNGRADE, META_MEMBER_ID,
@@ -151,7 +153,11 @@ impl Applier {
                 None => batch.bucket_delete(Bucket::META, META_CLUSTER_VERSION)?,
             }
             match downgrade {
-                Some(info) => batch.bucket_put(Bucket::META, META_DOWNGRADE, info)?,
+                Some(info) => batch.bucket_put(
+                    Bucket::META,
+                    META_DOWNGRADE,
+                    &crate::version::DowngradeInfo::from_etcd(info, version.as_deref()),
+                )?,
                 None => batch.bucket_delete(Bucket::META, META_DOWNGRADE)?,
             }
         }
@@ -165,6 +171,10 @@ impl Applier {
         *self.inner.alarms.write() = load_alarms(store)?;
         *self.inner.cluster_version.write() = load_cluster_version(store)?;
         *self.inner.downgrade.write() = load_downgrade(store)?;
+        self.inner.downgrade_known_to_etcd35.store(
+            load_downgrade_known_to_etcd35(store)?,
+            AtomicOrdering::Release,
+        );
         self.inner.auth.reload(store)?;
         // The install finished the image's compactions: a physical Compact waiting on a
         // compaction the image covers is answered.
@@ -657,15 +667,16 @@ impl Applier {
                 self.apply_cluster_version(batch, version)?;
                 Ok(ApplyOutput::Published)
             }
-            Op::DowngradeInfoSet(target) => {
-                let info = crate::version::DowngradeInfo::new(target.as_deref());
-                batch.bucket_put(Bucket::META, META_DOWNGRADE, &info.encode())?;
-                match &target {
-                    Some(t) => tracing::info!(target_version = %t, "downgrade enabled"),
-                    None => tracing::info!("downgrade disabled"),
-                }
-                *self.inner.downgrade.write() = target;
-                Ok(ApplyOutput::Published)
+            Op::DowngradeInfoSet(target) => self.apply_downgrade(batch, target, false),
+            Op::DowngradeInfoSetV3(target) => {
+                let below_36 = self
+                    .inner
+                    .cluster_version
+                    .read()
+                    .as_deref()
+                    .and_then(crate::version::Version::parse)
+                    .is_none_or(|v| (v.major, v.minor) < (3, 6));
+                self.apply_downgrade(batch, target, below_36)
             }
             Op::Publish(attributes) => {
                 let mut members = self.inner.members.write();
@@ -679,6 +690,32 @@ impl Applier {
                 Ok(ApplyOutput::Published)
             }
         }
+    }
+
+    /// etcd's `RaftCluster.SetDowngradeInfo`; `from_etcd35`: etcd 3.5 members applied it too
+    /// (`EtcdServer::downgrade_known_to_etcd35`).
+    fn apply_downgrade(
+        &self,
+        batch: &mut WriteBatch<'_>,
+        target: Option<String>,
+        from_etcd35: bool,
+    ) -> Result<ApplyOutput> {
+        let mut info = crate::version::DowngradeInfo::new(target.as_deref());
+        info.known_to_etcd35 = from_etcd35 && target.is_some();
+        batch.bucket_put(Bucket::META, META_DOWNGRADE, &info.encode_stored())?;
+        match &target {
+            Some(t) if info.known_to_etcd35 => tracing::warn!(
+                target_version = %t,
+                "downgrade enabled by an etcd 3.5 member: the cluster version stays, as etcd 3.5 keeps it (its members exit once it is lowered)"
+            ),
+            Some(t) => tracing::info!(target_version = %t, "downgrade enabled"),
+            None => tracing::info!("downgrade disabled"),
+        }
+        *self.inner.downgrade.write() = target;
+        self.inner
+            .downgrade_known_to_etcd35
+            .store(info.known_to_etcd35, AtomicOrdering::Release);
+        Ok(ApplyOutput::Published)
     }
 
     /// etcd's `RaftCluster.SetVersion`: record the version and log the change; a member whose
