@@ -450,6 +450,9 @@ async fn etcd_data_dir_with_a_separate_wal_dir_starts_as_the_same_member() {
 /// newest `.snap` file's v2 store and the publishes after it.
 #[tokio::test]
 async fn etcd_35_data_dir_with_snapshots_and_a_separate_wal_dir_starts_as_the_same_member() {
+    if !ours() {
+        return;
+    }
     let wal = tempfile::tempdir().unwrap();
     let flag = format!("--wal-dir={}", wal.path().join("wal").display());
     data_dir_round_trip(&crate::etcd35(), &[&flag, "--snapshot-count=50"], true).await;
@@ -460,6 +463,9 @@ async fn etcd_35_data_dir_with_snapshots_and_a_separate_wal_dir_starts_as_the_sa
 /// An etcd 3.5.1 member young enough to have no `.snap` file: its WAL from the first entry.
 #[tokio::test]
 async fn etcd_35_data_dir_without_snapshots_starts_as_the_same_member() {
+    if !ours() {
+        return;
+    }
     data_dir_round_trip(&crate::etcd35(), &[], false).await;
 }
 
@@ -534,6 +540,9 @@ async fn stopped_etcd_cluster_runs_as_an_etcd_rs_cluster() {
 /// every member lists them as etcd did.
 #[tokio::test]
 async fn stopped_etcd_35_cluster_runs_as_an_etcd_rs_cluster() {
+    if !ours() {
+        return;
+    }
     stopped_cluster_runs_as_etcd_rs(&crate::etcd35()).await;
 }
 
