@@ -983,6 +983,27 @@ async fn auth_changes_through_etcd_rs(etcd: &EtcdBin, salt: u8) {
             "{name}: {refused}"
         );
     }
+
+    // Writes under auth through every member apply on every member: each proposer's auth
+    // revision is the one its peers are at.
+    for (i, node) in nodes.iter().enumerate() {
+        let root = node.member.etcdctl().with_user("root:rootpw");
+        root.ok(&["put", &format!("through/{i}"), node.member.name()])
+            .await;
+    }
+    for node in &nodes {
+        let root = node.member.etcdctl().with_user("root:rootpw");
+        let got = root
+            .ok(&["get", "through/", "--prefix", "--print-value-only"])
+            .await;
+        let names: Vec<&str> = nodes.iter().map(|n| n.member.name()).collect();
+        assert_eq!(
+            got.lines().collect::<Vec<_>>(),
+            names,
+            "{}",
+            node.member.name()
+        );
+    }
 }
 
 /// A member of an etcd 3.4 cluster converted in place (stopped, then started as etcd-rs on its
