@@ -50,6 +50,7 @@ mod snap;
 pub mod v2store;
 mod wal;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use prost::Message as _;
@@ -59,7 +60,7 @@ pub use error::{Error, Result};
 pub use snap::{SkippedSnapshot, SnapshotInfo, read_snap_file};
 pub use wal::{Segment, TornTail, list_segments, parse_wal_name};
 
-use request::Payload;
+use request::{Member, Payload};
 use v2store::V2Store;
 
 /// What an etcd member's data directory holds, as etcd would start from it.
@@ -102,6 +103,98 @@ impl EtcdMember {
         self.entries
             .iter()
             .filter(|entry| entry.index <= self.hard_state.commit)
+    }
+
+    /// The members as etcd 3.4 and 3.5 hold them in their v2 store once entry `up_to` is
+    /// applied: the snapshot's v2 store, then the committed membership changes and publishes
+    /// (v2 `PUT /0/members/<id>/attributes`, or v3 `cluster_member_attr_set`) up to it.
+    ///
+    /// This is where etcd 3.5.1 keeps what its database lacks: its `members` bucket holds each
+    /// member as it was added, since the write that should update it refuses a member already
+    /// there (`unsafeSaveMemberToBackend`), so published names and client URLs and learner
+    /// promotions reach the v2 store only. Entries that do not decode are passed over.
+    pub fn v2_members(&self, up_to: u64) -> Result<BTreeMap<u64, Member>> {
+        let mut members: BTreeMap<u64, Member> = match &self.snapshot {
+            Some(snapshot) => V2Store::parse(&snapshot.data)
+                .map_err(|source| Error::V2StoreJson {
+                    path: snapshot.path.clone(),
+                    source,
+                })?
+                .members()?
+                .into_iter()
+                .map(|member| (member.id, member))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        for entry in self.committed_entries().filter(|e| e.index <= up_to) {
+            match entry.get_entry_type() {
+                EntryType::EntryNormal => {
+                    let (id, name, client_urls) = match request::decode_entry(&entry.data) {
+                        Ok(Payload::V2(v2)) if v2.method == "PUT" => {
+                            let Some(id) =
+                                etcdrs_proto::raft_internal::member_of_attributes_path(&v2.path)
+                            else {
+                                continue;
+                            };
+                            let Ok(attributes) = serde_json::from_str::<
+                                etcdrs_proto::raft_internal::MemberAttributes,
+                            >(&v2.val) else {
+                                continue;
+                            };
+                            (id, attributes.name, attributes.client_urls)
+                        }
+                        Ok(Payload::V3(v3)) => match v3.cluster_member_attr_set {
+                            Some(set) => {
+                                let attributes = set.member_attributes.unwrap_or_default();
+                                (set.member_id, attributes.name, attributes.client_urls)
+                            }
+                            None => continue,
+                        },
+                        _ => continue,
+                    };
+                    if let Some(member) = members.get_mut(&id) {
+                        member.name = name;
+                        member.client_urls = client_urls;
+                    }
+                }
+                EntryType::EntryConfChange => {
+                    let Ok(change) = request::decode_conf_change(&entry.data) else {
+                        continue;
+                    };
+                    let context =
+                        serde_json::from_slice::<request::ConfigChangeContext>(&change.context);
+                    match request::ConfChangeType::try_from(change.r#type) {
+                        Ok(request::ConfChangeType::ConfChangeRemoveNode) => {
+                            members.remove(&change.node_id);
+                        }
+                        Ok(
+                            request::ConfChangeType::ConfChangeAddNode
+                            | request::ConfChangeType::ConfChangeAddLearnerNode,
+                        ) => match context {
+                            Ok(context) if context.is_promote => {
+                                if let Some(member) = members.get_mut(&change.node_id) {
+                                    member.is_learner = false;
+                                }
+                            }
+                            Ok(context) => {
+                                members.insert(change.node_id, context.member);
+                            }
+                            Err(_) => {}
+                        },
+                        Ok(request::ConfChangeType::ConfChangeUpdateNode) => {
+                            if let (Ok(context), Some(member)) =
+                                (context, members.get_mut(&change.node_id))
+                            {
+                                member.peer_urls = context.member.peer_urls;
+                            }
+                        }
+                        Err(_) => {}
+                    }
+                }
+                EntryType::EntryConfChangeV2 => {}
+            }
+        }
+        Ok(members)
     }
 
     /// The cluster version after the committed entries: the snapshot's, then the last

@@ -188,12 +188,14 @@ pub trait StateMachine: Send + 'static {
     fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool;
 
     /// Replace the state with the leader's snapshot taken at or after entry `index`; the
-    /// membership at that point is `conf_state`.
+    /// membership at that point is `conf_state`, and `data` is the snapshot's own payload
+    /// (etcd's: the v2 store's JSON, where etcd 3.4 and 3.5 keep the membership they recover).
     fn restore(
         &mut self,
         index: u64,
         term: u64,
         conf_state: &ConfState,
+        data: &[u8],
     ) -> std::result::Result<(), String>;
 }
 

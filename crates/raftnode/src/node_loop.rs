@@ -479,7 +479,7 @@ impl NodeCore {
         let (index, term) = (meta.index, meta.term);
         let machine = &mut self.state_machine;
         metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(1);
-        let restored = machine.restore(index, term, meta.get_conf_state());
+        let restored = machine.restore(index, term, meta.get_conf_state(), snapshot.get_data());
         metrics::SNAPSHOT_APPLY_IN_PROGRESS.set(0);
         restored.map_err(Error::Apply)?;
         // The mark is durable before raft's log restarts after it: a restart must not find

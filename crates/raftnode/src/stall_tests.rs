@@ -63,7 +63,13 @@ impl StateMachine for Counter {
     fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
         true
     }
-    fn restore(&mut self, _: u64, _: u64, _: &ConfState) -> std::result::Result<(), String> {
+    fn restore(
+        &mut self,
+        _: u64,
+        _: u64,
+        _: &ConfState,
+        _: &[u8],
+    ) -> std::result::Result<(), String> {
         Err("no snapshots here".into())
     }
 }

@@ -43,7 +43,13 @@ impl StateMachine for Recorder {
         true
     }
 
-    fn restore(&mut self, _index: u64, _term: u64, _conf: &ConfState) -> Result<(), String> {
+    fn restore(
+        &mut self,
+        _index: u64,
+        _term: u64,
+        _conf: &ConfState,
+        _data: &[u8],
+    ) -> Result<(), String> {
         Err("a member of one gets no snapshot".into())
     }
 }

@@ -132,6 +132,27 @@ pub struct AuthStore {
     tokens: Mutex<HashMap<String, SimpleToken>>,
 }
 
+/// The `hashed_password` of a `UserAdd` or `UserChangePassword` request for the bcrypt hash
+/// `bcrypt_hash`: the hash in standard base64, as etcd 3.5 and later propose it and their
+/// applier decodes it (`selectPassword`); the `authUsers` bucket stores the hash itself.
+pub fn hashed_password_field(bcrypt_hash: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bcrypt_hash)
+}
+
+/// The bcrypt hash a request's `hashed_password` carries ([`hashed_password_field`]); `None`
+/// when it is not base64, which etcd refuses (`ErrNoPasswordUser`). etcd-rs before it
+/// followed etcd 3.5 here proposed the bare hash, which Go's bcrypt writes with `$` (never
+/// base64): that form is still read, so such entries in etcd-rs's own WAL replay as they
+/// applied.
+pub fn password_from_field(field: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    if field.starts_with("$2") {
+        return Some(field.as_bytes().to_vec());
+    }
+    base64::engine::general_purpose::STANDARD.decode(field).ok()
+}
+
 fn etcd(e: &'static EtcdError) -> ServerError {
     ServerError::Etcd(e)
 }
@@ -281,9 +302,11 @@ impl AuthStore {
             .collect()
     }
 
-    /// Hash `password` at `--bcrypt-cost`, for a proposal.
+    /// Hash `password` at `--bcrypt-cost`, for a proposal: its `hashed_password`, in the
+    /// request's wire form ([`hashed_password_field`]).
     pub fn hash_password(&self, password: &str) -> Result<String> {
         bcrypt::hash(password, self.config.bcrypt_cost)
+            .map(|hash| hashed_password_field(&hash))
             .map_err(|e| ServerError::Fatal(format!("hash password: {e}")))
     }
 
@@ -362,5 +385,31 @@ impl AuthStore {
     /// A deleted user, or one whose password changed, loses its tokens.
     fn invalidate_user(&self, username: &str) {
         self.tokens.lock().retain(|_, t| t.username != username);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// etcd 3.5's proposer writes `base64.StdEncoding.EncodeToString(bcrypt hash)`; its
+    /// applier decodes it back (`selectPassword`).
+    #[test]
+    fn hashed_passwords_travel_in_base64_as_etcd_35_sends_them() {
+        let hash = "$2a$10$Y8m3l7vV0pUo0q2yq8c3tOBnUoP1Vf6kq3K5h0V1hX2fQb0m7n8yG";
+        let field = hashed_password_field(hash);
+        assert_eq!(
+            field,
+            "JDJhJDEwJFk4bTNsN3ZWMHBVbzBxMnlxOGMzdE9CblVvUDFWZjZrcTNLNWgwVjFoWDJmUWIwbTduOHlH"
+        );
+        assert_eq!(
+            password_from_field(&field).as_deref(),
+            Some(hash.as_bytes())
+        );
+        // etcd-rs's own older entries carry the bare hash.
+        assert_eq!(password_from_field(hash).as_deref(), Some(hash.as_bytes()));
+        assert_eq!(password_from_field("not base64!"), None);
+        // etcd decodes an empty field to an empty password.
+        assert_eq!(password_from_field("").as_deref(), Some(&b""[..]));
     }
 }

@@ -167,7 +167,26 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
         db = open(&source)?;
     }
     let backend = Backend::open(&snap_dir.join("db")).map_err(|e| fatal(format!("{e}")))?;
-    let imported = crate::etcd_db::import(&db, &backend)?;
+    let mut imported = crate::etcd_db::import(&db, &backend)?;
+    // The members' published attributes and promotions as etcd holds them, in its v2 store
+    // (the `.snap` file's, then the entries it applied): etcd 3.5.1's database never
+    // receives them (`EtcdMember::v2_members`).
+    let v2_members = member
+        .v2_members(imported.consistent_index)
+        .map_err(|e| fatal(format!("reading etcd's v2 store membership: {e}")))?;
+    let mut updated = Vec::new();
+    for m in &mut imported.members {
+        if let Some(v2) = v2_members.get(&m.id)
+            && (v2.name != m.name
+                || v2.client_urls != m.client_urls
+                || v2.is_learner != m.is_learner)
+        {
+            m.name.clone_from(&v2.name);
+            m.client_urls.clone_from(&v2.client_urls);
+            m.is_learner = v2.is_learner;
+            updated.push(m.clone());
+        }
+    }
     tracing::info!(
         path = %source.display(),
         revisions = imported.revisions,
@@ -228,6 +247,16 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
     )?;
     if let Some(version) = &imported.cluster_version {
         put(crate::etcd_server::META_CLUSTER_VERSION, version.as_bytes())?;
+    }
+    for m in &updated {
+        tracing::info!(
+            member_id = %membership::id_hex(m.id),
+            name = %m.name,
+            "member's attributes taken from etcd's v2 store"
+        );
+        let json = serde_json::to_vec(m).map_err(|e| fatal(format!("encode member: {e}")))?;
+        tx.put(Bucket::MEMBERS, &m.id.to_be_bytes(), &json)
+            .map_err(|e| fatal(format!("{e}")))?;
     }
     tx.commit(true).map_err(|e| fatal(format!("{e}")))?;
     drop(backend);

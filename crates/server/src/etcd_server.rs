@@ -50,8 +50,8 @@ mod versions;
 use applier::Applier;
 pub(crate) use applier::alarm_key;
 use bootstrap::{
-    bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade, load_members,
-    load_removed, read_u64, restart_start,
+    bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade,
+    load_downgrade_known_to_etcd35, load_members, load_removed, read_u64, restart_start,
 };
 pub use peer_host::PeerHost;
 pub use standalone::StandaloneMember;
@@ -165,6 +165,8 @@ struct Inner {
     cluster_version: RwLock<Option<String>>,
     /// The target cluster version of a downgrade under way.
     downgrade: RwLock<Option<String>>,
+    /// Whether etcd 3.5 members know of that downgrade (see `downgrade_known_to_etcd35`).
+    downgrade_known_to_etcd35: AtomicBool,
     /// Set when a lowered cluster version applies: the raft log up to it raised the version
     /// above what members of the lowered version accept, so it goes (they get a snapshot).
     compact_log: AtomicBool,
@@ -233,6 +235,7 @@ impl Inner {
             members: RwLock::new(load_members(&store)?),
             cluster_version: RwLock::new(load_cluster_version(&store)?),
             downgrade: RwLock::new(load_downgrade(&store)?),
+            downgrade_known_to_etcd35: AtomicBool::new(load_downgrade_known_to_etcd35(&store)?),
             compact_log: AtomicBool::new(false),
             alarms: RwLock::new(load_alarms(&store)?),
             removed: AtomicBool::new(false),
@@ -726,6 +729,18 @@ impl EtcdServer {
     /// The target version of a downgrade under way, if one is.
     pub fn downgrade_target(&self) -> Option<String> {
         self.inner.downgrade.read().clone()
+    }
+
+    /// Whether etcd 3.5 members applied the downgrade under way: it came as a
+    /// `downgrade_info_set` entry below cluster version 3.6, which only they propose (etcd-rs
+    /// records its own downgrades as a v2 request there). etcd 3.5 never lowers the cluster
+    /// version to a downgrade's target, and its members exit as soon as it is lowered while
+    /// they know of the downgrade (`mustDetectDowngrade`: "server version is not allowed to
+    /// join when downgrade is enabled"), so the leader keeps the version as etcd 3.5 does.
+    pub fn downgrade_known_to_etcd35(&self) -> bool {
+        self.inner
+            .downgrade_known_to_etcd35
+            .load(AtomicOrdering::Acquire)
     }
 
     fn has_alarm(&self, alarm: AlarmType) -> bool {

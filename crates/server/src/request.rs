@@ -77,8 +77,12 @@ pub enum Op {
     /// The leader's lease checkpoints (`--experimental-enable-lease-checkpoint`).
     LeaseCheckpoint(LeaseCheckpointRequest),
     /// A downgrade enabled (its target cluster version) or cancelled (`None`): etcd 3.5's
-    /// `downgrade_info_set`.
+    /// `downgrade_info_set`, proposed in the form [`encode`] picks for the cluster version.
     DowngradeInfoSet(Option<String>),
+    /// The same, read from a `downgrade_info_set` entry, the form etcd 3.5 proposes: below
+    /// cluster version 3.6 only etcd 3.5 members write it, so they know of the downgrade
+    /// (and exit if the cluster version is then lowered, see `EtcdServer::downgrade_target`).
+    DowngradeInfoSetV3(Option<String>),
 }
 
 /// The v2 path under which etcd-rs records a downgrade while the cluster version is below 3.6.
@@ -214,7 +218,7 @@ pub fn encode(id: u64, proposer: Option<&Proposer>, op: Op, publish: PublishForm
         Op::ClusterVersionSet(ver) => {
             request.cluster_version_set = Some(ClusterVersionSetRequest { ver })
         }
-        Op::DowngradeInfoSet(target) => {
+        Op::DowngradeInfoSet(target) | Op::DowngradeInfoSetV3(target) => {
             request.downgrade_info_set = Some(DowngradeInfoSetRequest {
                 enabled: target.is_some(),
                 ver: target.unwrap_or_default(),
@@ -366,7 +370,7 @@ fn decode_v3(r: InternalRaftRequest) -> Decoded {
     } else if let Some(x) = r.cluster_version_set {
         Op::ClusterVersionSet(x.ver)
     } else if let Some(x) = r.downgrade_info_set {
-        Op::DowngradeInfoSet(x.enabled.then_some(x.ver))
+        Op::DowngradeInfoSetV3(x.enabled.then_some(x.ver))
     } else {
         // Ranges, auth status and listings, and fields this build does not
         // know: nothing etcd-rs keeps changes.
@@ -388,7 +392,9 @@ impl Op {
             Op::LeaseRevoke(_) => "LeaseRevoke",
             Op::Alarm(_) => "Alarm",
             Op::Publish(_) => "ClusterMemberAttrSet",
-            Op::ClusterVersionSet(_) | Op::DowngradeInfoSet(_) => return None,
+            Op::ClusterVersionSet(_) | Op::DowngradeInfoSet(_) | Op::DowngradeInfoSetV3(_) => {
+                return None;
+            }
             Op::AuthEnable(_) => "AuthEnable",
             Op::AuthDisable(_) => "AuthDisable",
             Op::Authenticate(_) => "Authenticate",
@@ -456,12 +462,19 @@ mod tests {
                     ) => None,
                     _ => Some(proposer.clone()),
                 };
+                // A downgrade in the v3 form reads back as the form etcd 3.5 writes.
+                let expected_op = match (&op, form) {
+                    (Op::DowngradeInfoSet(target), PublishForm::V3) => {
+                        Op::DowngradeInfoSetV3(target.clone())
+                    }
+                    _ => op.clone(),
+                };
                 assert_eq!(
                     decoded,
                     Decoded::Op {
                         id: 9,
                         proposer: expected_proposer,
-                        op: op.clone(),
+                        op: expected_op,
                     }
                 );
             }

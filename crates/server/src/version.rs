@@ -96,6 +96,13 @@ pub struct DowngradeInfo {
     /// Whether a downgrade is under way.
     #[serde(default)]
     pub enabled: bool,
+    /// etcd-rs's own mark, which etcd's JSON decoder passes over: etcd 3.5 members applied
+    /// this downgrade (it came as `downgrade_info_set` below cluster version 3.6), so the
+    /// cluster version must stay (`EtcdServer::downgrade_known_to_etcd35`).
+    /// Written only in etcd-rs's own store ([`DowngradeInfo::encode_stored`]), always there,
+    /// so that a stored record without it is etcd's own; never on the wire.
+    #[serde(rename = "etcdrs-known-to-etcd35", default, skip_serializing)]
+    pub known_to_etcd35: bool,
 }
 
 impl DowngradeInfo {
@@ -104,18 +111,58 @@ impl DowngradeInfo {
         DowngradeInfo {
             target_version: target.unwrap_or_default().to_owned(),
             enabled: target.is_some(),
+            known_to_etcd35: false,
         }
     }
 
-    /// Its JSON.
+    /// Its JSON, etcd's bytes.
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Its JSON as etcd-rs stores it: etcd's, with etcd-rs's mark after it (which etcd's
+    /// decoder passes over, so the record also goes into etcd's database as it is).
+    pub fn encode_stored(&self) -> Vec<u8> {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(object) = value.as_object_mut() {
+            object.insert(
+                "etcdrs-known-to-etcd35".to_owned(),
+                self.known_to_etcd35.into(),
+            );
+        }
+        serde_json::to_vec(&value).unwrap_or_default()
     }
 
     /// The target of an enabled downgrade in `json`; `None` when disabled or unreadable.
     pub fn decode(json: &[u8]) -> Option<String> {
         let info: DowngradeInfo = serde_json::from_slice(json).ok()?;
         (info.enabled && !info.target_version.is_empty()).then_some(info.target_version)
+    }
+
+    /// etcd's own record `json` (from an etcd member's database) as etcd-rs keeps it: an
+    /// enabled downgrade there was applied by etcd's members, who know of it, when the
+    /// cluster version is below 3.6. A record etcd-rs wrote is returned as it is.
+    pub fn from_etcd(json: &[u8], cluster_version: Option<&str>) -> Vec<u8> {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
+            return json.to_vec();
+        };
+        if value.get("etcdrs-known-to-etcd35").is_some() {
+            return json.to_vec();
+        }
+        let Ok(mut info) = serde_json::from_value::<DowngradeInfo>(value) else {
+            return json.to_vec();
+        };
+        info.known_to_etcd35 = info.enabled
+            && cluster_version
+                .and_then(Version::parse)
+                .is_none_or(|v| (v.major, v.minor) < (3, 6));
+        info.encode_stored()
+    }
+
+    /// Whether `json` records an enabled downgrade that etcd 3.5 members know of.
+    pub fn decode_known_to_etcd35(json: &[u8]) -> bool {
+        serde_json::from_slice::<DowngradeInfo>(json)
+            .is_ok_and(|info| info.enabled && info.known_to_etcd35)
     }
 }
 
@@ -148,5 +195,19 @@ mod tests {
             None
         );
         assert_eq!(DowngradeInfo::decode(b"{"), None);
+        // etcd-rs's mark: in its store only, and etcd's record from its database gets it.
+        let mut known = DowngradeInfo::new(Some("3.4.0"));
+        known.known_to_etcd35 = true;
+        assert_eq!(known.encode(), on);
+        let stored = known.encode_stored();
+        assert!(DowngradeInfo::decode_known_to_etcd35(&stored));
+        assert_eq!(DowngradeInfo::decode(&stored).as_deref(), Some("3.4.0"));
+        let ours = DowngradeInfo::new(Some("3.4.0")).encode_stored();
+        assert!(!DowngradeInfo::decode_known_to_etcd35(&ours));
+        assert_eq!(DowngradeInfo::from_etcd(&ours, Some("3.5.0")), ours);
+        let from_35 = DowngradeInfo::from_etcd(&on, Some("3.5.0"));
+        assert!(DowngradeInfo::decode_known_to_etcd35(&from_35));
+        let from_36 = DowngradeInfo::from_etcd(&on, Some("3.6.0"));
+        assert!(!DowngradeInfo::decode_known_to_etcd35(&from_36));
     }
 }

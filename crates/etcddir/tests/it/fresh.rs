@@ -142,6 +142,19 @@ async fn fresh_member_reads_back() {
     assert!(member.hard_state.commit >= last_put_index);
     assert_eq!(member.hard_state.vote, member.node_id);
     assert_eq!(member.cluster_version().as_deref(), Some("3.4.0"));
+    // The v2 store's membership, from the bootstrap change and the publish; before the
+    // publish the member has no client URL yet.
+    let v2 = member
+        .v2_members(member.hard_state.commit)
+        .expect("v2 members");
+    let m1 = &v2[&member.node_id];
+    assert_eq!(
+        (m1.name.as_str(), m1.client_urls.as_slice()),
+        ("m1", &[client_url.clone()][..])
+    );
+    assert!(!m1.is_learner);
+    let before_publish = member.v2_members(1).expect("v2 members");
+    assert!(before_publish[&member.node_id].client_urls.is_empty());
 }
 
 /// A v2 `QGET`: what etcd 3.4's HTTP `/health` proposes (the testkit's readiness probe).

@@ -64,6 +64,10 @@ async fn snapshot_and_entries_after_it() {
     assert_eq!(members[0].client_urls, [client_url]);
     assert_eq!(member.version.as_deref(), Some("3.4.0"));
     assert_eq!(member.cluster_version().as_deref(), Some("3.4.0"));
+    let v2 = member
+        .v2_members(member.hard_state.commit)
+        .expect("v2 members");
+    assert_eq!(v2.values().cloned().collect::<Vec<_>>(), members);
 
     // Entries start right after the snapshot and run consecutively.
     let first = member.entries.first().expect("entries after the snapshot");

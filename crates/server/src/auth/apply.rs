@@ -92,13 +92,17 @@ impl AuthStore {
                     return Err(etcd(&rpctypes::USER_ALREADY_EXIST));
                 }
                 let no_password = req.options.as_ref().is_some_and(|o| o.no_password);
+                let password = if no_password {
+                    Vec::new()
+                } else {
+                    // etcd answers its unmapped `ErrNoPasswordUser` here; only a malformed
+                    // proposal, never one of etcd's or etcd-rs's, gets this far.
+                    super::password_from_field(&req.hashed_password)
+                        .ok_or_else(|| etcd(&rpctypes::AUTH_FAILED))?
+                };
                 let user = User {
                     name: req.name.clone().into_bytes(),
-                    password: if no_password {
-                        Vec::new()
-                    } else {
-                        req.hashed_password.clone().into_bytes()
-                    },
+                    password,
                     roles: Vec::new(),
                     options: Some(UserAddOptions { no_password }),
                 };
@@ -121,7 +125,8 @@ impl AuthStore {
                 let Some(user) = state.users.get_mut(&req.name) else {
                     return Err(etcd(&rpctypes::USER_NOT_FOUND));
                 };
-                user.password = req.hashed_password.clone().into_bytes();
+                user.password = super::password_from_field(&req.hashed_password)
+                    .ok_or_else(|| etcd(&rpctypes::AUTH_FAILED))?;
                 user.options = Some(UserAddOptions { no_password: false });
                 let user = user.clone();
                 put_user(batch, &user)?;

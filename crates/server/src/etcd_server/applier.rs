@@ -18,7 +18,9 @@ use etcdrs_raftnode::eraftpb::EntryType;
 use etcdrs_raftnode::{Applied, Apply, StateMachine};
 use prost::Message as _;
 
-use super::bootstrap::{load_alarms, load_cluster_version, load_downgrade, load_members};
+use super::bootstrap::{
+    load_alarms, load_cluster_version, load_downgrade, load_downgrade_known_to_etcd35, load_members,
+};
 use super::protobuf_free::encode_conf_state;
 use super::{
     ApplyOutput, Inner, META_CLUSTER_ID, META_CLUSTER_VERSION, META_DOWNGRADE, META_MEMBER_ID,
@@ -36,12 +38,41 @@ pub(super) struct Applier {
     pub(super) last_leader: u64,
 }
 
+/// The membership an etcd snapshot's v2 store holds (`/0/members`, `/0/removed_members`,
+/// `/0/version`).
+struct V2Membership {
+    members: Vec<Member>,
+    removed: Vec<u64>,
+    cluster_version: Option<String>,
+}
+
+/// The membership in `data`, a raft snapshot's v2 store JSON; `None` when `data` is not one
+/// or holds no members (then the database's membership stands).
+fn v2_membership(data: &[u8]) -> Option<V2Membership> {
+    let store = etcdrs_etcddir::v2store::V2Store::parse(data).ok()?;
+    let members = match store.members() {
+        Ok(members) if !members.is_empty() => members,
+        Ok(_) => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "the snapshot's v2 store has a member etcd-rs cannot read; keeping the database's membership");
+            return None;
+        }
+    };
+    Some(V2Membership {
+        members,
+        removed: store.removed_member_ids(),
+        cluster_version: store.cluster_version(),
+    })
+}
+
 impl Applier {
-    /// Replace the store with the leader's snapshot image for `index` (called by raft).
+    /// Replace the store with the leader's snapshot image for `index` (called by raft);
+    /// `data` is the raft snapshot's payload, etcd's v2 store JSON.
     pub(super) fn install_snapshot(
         &self,
         index: u64,
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+        data: &[u8],
     ) -> Result<()> {
         let Some((received, path)) = self.inner.pending_snapshot.lock().take() else {
             return Err(ServerError::Fatal(format!(
@@ -76,9 +107,42 @@ impl Applier {
             }
             Err(_) => (path, None),
         };
+        // etcd recovers the membership and the cluster version from the snapshot's v2 store
+        // (3.4's and 3.5's `RaftCluster.Recover`), not from its database, and so does etcd-rs
+        // when an etcd leader sends the snapshot: etcd 3.5.1's database keeps every member as
+        // it was added (its `unsafeSaveMemberToBackend` writes no member the `members` bucket
+        // already holds, so `UpdateAttributes` and `PromoteMember` never reach it), and a
+        // member's name, client URLs and promotion live in its v2 store only.
+        let v2 = match &cluster_version {
+            Some(_) => v2_membership(data),
+            None => None,
+        };
+        let cluster_version = match (cluster_version, &v2) {
+            (Some((version, downgrade)), Some(v2)) => {
+                Some((v2.cluster_version.clone().or(version), downgrade))
+            }
+            (cluster_version, _) => cluster_version,
+        };
         store.install_snapshot(&image, &[META_MEMBER_ID, META_CLUSTER_ID])?;
         let _ = std::fs::remove_file(&image);
+        let from_db = match &v2 {
+            Some(_) => load_members(store)?,
+            None => Default::default(),
+        };
         let mut batch = store.write()?;
+        if let Some(v2) = &v2 {
+            for id in from_db.keys() {
+                batch.bucket_delete(Bucket::MEMBERS, &id.to_be_bytes())?;
+            }
+            for member in &v2.members {
+                let json = serde_json::to_vec(member)
+                    .map_err(|e| ServerError::Fatal(format!("encode member: {e}")))?;
+                batch.bucket_put(Bucket::MEMBERS, &member.id.to_be_bytes(), &json)?;
+            }
+            for id in &v2.removed {
+                batch.bucket_put(Bucket::MEMBERS_REMOVED, &id.to_be_bytes(), b"removed")?;
+            }
+        }
         // etcd's database carries its cluster version and downgrade record in its own
         // bucket; what it lacks is none.
         if let Some((version, downgrade)) = &cluster_version {
@@ -89,7 +153,11 @@ impl Applier {
                 None => batch.bucket_delete(Bucket::META, META_CLUSTER_VERSION)?,
             }
             match downgrade {
-                Some(info) => batch.bucket_put(Bucket::META, META_DOWNGRADE, info)?,
+                Some(info) => batch.bucket_put(
+                    Bucket::META,
+                    META_DOWNGRADE,
+                    &crate::version::DowngradeInfo::from_etcd(info, version.as_deref()),
+                )?,
                 None => batch.bucket_delete(Bucket::META, META_DOWNGRADE)?,
             }
         }
@@ -103,6 +171,10 @@ impl Applier {
         *self.inner.alarms.write() = load_alarms(store)?;
         *self.inner.cluster_version.write() = load_cluster_version(store)?;
         *self.inner.downgrade.write() = load_downgrade(store)?;
+        self.inner.downgrade_known_to_etcd35.store(
+            load_downgrade_known_to_etcd35(store)?,
+            AtomicOrdering::Release,
+        );
         self.inner.auth.reload(store)?;
         // The install finished the image's compactions: a physical Compact waiting on a
         // compaction the image covers is answered.
@@ -595,15 +667,16 @@ impl Applier {
                 self.apply_cluster_version(batch, version)?;
                 Ok(ApplyOutput::Published)
             }
-            Op::DowngradeInfoSet(target) => {
-                let info = crate::version::DowngradeInfo::new(target.as_deref());
-                batch.bucket_put(Bucket::META, META_DOWNGRADE, &info.encode())?;
-                match &target {
-                    Some(t) => tracing::info!(target_version = %t, "downgrade enabled"),
-                    None => tracing::info!("downgrade disabled"),
-                }
-                *self.inner.downgrade.write() = target;
-                Ok(ApplyOutput::Published)
+            Op::DowngradeInfoSet(target) => self.apply_downgrade(batch, target, false),
+            Op::DowngradeInfoSetV3(target) => {
+                let below_36 = self
+                    .inner
+                    .cluster_version
+                    .read()
+                    .as_deref()
+                    .and_then(crate::version::Version::parse)
+                    .is_none_or(|v| (v.major, v.minor) < (3, 6));
+                self.apply_downgrade(batch, target, below_36)
             }
             Op::Publish(attributes) => {
                 let mut members = self.inner.members.write();
@@ -617,6 +690,32 @@ impl Applier {
                 Ok(ApplyOutput::Published)
             }
         }
+    }
+
+    /// etcd's `RaftCluster.SetDowngradeInfo`; `from_etcd35`: etcd 3.5 members applied it too
+    /// (`EtcdServer::downgrade_known_to_etcd35`).
+    fn apply_downgrade(
+        &self,
+        batch: &mut WriteBatch<'_>,
+        target: Option<String>,
+        from_etcd35: bool,
+    ) -> Result<ApplyOutput> {
+        let mut info = crate::version::DowngradeInfo::new(target.as_deref());
+        info.known_to_etcd35 = from_etcd35 && target.is_some();
+        batch.bucket_put(Bucket::META, META_DOWNGRADE, &info.encode_stored())?;
+        match &target {
+            Some(t) if info.known_to_etcd35 => tracing::warn!(
+                target_version = %t,
+                "downgrade enabled by an etcd 3.5 member: the cluster version stays, as etcd 3.5 keeps it (its members exit once it is lowered)"
+            ),
+            Some(t) => tracing::info!(target_version = %t, "downgrade enabled"),
+            None => tracing::info!("downgrade disabled"),
+        }
+        *self.inner.downgrade.write() = target;
+        self.inner
+            .downgrade_known_to_etcd35
+            .store(info.known_to_etcd35, AtomicOrdering::Release);
+        Ok(ApplyOutput::Published)
     }
 
     /// etcd's `RaftCluster.SetVersion`: record the version and log the change; a member whose
@@ -742,8 +841,9 @@ impl StateMachine for Applier {
         index: u64,
         term: u64,
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
+        data: &[u8],
     ) -> std::result::Result<(), String> {
-        self.install_snapshot(index, conf_state)
+        self.install_snapshot(index, conf_state, data)
             .map_err(|e| e.to_string())?;
         self.inner.set_applied_term(term);
         Ok(())
@@ -770,7 +870,7 @@ fn no_password(req: &etcdrs_proto::etcdserverpb::AuthUserAddRequest) -> bool {
 fn hash_clear_password(password: &mut String, hashed: &mut String, no_password: bool) {
     if hashed.is_empty() && !password.is_empty() && !no_password {
         match bcrypt::hash(password.as_str(), ETCD_BCRYPT_COST) {
-            Ok(hash) => *hashed = hash,
+            Ok(hash) => *hashed = crate::auth::hashed_password_field(&hash),
             Err(e) => tracing::warn!(error = %e, "failed to hash a password"),
         }
     }

@@ -214,6 +214,12 @@ pub(super) fn load_downgrade(store: &KvStore) -> Result<Option<String>> {
         .and_then(|v| crate::version::DowngradeInfo::decode(&v)))
 }
 
+pub(super) fn load_downgrade_known_to_etcd35(store: &KvStore) -> Result<bool> {
+    Ok(store
+        .meta(super::META_DOWNGRADE)?
+        .is_some_and(|v| crate::version::DowngradeInfo::decode_known_to_etcd35(&v)))
+}
+
 pub(super) fn load_removed(store: &KvStore) -> Result<std::collections::HashSet<u64>> {
     let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
     let mut removed = std::collections::HashSet::new();

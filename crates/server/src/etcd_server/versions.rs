@@ -11,7 +11,9 @@
 //! the version): once a downgrade to the version one minor below is enabled, the leader sets
 //! the cluster version to that target, and members of the target version can join (an etcd
 //! 3.4 member refuses a cluster at 3.5). The downgrade is cancelled, by the leader, once every
-//! member runs the target version, or by `Downgrade(CANCEL)`.
+//! member runs the target version, or by `Downgrade(CANCEL)`. A downgrade that etcd 3.5
+//! members enabled (and so know of) is the exception: the version stays, as etcd 3.5 keeps it,
+//! since they exit once it is lowered (`EtcdServer::downgrade_known_to_etcd35`).
 
 use std::time::{Duration, Instant};
 
@@ -138,6 +140,14 @@ impl EtcdServer {
             (Some(_), None) => None,
             (Some(cv), Some(minimal)) => match downgrade {
                 Some(target) if target == cv.cluster() => None,
+                Some(target) if self.downgrade_known_to_etcd35() => {
+                    tracing::info!(
+                        downgrade_target = %target,
+                        cluster_version = %cv,
+                        "keeping the cluster version: etcd 3.5 members know of the downgrade"
+                    );
+                    None
+                }
                 Some(target) => {
                     if cv.one_minor_below() == Some(target)
                         && minimal.one_minor_below() == Some(target)
@@ -211,7 +221,15 @@ impl EtcdServer {
                 if self.downgrade_target().is_none() {
                     return Err(ServerError::Etcd(&rpctypes::NO_INFLIGHT_DOWNGRADE));
                 }
-                self.propose(Op::DowngradeInfoSet(None)).await?;
+                // etcd 3.5 members that know of the downgrade hear of its end only in their
+                // own form (they keep the v2 record etcd-rs writes below 3.6 in their v2
+                // store), and would refuse to restart while they think it under way.
+                let cancel = if self.downgrade_known_to_etcd35() {
+                    Op::DowngradeInfoSetV3(None)
+                } else {
+                    Op::DowngradeInfoSet(None)
+                };
+                self.propose(cancel).await?;
                 Ok(self.cluster_version().unwrap_or_default())
             }
             Err(_) => Err(ServerError::UnknownMethod),

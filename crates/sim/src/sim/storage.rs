@@ -192,8 +192,14 @@ impl StateMachine for Recorder {
         self.machine.conf_change_allowed(index, change)
     }
 
-    fn restore(&mut self, index: u64, term: u64, conf_state: &ConfState) -> Result<(), String> {
-        self.machine.restore(index, term, conf_state)?;
+    fn restore(
+        &mut self,
+        index: u64,
+        term: u64,
+        conf_state: &ConfState,
+        data: &[u8],
+    ) -> Result<(), String> {
+        self.machine.restore(index, term, conf_state, data)?;
         // The install commits durably.
         self.save_durable()?;
         lock(&self.observed).push(Observed::Restored {
