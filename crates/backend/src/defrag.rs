@@ -262,7 +262,7 @@ impl Backend {
 /// more on a big file; whoever drops the last handle does it, and that was often the applier
 /// (its transaction begun on the old file, given up and begun again on the new one), so every
 /// write waited for it.
-fn close_retired(old: Arc<redb::Database>) {
+pub(crate) fn close_retired(old: Arc<redb::Database>) {
     let closer = std::thread::Builder::new()
         .name("retired db closer".into())
         .spawn(move || {

@@ -443,3 +443,74 @@ fn defragmentation_tracks_keys_and_replacements() {
     backend.replace_with_image(image.path(), &[]).unwrap();
     assert!(backend.tracker.take_for_test().everything);
 }
+
+#[test]
+fn a_file_swapped_in_replaces_every_bucket_but_the_kept_meta_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let backend = Backend::open(&path).unwrap();
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"old", b"1").unwrap();
+    tx.put(Bucket::META, b"member", b"me").unwrap();
+    tx.put(Bucket::META, b"index", b"1").unwrap();
+    tx.commit(true).unwrap();
+    let reader = backend.read().unwrap();
+
+    let image = dir.path().join("image");
+    {
+        let other = Backend::open(&image).unwrap();
+        let tx = other.write().unwrap();
+        tx.put(Bucket::KEY, b"new", b"22").unwrap();
+        tx.put(Bucket::META, b"member", b"them").unwrap();
+        tx.put(Bucket::META, b"index", b"9").unwrap();
+        tx.commit(true).unwrap();
+    }
+    backend.tracker.start_for_test();
+    backend
+        .replace_with_file(&image, &[b"member", b"absent"])
+        .unwrap();
+    assert!(backend.tracker.take_for_test().everything);
+    assert!(!image.exists());
+    let check = |backend: &Backend| {
+        let read = backend.read().unwrap();
+        assert_eq!(read.get(Bucket::KEY, b"old").unwrap(), None);
+        assert_eq!(read.get(Bucket::KEY, b"new").unwrap(), Some(b"22".to_vec()));
+        assert_eq!(
+            read.get(Bucket::META, b"member").unwrap(),
+            Some(b"me".to_vec())
+        );
+        assert_eq!(
+            read.get(Bucket::META, b"index").unwrap(),
+            Some(b"9".to_vec())
+        );
+        assert_eq!(backend.size_in_use(), (3 + 2) + (6 + 2) + (5 + 1));
+    };
+    check(&backend);
+    // A reader begun before goes on reading the old file.
+    assert_eq!(
+        reader.get(Bucket::KEY, b"old").unwrap(),
+        Some(b"1".to_vec())
+    );
+    drop(reader);
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"after", b"3").unwrap();
+    tx.commit(true).unwrap();
+    drop(backend);
+    let backend = Backend::open(&path).unwrap();
+    assert_eq!(
+        backend.read().unwrap().get(Bucket::KEY, b"after").unwrap(),
+        Some(b"3".to_vec())
+    );
+    let tx = backend.write().unwrap();
+    tx.delete(Bucket::KEY, b"after").unwrap();
+    tx.commit(true).unwrap();
+    check(&backend);
+
+    // A file that is no database changes nothing.
+    std::fs::write(&image, b"not a database").unwrap();
+    assert!(matches!(
+        backend.replace_with_file(&image, &[]),
+        Err(Error::Damaged { .. })
+    ));
+    check(&backend);
+}

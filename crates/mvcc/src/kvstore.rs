@@ -359,10 +359,28 @@ impl KvStore {
     /// leases are rebuilt, and a compaction the image had not finished is finished. Readers
     /// wait meanwhile.
     pub fn install_snapshot(&self, image: &std::path::Path, keep_meta: &[&[u8]]) -> Result<()> {
+        self.install_with(|backend| backend.replace_with_image(image, keep_meta))
+    }
+
+    /// As [`KvStore::install_snapshot`], for an image this process wrote as a backend of its
+    /// own (an etcd leader's database, imported): the file is swapped in rather than copied,
+    /// and is gone afterwards.
+    pub fn install_snapshot_file(
+        &self,
+        image: &std::path::Path,
+        keep_meta: &[&[u8]],
+    ) -> Result<()> {
+        self.install_with(|backend| backend.replace_with_file(image, keep_meta))
+    }
+
+    fn install_with(
+        &self,
+        replace: impl FnOnce(&Backend) -> etcdrs_backend::Result<()>,
+    ) -> Result<()> {
         let mut state = self.state.write();
         // A pass in progress ends here: its steps delete nothing from the new contents.
         self.compaction.lock().reset(i64::MAX, i64::MAX);
-        self.backend.replace_with_image(image, keep_meta)?;
+        replace(&self.backend)?;
         self.lessor.clear();
         let (mut loaded, scheduled) = load(&self.backend, &self.lessor)?;
         self.compaction.lock().reset(loaded.compact_rev, scheduled);

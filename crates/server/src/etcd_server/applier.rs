@@ -123,7 +123,13 @@ impl Applier {
             }
             (cluster_version, _) => cluster_version,
         };
-        store.install_snapshot(&image, &[META_MEMBER_ID, META_CLUSTER_ID])?;
+        let keep = [META_MEMBER_ID, META_CLUSTER_ID];
+        if cluster_version.is_some() {
+            // The import is a backend file of ours, whole and closed: swapped in, not copied.
+            store.install_snapshot_file(&image, &keep)?;
+        } else {
+            store.install_snapshot(&image, &keep)?;
+        }
         let _ = std::fs::remove_file(&image);
         let from_db = match &v2 {
             Some(_) => load_members(store)?,
