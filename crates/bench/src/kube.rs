@@ -1493,8 +1493,8 @@ mod tests {
         for _ in 0..10_000 {
             seen[mix.pick(&mut rng)] += 1;
         }
-        // Node updates are the largest share, about 31.6 / 71.4 of the draws.
-        assert!((4000..4900).contains(&seen[0]), "{seen:?}");
+        // Node updates are the largest share: 31.6 of 65.2 per second, about 4,850 draws.
+        assert!((4500..5200).contains(&seen[0]), "{seen:?}");
         assert!(seen.iter().all(|n| *n > 0), "{seen:?}");
     }
 }
