@@ -275,6 +275,10 @@ pub struct KubeOpts {
     /// Multiplies every write and get rate (to look for the highest sustained rate)
     #[arg(long, default_value_t = 1.0)]
     pub rate_scale: f64,
+    /// Writers issue their next request as soon as the last is answered, in the rates'
+    /// proportions: the highest write rate the target sustains with this mix
+    #[arg(long)]
+    pub unpaced: bool,
     /// Seconds between two LISTs (of all pods, then all nodes, in turn); a LIST that takes
     /// longer delays the next one
     #[arg(long, default_value = "1", value_parser = positive_secs)]

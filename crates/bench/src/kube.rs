@@ -1008,6 +1008,12 @@ fn rates(opts: &KubeOpts) -> [f64; 5] {
     out
 }
 
+/// Writes per second the paced mix asks for: a churn is two (the delete and the create), a get
+/// none.
+fn offered_writes(rates: &[f64; 5]) -> f64 {
+    rates[0] + rates[1] + 2.0 * rates[2] + rates[3]
+}
+
 /// Creates every node and pod, `clients` at a time.
 async fn populate(cluster: &Arc<Cluster>, kvs: Vec<Kv>) -> Stats {
     let n_nodes = cluster.nodes.len();
@@ -1126,8 +1132,13 @@ pub async fn kube(global: &GlobalOpts, opts: &KubeOpts) -> Result<(Value, String
     let mix = Mix { rates: rates(opts) };
     let mut tasks = JoinSet::new();
     if mix.total() > 0.0 {
-        // The ticket stream paces whole requests per second; below one a second, one.
-        let rate = mix.total().round().max(1.0) as u64;
+        // The ticket stream paces whole requests per second; below one a second, one. No
+        // pace at all (rate 0) when unpaced.
+        let rate = if opts.unpaced {
+            0
+        } else {
+            mix.total().round().max(1.0) as u64
+        };
         let budget = Budget {
             total: global.total,
             duration: Some(duration),
@@ -1280,6 +1291,11 @@ impl Report<'_> {
             "populated": p.count,
             "populate_s": (populate_secs.as_secs_f64() * 1e3).round() / 1e3,
             "populate_per_sec": p.rps.round(),
+            "offered_writes_per_sec": if self.opts.unpaced {
+                Value::Null
+            } else {
+                json!((offered_writes(&rates(self.opts)) * 100.0).round() / 100.0)
+            },
             "writes": done,
             "writes_per_sec": (done as f64 / secs * 100.0).round() / 100.0,
             "write_p50_ms": ms(writes.rec.percentile(50.0)),
@@ -1324,7 +1340,14 @@ impl Report<'_> {
             "kube: {} nodes, {} pods; {} objects created in {:.1} s ({:.0}/s)",
             v["nodes"], v["pods"], v["populated"], v["populate_s"], v["populate_per_sec"]
         )?;
-        writeln!(s, "mix for {:.1} s:\n", self.elapsed.as_secs_f64())?;
+        match v["offered_writes_per_sec"].as_f64() {
+            Some(offered) => writeln!(
+                s,
+                "mix for {:.1} s, {offered} writes offered per s:\n",
+                self.elapsed.as_secs_f64()
+            )?,
+            None => writeln!(s, "mix for {:.1} s, unpaced:\n", self.elapsed.as_secs_f64())?,
+        }
         writeln!(
             s,
             "{:<14} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9}",
@@ -1487,6 +1510,7 @@ mod tests {
         assert!((r[0] - 31.6).abs() < 1e-9, "{r:?}");
         assert!((r[1] - 13.2).abs() < 1e-9, "{r:?}");
         assert!((r[3] - 6.0).abs() < 1e-9, "{r:?}");
+        assert!((offered_writes(&r) - (31.6 + 13.2 + 22.4 + 6.0)).abs() < 1e-9);
         let mix = Mix { rates: r };
         let mut rng = SmallRng::seed_from_u64(3);
         let mut seen = [0u32; 5];
