@@ -35,7 +35,14 @@ fn num(report: &Value, key: &str) -> u64 {
     report[key].as_u64().unwrap_or(0)
 }
 
-async fn kube_runs_clean(bin: &EtcdBin) -> Result<()> {
+/// Which server a run is against, for the one place where they differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    Etcd34,
+    Ours,
+}
+
+async fn kube_runs_clean(bin: &EtcdBin, server: Server) -> Result<()> {
     let member = Member::start(MemberOpts::new(bin)).await?;
     let endpoint = member.endpoint();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bench"))
@@ -119,6 +126,15 @@ async fn kube_runs_clean(bin: &EtcdBin) -> Result<()> {
         "{report}"
     );
     ensure!(num(&report, "watch_deletes") > 0, "{report}");
+    // etcd 3.4 sends a watcher a progress notification (an empty response with its own id)
+    // only every `--experimental-watch-progress-notify-interval` (10 minutes), so none here.
+    // FIXME: ours sends the events watcher such empty responses while other prefixes are
+    // written (dozens in these 4 s, also with no event created at all); assert that until fixed.
+    let notify = num(&report, "watch_progress_notify");
+    match server {
+        Server::Etcd34 => ensure!(notify == 0, "{report}"),
+        Server::Ours => ensure!(notify > 0, "fixed? then expect none: {report}"),
+    }
 
     // What the run left: kube-apiserver's key layout.
     let mut client = Client::connect([endpoint.as_str()], None).await?;
@@ -149,7 +165,7 @@ async fn kube_runs_clean(bin: &EtcdBin) -> Result<()> {
 
 #[tokio::test]
 async fn kube_runs_clean_against_etcd34() -> Result<()> {
-    kube_runs_clean(&EtcdBin::at("/usr/bin/etcd")).await
+    kube_runs_clean(&EtcdBin::at("/usr/bin/etcd"), Server::Etcd34).await
 }
 
 #[tokio::test]
@@ -160,5 +176,5 @@ async fn kube_runs_clean_against_ours() -> Result<()> {
         "{} is not built (cargo build --bins)",
         bin.path().display()
     );
-    kube_runs_clean(&bin).await
+    kube_runs_clean(&bin, Server::Ours).await
 }
