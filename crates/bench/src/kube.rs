@@ -52,9 +52,9 @@ use crate::grpc::{Conn, KV_COMPACT, KV_RANGE, KV_TXN, LEASE_GRANT, Unary};
 use crate::report::Recorder;
 
 /// Key prefixes of the three resources, as kube-apiserver lays them out.
-pub const NODES: &str = "/registry/minions/";
-pub const PODS: &str = "/registry/pods/";
-pub const EVENTS: &str = "/registry/events/";
+const NODES: &str = "/registry/minions/";
+const PODS: &str = "/registry/pods/";
+const EVENTS: &str = "/registry/events/";
 /// The key kube-apiserver's compactors agree on (outside `/registry/`, unwatched).
 const COMPACT_REV_KEY: &[u8] = b"compact_rev_key";
 
@@ -92,12 +92,12 @@ impl Resource {
     }
 }
 
-pub fn node_key(i: usize) -> Vec<u8> {
+fn node_key(i: usize) -> Vec<u8> {
     format!("{NODES}node-{i:05}").into_bytes()
 }
 
 /// Pod slot `slot` in its `generation`: every churn of a slot gives its pod a new name.
-pub fn pod_key(namespaces: usize, slot: usize, generation: u64) -> Vec<u8> {
+fn pod_key(namespaces: usize, slot: usize, generation: u64) -> Vec<u8> {
     let ns = slot % namespaces;
     format!("{PODS}ns-{ns:04}/pod-{slot:06}-{generation}").into_bytes()
 }
