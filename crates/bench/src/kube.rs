@@ -643,9 +643,18 @@ async fn pod_get(cluster: &Cluster, kv: &mut Kv, stats: &mut Stats, rng: &mut Sm
 
 // --- reads beside the writers --------------------------------------------------------------
 
+/// The name a whole LIST of `prefix` is timed under.
+fn list_name(prefix: &str) -> &'static str {
+    match prefix {
+        NODES => "list-nodes",
+        PODS => "list-pods",
+        _ => "list-events",
+    }
+}
+
 /// A paginated LIST of `prefix`: page one at the current revision, the others pinned to it and
-/// starting after the last key read; every page timed as `list-page`, the whole as `list`.
-/// Returns page one's revision.
+/// starting after the last key read; every page timed as `list-page`, the whole as
+/// [`list_name`]. Returns page one's revision.
 async fn list(kv: &mut Kv, prefix: &str, page_size: i64, stats: &mut Stats) -> Option<i64> {
     let started = Instant::now();
     let end = prefix_end(prefix.as_bytes());
@@ -663,8 +672,7 @@ async fn list(kv: &mut Kv, prefix: &str, page_size: i64, stats: &mut Stats) -> O
         let resp = match kv.range(&req).await {
             Ok(resp) => resp,
             Err(e) => {
-                stats.error("list-page", &e);
-                stats.error("list", &e);
+                stats.error(list_name(prefix), &e);
                 return None;
             }
         };
@@ -681,7 +689,7 @@ async fn list(kv: &mut Kv, prefix: &str, page_size: i64, stats: &mut Stats) -> O
             _ => break,
         }
     }
-    stats.ok("list", started);
+    stats.ok(list_name(prefix), started);
     Some(revision)
 }
 
@@ -1108,17 +1116,18 @@ pub async fn kube(global: &GlobalOpts, opts: &KubeOpts) -> Result<(Value, String
     let populate_secs = populate_started.elapsed();
 
     // Phase 2: one LIST per resource, then the watch from each LIST's revision.
-    let mut stats = Stats::default();
+    let mut initial = Stats::default();
     let mut reader = kv(0)?;
     let mut from = [(NODES, 0), (PODS, 0), (EVENTS, 0)];
     for (prefix, rev) in &mut from {
-        *rev = list(&mut reader, prefix, opts.list_page_size, &mut stats)
+        *rev = list(&mut reader, prefix, opts.list_page_size, &mut initial)
             .await
             .with_context(|| format!("the initial LIST of {prefix}"))?;
     }
     let (_watch_client, sender, responses) = open_watch(global, from).await?;
 
     // Phase 3: the mix.
+    let mut stats = Stats::default();
     let start = Instant::now();
     let end = start + duration;
     let progress_sent: ProgressSent = Arc::default();
@@ -1130,6 +1139,7 @@ pub async fn kube(global: &GlobalOpts, opts: &KubeOpts) -> Result<(Value, String
         stop_rx,
     ));
     let mix = Mix { rates: rates(opts) };
+    let mut writers = JoinSet::new();
     let mut tasks = JoinSet::new();
     if mix.total() > 0.0 {
         // The ticket stream paces whole requests per second; below one a second, one. No
@@ -1145,7 +1155,7 @@ pub async fn kube(global: &GlobalOpts, opts: &KubeOpts) -> Result<(Value, String
         };
         let tickets = Arc::new(Tickets::new(budget, rate));
         for i in 0..clients {
-            tasks.spawn(write_loop(cluster.clone(), kv(i)?, tickets.clone(), mix));
+            writers.spawn(write_loop(cluster.clone(), kv(i)?, tickets.clone(), mix));
         }
     }
     tasks.spawn(list_loop(
@@ -1163,13 +1173,19 @@ pub async fn kube(global: &GlobalOpts, opts: &KubeOpts) -> Result<(Value, String
         end,
     ));
     tasks.spawn(compact_loop(kv(clients + 2)?, opts.compact_interval, end));
-    while let Some(res) = tasks.join_next().await {
-        match res {
-            Ok(s) => stats.merge(&s),
-            Err(e) => stats.error("task", &format!("task failed: {e}")),
+    // The mix lasts as long as its writers: a LIST still running at the end (one of 150,000
+    // pods takes seconds) is waited for, but does not stretch the time rates are taken over.
+    let mut elapsed = None;
+    for set in [&mut writers, &mut tasks] {
+        while let Some(res) = set.join_next().await {
+            match res {
+                Ok(s) => stats.merge(&s),
+                Err(e) => stats.error("task", &format!("task failed: {e}")),
+            }
         }
+        elapsed.get_or_insert_with(|| start.elapsed());
     }
-    let elapsed = start.elapsed();
+    let elapsed = elapsed.unwrap_or_else(|| start.elapsed());
     let grace = Instant::now() + WATCH_GRACE;
     while cluster.acks.waiting() > 0 && Instant::now() < grace {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1247,8 +1263,12 @@ impl Report<'_> {
         // Conflicting Txns are timed with the rest but are not writes done.
         let done = w.count.saturating_sub(writes.conflicts);
         let secs = self.elapsed.as_secs_f64().max(1e-9);
-        let list = self.stats.ops.get("list").cloned().unwrap_or_default();
-        let list_s = list.rec.summary("", self.elapsed);
+        let list_op = |name: &str| self.stats.ops.get(name).cloned().unwrap_or_default();
+        let (list_pods, list_nodes) = (list_op("list-pods"), list_op("list-nodes"));
+        let lists = [&list_pods, &list_nodes]
+            .iter()
+            .map(|op| op.rec.summary("", self.elapsed).count)
+            .sum::<u64>();
         let (populate, populate_secs) = &self.populate;
         let populate_op = populate.ops.get("populate").cloned().unwrap_or_default();
         let p = populate_op.rec.summary("", *populate_secs);
@@ -1270,7 +1290,7 @@ impl Report<'_> {
             .stats
             .ops
             .iter()
-            .filter(|(name, _)| **name != "list")
+            .filter(|(name, _)| !name.starts_with("list-") || **name == "list-page")
             .map(|(_, op)| op.rec.summary("", self.elapsed).count)
             .sum::<u64>()
             + p.count;
@@ -1304,9 +1324,11 @@ impl Report<'_> {
             "conflicts": writes.conflicts,
             "errors": errors,
             "requests": requests,
-            "lists": list_s.count,
-            "list_p50_ms": ms(list.rec.percentile(50.0)),
-            "list_p99_ms": ms(list.rec.percentile(99.0)),
+            "lists": lists,
+            "list_pods_p50_ms": ms(list_pods.rec.percentile(50.0)),
+            "list_pods_p99_ms": ms(list_pods.rec.percentile(99.0)),
+            "list_nodes_p50_ms": ms(list_nodes.rec.percentile(50.0)),
+            "list_nodes_p99_ms": ms(list_nodes.rec.percentile(99.0)),
             "listed_keys": self.stats.listed_keys,
             "watch_events": self.events,
             "watch_expected": self.acked,
