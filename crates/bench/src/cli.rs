@@ -103,6 +103,10 @@ pub enum Command {
     Scan(ScanOpts),
     /// Watch from a past revision and time the catch-up over `--events` events
     Catchup(CatchupOpts),
+    /// kube-apiserver's traffic: nodes and pods created, then heartbeats, pod churn, events
+    /// with leases, paginated LISTs, count and keys-only ranges, one watch stream with progress
+    /// requests and the compaction loop, for `--duration` seconds (default 60)
+    Kube(KubeOpts),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -237,6 +241,67 @@ pub struct CatchupOpts {
     /// Events to receive before stopping
     #[arg(long)]
     pub events: u64,
+}
+
+/// The rates of `bench kube` default to what one real cluster's apiserver sent at 5,000 nodes,
+/// scaled by `--nodes / 5000` and by `--rate-scale`; a rate given explicitly is only scaled by
+/// `--rate-scale`.
+#[derive(Debug, Clone, Args)]
+pub struct KubeOpts {
+    /// Nodes (`/registry/minions/<name>`), created before the run
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nodes: u64,
+    /// Pods per node (`/registry/pods/<namespace>/<name>`), created before the run
+    #[arg(long, default_value_t = 30)]
+    pub pods_per_node: u64,
+    /// Namespaces the pods and events are spread over
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub namespaces: u64,
+    /// Node status updates per second (default 158 at 5,000 nodes)
+    #[arg(long)]
+    pub node_rate: Option<f64>,
+    /// Pod updates per second (default 66 at 5,000 nodes)
+    #[arg(long)]
+    pub pod_update_rate: Option<f64>,
+    /// Pods deleted and created again per second (default 56 at 5,000 nodes)
+    #[arg(long)]
+    pub pod_churn_rate: Option<f64>,
+    /// Events created per second, each with a lease (default 56 at 5,000 nodes)
+    #[arg(long)]
+    pub event_rate: Option<f64>,
+    /// Gets of one pod per second (default 16 at 5,000 nodes)
+    #[arg(long)]
+    pub get_rate: Option<f64>,
+    /// Multiplies every write and get rate (to look for the highest sustained rate)
+    #[arg(long, default_value_t = 1.0)]
+    pub rate_scale: f64,
+    /// Writers issue their next request as soon as the last is answered, in the rates'
+    /// proportions: the highest write rate the target sustains with this mix
+    #[arg(long)]
+    pub unpaced: bool,
+    /// Seconds between two LISTs (of all pods, then all nodes, in turn); a LIST that takes
+    /// longer delays the next one
+    #[arg(long, default_value = "1", value_parser = positive_secs)]
+    pub list_interval: Duration,
+    /// Keys per LIST page
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..))]
+    pub list_page_size: i64,
+    /// Seconds between two rounds of count-only ranges (one per resource)
+    #[arg(long, default_value = "60", value_parser = positive_secs)]
+    pub count_interval: Duration,
+    /// Seconds between two rounds of keys-only ranges (one per resource)
+    #[arg(long, default_value = "60", value_parser = positive_secs)]
+    pub keys_only_interval: Duration,
+    /// Seconds between two current-revision reads, each followed by a progress request on the
+    /// watch stream
+    #[arg(long, default_value = "1", value_parser = positive_secs)]
+    pub progress_interval: Duration,
+    /// Seconds between two turns of the compaction loop (kube-apiserver's is 300)
+    #[arg(long, default_value = "300", value_parser = positive_secs)]
+    pub compact_interval: Duration,
+    /// TTL in seconds of events (their lease is granted for this plus 60 s)
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(i64).range(1..))]
+    pub event_ttl: i64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -417,6 +482,28 @@ mod tests {
             panic!("expected watch-latency")
         };
         assert_eq!((l.put_rate, l.key_size, l.val_size), (100, 32, 32));
+
+        let Command::Kube(k) = parse(&[
+            "kube",
+            "--nodes",
+            "5",
+            "--pods-per-node",
+            "2",
+            "--compact-interval",
+            "2.5",
+            "--node-rate",
+            "7",
+        ])
+        .command
+        else {
+            panic!("expected kube")
+        };
+        assert_eq!((k.nodes, k.pods_per_node, k.namespaces), (5, 2, 100));
+        assert_eq!(k.compact_interval, Duration::from_millis(2500));
+        assert_eq!((k.node_rate, k.pod_update_rate), (Some(7.0), None));
+        assert_eq!(k.list_page_size, 500);
+        parse_err(&["kube", "--nodes", "0"]);
+        parse_err(&["kube", "--compact-interval", "0"]);
 
         let Command::LeaseKeepalive(l) = parse(&["lease-keepalive"]).command else {
             panic!("expected lease-keepalive")

@@ -45,10 +45,12 @@ use self::frame::{
 use self::head::{HeadEncoder, RequestFields};
 use self::state::{Shared, State};
 
-/// gRPC paths of the KV calls the workloads make.
+/// gRPC paths of the unary calls the workloads make.
 pub const KV_RANGE: &str = "/etcdserverpb.KV/Range";
 pub const KV_PUT: &str = "/etcdserverpb.KV/Put";
 pub const KV_TXN: &str = "/etcdserverpb.KV/Txn";
+pub const KV_COMPACT: &str = "/etcdserverpb.KV/Compact";
+pub const LEASE_GRANT: &str = "/etcdserverpb.Lease/LeaseGrant";
 
 /// One HTTP/2 connection to an endpoint. Cheap to clone: clones share the connection.
 #[derive(Clone)]

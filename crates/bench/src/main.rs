@@ -9,6 +9,7 @@ mod cli;
 mod driver;
 mod grpc;
 mod keys;
+mod kube;
 mod report;
 mod scan;
 mod watch;
@@ -109,6 +110,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             add_cpu(&mut v, cpu0);
             println!("{v}");
             return Ok(ExitCode::SUCCESS);
+        }
+        Command::Kube(o) => {
+            let (mut v, text_report) = kube::kube(g, o).await?;
+            if text {
+                print!("{text_report}");
+            } else {
+                add_cpu(&mut v, cpu0);
+                println!("{v}");
+            }
+            let worked = v["populated"].as_u64().unwrap_or(0) + v["writes"].as_u64().unwrap_or(0);
+            return Ok(if worked == 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
         }
         Command::Watch(o) => {
             let (create, events) = watch::watch(g, o).await?;
