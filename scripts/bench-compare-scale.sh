@@ -12,13 +12,15 @@
 #   time, the writer's p99 and max latency and its failed requests meanwhile; sizes again;
 #   a second member added, timed until it has caught up (through a snapshot of the database).
 # Knobs: BENCH_SCALE_KEYS (1000000), BENCH_SCALE_VAL (1024), BENCH_SCALE_RANGE (200000),
-# BENCH_SCALE_QUOTA (17179869184: 16 GiB; etcd 3.4 warns above 8 GiB), BENCH_SCALE_JOIN (1).
+# BENCH_SCALE_QUOTA (17179869184: 16 GiB; etcd 3.4 warns above 8 GiB), BENCH_SCALE_JOIN (1),
+# BENCH_SCALE_SYSTEMS ("etcd ours": which servers run; one alone leaves the other's column failed).
 
 SC_KEYS=${BENCH_SCALE_KEYS:-1000000}
 SC_VAL=${BENCH_SCALE_VAL:-1024}
 SC_RANGE=${BENCH_SCALE_RANGE:-200000}
 SC_QUOTA=${BENCH_SCALE_QUOTA:-17179869184}
 SC_JOIN=${BENCH_SCALE_JOIN:-1}
+SC_SYSTEMS=${BENCH_SCALE_SYSTEMS:-etcd ours}
 SC_HALF=$((SC_KEYS / 2))
 
 # sc_start SYS NAME DIR CPORT PPORT CLUSTER STATE : a member of the scale section.
@@ -98,7 +100,7 @@ sc_under_writer() {
   wait "$wpid" 2>/dev/null || true
 }
 
-for sys in etcd ours; do
+for sys in $SC_SYSTEMS; do
   log "scale: $sys, $SC_KEYS keys of $SC_VAL bytes"
   SC_DIR=$WORK/scale.$sys
   SC_CPORT=$(free_port)
