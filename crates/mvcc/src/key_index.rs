@@ -48,6 +48,11 @@ fn push_compact<T>(v: &mut Vec<T>, item: T) {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyIndex {
     generations: Vec<Generation>,
+    /// The main revision of the newest modification, negated when it deleted the key (0 while
+    /// nothing is recorded): whether the key exists at or after it is read here, beside the
+    /// index map's own nodes, without following the generations' pointers (counting a range
+    /// of ten million keys, a page of a paginated scan, took a second that way).
+    newest: i64,
 }
 
 impl KeyIndex {
@@ -64,6 +69,7 @@ impl KeyIndex {
         }
         push_compact(&mut current.revs, rev);
         current.version += 1;
+        self.newest = rev.main;
     }
 
     /// Rebuild state while restoring from the backend: a put at `rev` of a value that records
@@ -80,6 +86,7 @@ impl KeyIndex {
         }
         push_compact(&mut current.revs, rev);
         current.version = version;
+        self.newest = rev.main;
     }
 
     /// Record the deletion of the key at `rev`. Returns false (and changes nothing) when the
@@ -91,14 +98,22 @@ impl KeyIndex {
         }
         self.put(rev);
         self.generations.push(Generation::default());
+        self.newest = -rev.main;
         true
     }
 
     /// Whether the key exists at the newest revision.
     pub fn is_live(&self) -> bool {
-        self.generations
-            .last()
-            .is_some_and(|current| !current.revs.is_empty())
+        self.newest > 0
+    }
+
+    /// Whether the key exists at revision `at` (`get(at).is_some()`), without a walk of its
+    /// history when `at` is at or after its newest modification.
+    pub fn visible_at(&self, at: i64) -> bool {
+        if self.newest != 0 && at >= self.newest.abs() {
+            return self.newest > 0;
+        }
+        self.get(at).is_some()
     }
 
     /// Whether nothing at all is recorded (the key can be dropped from the index).
@@ -198,6 +213,11 @@ impl KeyIndex {
         if !dropped.is_empty() {
             self.generations.shrink_to_fit();
         }
+        self.newest = match self.last_modified() {
+            Some(rev) if self.generations.last().is_some_and(|g| !g.revs.is_empty()) => rev.main,
+            Some(rev) => -rev.main,
+            None => 0,
+        };
         dropped
     }
 }
@@ -219,6 +239,28 @@ mod tests {
         ki.put(rev(8));
         ki.put(rev(10));
         ki
+    }
+
+    #[test]
+    fn visible_at_agrees_with_get_before_and_after_compaction() {
+        let check = |ki: &KeyIndex| {
+            for at in 0..=12 {
+                assert_eq!(ki.visible_at(at), ki.get(at).is_some(), "at {at}: {ki:?}");
+            }
+            assert_eq!(ki.is_live(), ki.get(i64::MAX).is_some());
+        };
+        let mut ki = sample();
+        check(&ki);
+        ki.compact(5);
+        check(&ki);
+        ki.compact(9);
+        check(&ki);
+        let mut deleted = sample();
+        assert!(deleted.tombstone(rev(11)));
+        check(&deleted);
+        deleted.compact(7);
+        check(&deleted);
+        check(&KeyIndex::default());
     }
 
     #[test]

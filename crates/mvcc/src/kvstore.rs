@@ -184,11 +184,14 @@ impl State {
         let mut revs = Vec::new();
         let mut count = 0;
         for (_, key_index) in self.index.range::<[u8], _>(bounds) {
-            if let Some(found) = key_index.get(rev) {
-                count += 1;
-                if limit <= 0 || (revs.len() as i64) < limit {
+            if limit <= 0 || (revs.len() as i64) < limit {
+                if let Some(found) = key_index.get(rev) {
+                    count += 1;
                     revs.push(found.modified);
                 }
+            } else if key_index.visible_at(rev) {
+                // Past the limit only the count is wanted.
+                count += 1;
             }
         }
         (revs, count)
