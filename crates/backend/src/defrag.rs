@@ -172,11 +172,11 @@ impl Backend {
             .set_cache_size(crate::CACHE_BYTES)
             .create(copy_path)
             .map_err(Error::storage)?;
-        // Each commit of the copy durable: its pages reach the disk 16 MiB at a time rather
-        // than all at once, which (on ext4, whose journal commits are shared by every file)
-        // held the applier's own durable commits and the WAL's syncs for a third of a second
-        // at 300,000 keys, and the commit made with the writer held writes only the last
-        // changes.
+        // Each commit of the copy durable: its pages reach the disk 16 MiB at a time, not all
+        // at once in the commit made with the writer held, which then writes only the last
+        // changes (with the copy's rounds not durable, puts waited up to a third of a second
+        // at 300,000 keys; why the flush of a file of its own slowed the applier's commits and
+        // the WAL's syncs as well was not found).
         crate::snapshot::copy_tables(&snapshot.tx, &copy, Durability::Immediate)?;
         drop(snapshot);
         let copied = started.elapsed();
