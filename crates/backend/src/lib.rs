@@ -268,16 +268,7 @@ impl Backend {
             tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
         tx.commit(true)?;
-        let read = backend.read()?;
-        let mut total = 0u64;
-        for bucket in Bucket::ALL {
-            read.for_each_in(bucket, &[], None, |k, v| {
-                total += (k.len() + v.len()) as u64;
-                true
-            })?;
-        }
-        drop(read);
-        backend.logical_bytes.store(total, Ordering::Relaxed);
+        backend.recount_logical_bytes()?;
         Ok(backend)
     }
 
