@@ -622,6 +622,11 @@ impl Member {
         self.opts.settings.push((flag.into(), value.into()));
     }
 
+    /// Drops every setting of `flag` added so far, for the next start.
+    pub fn remove_setting(&mut self, flag: &str) {
+        self.opts.settings.retain(|(f, _)| f != flag);
+    }
+
     /// Starts the server again on the same data dir and ports and waits until ready. A running
     /// server is stopped first (SIGTERM).
     pub async fn restart(&mut self) -> anyhow::Result<()> {

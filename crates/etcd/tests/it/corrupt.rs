@@ -14,7 +14,7 @@ use crate::bin;
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Rewrites the value of the first key in `data_dir`'s backend, leaving its revisions alone.
-fn alter_a_value(data_dir: &std::path::Path) {
+pub(crate) fn alter_a_value(data_dir: &std::path::Path) {
     let path = data_dir.join("member").join("snap").join("db");
     let backend = etcdrs_backend::Backend::open(&path).expect("open the stopped member's backend");
     let mut first = None;
