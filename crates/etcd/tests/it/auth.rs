@@ -271,7 +271,9 @@ async fn auth_read_only_prefix_user_cannot_escape_it() {
                 first.cancel_reason(),
                 "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
             );
-            assert_eq!(first.watch_id(), -1);
+            // etcd 3.5.1 echoes the request's watch id (0 here); 3.4 and 3.6 answer -1.
+            let refused_id = if crate::etcd351_under_test() { 0 } else { -1 };
+            assert_eq!(first.watch_id(), refused_id);
         }
         Err(e) => assert!(e.to_string().contains(DENIED), "{e}"),
     }
@@ -435,11 +437,21 @@ async fn auth_failures_give_etcds_errors_and_change_nothing() {
         .expect("watch response")
         .expect("one");
     assert!(first.canceled(), "{first:?}");
-    assert_eq!(
-        first.cancel_reason(),
-        "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
-    );
-    assert_eq!(first.watch_id(), -1);
+    if crate::etcd351_under_test() {
+        // etcd 3.5.1 turns every refusal of a watch into "permission denied" and echoes the
+        // request's watch id; 3.4 and 3.6 name the token and answer -1.
+        assert_eq!(
+            first.cancel_reason(),
+            "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+        );
+        assert_eq!(first.watch_id(), 0);
+    } else {
+        assert_eq!(
+            first.cancel_reason(),
+            "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+        );
+        assert_eq!(first.watch_id(), -1);
+    }
     assert_grpc_error(
         reader.put("/app/k", "x", None).await,
         Code::Unauthenticated,
@@ -675,6 +687,13 @@ async fn auth_jwt_tokens_carry_the_auth_revision() {
         Some(&token),
     )
     .await;
+    if crate::etcd351_under_test() {
+        // etcd 3.5.1's gateway passes the auth store's own error through unmapped (HTTP 500);
+        // 3.4 and 3.6 map it to its gRPC error.
+        assert_eq!(status, 500, "{body}");
+        assert!(body.contains("auth: revision in header is old"), "{body}");
+        return;
+    }
     assert_eq!(status, 400, "{body}");
     assert!(
         body.contains("etcdserver: revision of auth store is old"),
@@ -1071,6 +1090,14 @@ async fn auth_state_travels_in_raft_snapshots() {
     );
     let reader = on_follower.clone().with_user("reader:readerpw");
     let last = format!("/app/{:05}", puts - 1);
+    if crate::etcd351_under_test() {
+        // etcd 3.5.1's auth store, recovered from a snapshot with auth enabled, leaves its
+        // simple-token provider disabled (fixed in later 3.5 releases and in 3.6): every token
+        // the follower hands out is refused.
+        let err = reader.fail(&["get", &last]).await;
+        assert!(err.contains("etcdserver: invalid auth token"), "{err}");
+        return;
+    }
     assert_eq!(reader.ok(&["get", &last]).await, format!("{last}\nv\n"));
     let err = reader.fail(&["put", "/app/x", "y"]).await;
     assert!(err.contains(&format!("Error: {DENIED}")), "{err}");

