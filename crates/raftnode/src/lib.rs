@@ -41,6 +41,7 @@ mod logger;
 pub mod metrics;
 mod node;
 mod node_loop;
+mod reads;
 mod storage;
 mod wal_sync;
 
@@ -50,7 +51,7 @@ mod stall_tests;
 use confchange::{ChangeKind, EtcdConfChange};
 use node_loop::NodeCore;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

@@ -103,8 +103,7 @@ impl NodeCore {
             transport,
             status,
             state_machine,
-            pending_reads: HashMap::new(),
-            next_read: 0,
+            reads: crate::reads::ReadBatches::default(),
             last_mark: applied,
             bytes_since_mark: 0,
             compact_requested: false,
@@ -215,7 +214,7 @@ impl Node {
 
     /// One tick of raft's logical clock (etcd's heartbeat interval).
     pub fn tick(&mut self) {
-        self.core.node.tick();
+        self.core.tick();
     }
 
     /// Hand a message from a peer to raft; false if raft refused it.

@@ -36,8 +36,8 @@ pub(crate) struct NodeCore {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) status: Arc<RwLock<NodeStatus>>,
     pub(crate) state_machine: Box<dyn StateMachine>,
-    pub(crate) pending_reads: HashMap<u64, oneshot::Sender<Result<u64>>>,
-    pub(crate) next_read: u64,
+    /// Linearizable reads waiting for a read index, one ReadIndex request at a time.
+    pub(crate) reads: crate::reads::ReadBatches,
     pub(crate) last_mark: u64,
     /// Bytes of entry data applied since the last snapshot mark: the log held in memory
     /// past the mark, which [`LOG_BYTES_BETWEEN_MARKS`] bounds.
@@ -77,7 +77,7 @@ impl NodeCore {
                     None => break,
                 },
                 _ = ticker.tick() => {
-                    self.node.tick();
+                    self.tick();
                     None
                 }
                 msg = rx.recv(), if !backlogged => match msg {
@@ -103,9 +103,7 @@ impl NodeCore {
             // A `Ready` can make the next one (a batch found durable, then what it commits).
             while self.turn()? {}
         }
-        for (_, done) in self.pending_reads.drain() {
-            let _ = done.send(Err(Error::Stopped));
-        }
+        self.reads.refuse_all(|| Error::Stopped);
         // What raft handed over is written before the node stops (the thread is joined when
         // the node is dropped).
         self.flush()
@@ -117,6 +115,7 @@ impl NodeCore {
     pub(crate) fn turn(&mut self) -> Result<bool> {
         let reported = self.sync_step()?;
         self.maybe_campaign()?;
+        self.send_reads();
         if !self.node.has_ready() {
             return Ok(reported);
         }
@@ -132,18 +131,32 @@ impl NodeCore {
         }
     }
 
+    /// One tick of raft's logical clock.
+    pub(crate) fn tick(&mut self) {
+        self.node.tick();
+        self.reads.tick();
+    }
+
+    /// A linearizable read: it waits for the next ReadIndex request ([`Self::send_reads`]).
     pub(crate) fn read_index(&mut self, done: oneshot::Sender<Result<u64>>) {
         if self.node.raft.leader_id == raft::INVALID_ID {
             let _ = done.send(Err(Error::ProposalDropped));
             return;
         }
-        // raft drops a read index it cannot serve yet (a new leader that has not committed in
-        // its term); the caller retries, and its abandoned waits go.
-        self.pending_reads.retain(|_, waiting| !waiting.is_closed());
-        self.next_read += 1;
-        let ctx = self.next_read;
-        self.pending_reads.insert(ctx, done);
-        self.node.read_index(ctx.to_be_bytes().to_vec());
+        self.reads.queue(done);
+    }
+
+    /// One ReadIndex request for every read queued, unless a request is still in flight (its
+    /// answer comes at the latest within an election timeout, or raft dropped it).
+    fn send_reads(&mut self) {
+        if self.node.raft.leader_id == raft::INVALID_ID {
+            self.reads.refuse_queued(|| Error::ProposalDropped);
+            return;
+        }
+        let lost_after = self.config.election_tick as u64;
+        if let Some(ctx) = self.reads.next_request(lost_after) {
+            self.node.read_index(ctx.to_be_bytes().to_vec());
+        }
     }
 
     /// A message from a peer; false if raft refused it.
@@ -359,9 +372,7 @@ impl NodeCore {
             let ctx = <[u8; 8]>::try_from(read_state.request_ctx.as_slice())
                 .map(u64::from_be_bytes)
                 .unwrap_or(0);
-            if let Some(done) = self.pending_reads.remove(&ctx) {
-                let _ = done.send(Ok(read_state.index));
-            }
+            self.reads.answer(ctx, read_state.index);
         }
         // Raft reads its log from memory at once (a leader sends these entries before its own
         // fsync); the disk gets them with the next batch, and raft counts them persisted only

@@ -8,6 +8,7 @@
 //! hold up the leader's commits.
 
 use super::*;
+use std::collections::HashMap;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
