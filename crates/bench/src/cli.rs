@@ -199,6 +199,10 @@ pub struct WatchOpts {
     /// Use sequential keys
     #[arg(long)]
     pub sequential_keys: bool,
+    /// Once every watcher is created, print `watchers created` on stderr and hold them idle
+    /// this many seconds before the puts (for reading the server's memory per watcher)
+    #[arg(long, value_parser = positive_secs)]
+    pub hold: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -220,6 +220,10 @@ pub async fn watch(global: &GlobalOpts, opts: &WatchOpts) -> Result<(Summary, Su
         streams.push(stream);
     }
     let create = create_rec.summary("watch-create", create_start.elapsed());
+    if let Some(hold) = opts.hold {
+        eprintln!("watchers created");
+        tokio::time::sleep(hold).await;
+    }
 
     // Phase 2: receivers on every stream, puts on the watched keys.
     let clock = Clock(Instant::now());
