@@ -792,3 +792,71 @@ async fn a_busy_stream_batches_hot_watchers_and_a_quiet_one_gets_each_event_alon
         assert_eq!(got, vec![rev], "{resp:?}");
     }
 }
+
+/// A watch stream sharing its client's connection with heavy ranges gets its events while the
+/// ranges are still streaming (etcd#15402): each range answer is 2 MiB and eight readers keep
+/// the connection full, yet every put made meanwhile through another connection shows up on
+/// the watch before the readers are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_sharing_a_connection_with_heavy_ranges_gets_its_events_meanwhile() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (m, mut c) = start().await;
+    let value = "r".repeat(64 * 1024);
+    for i in 0..32 {
+        c.put(format!("heavy/{i:02}"), value.clone(), None)
+            .await
+            .expect("put");
+    }
+    // `c` and its clones share one connection; the writer has its own.
+    let (mut stream, _) = created(&mut c.clone(), "ping", WatchOptions::new()).await;
+    let mut writer = m.client().await.expect("writer connects");
+    let done = Arc::new(AtomicBool::new(false));
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let mut c = c.clone();
+        readers.spawn(async move {
+            for _ in 0..15 {
+                let got = c
+                    .get("heavy/", Some(etcd_client::GetOptions::new().with_prefix()))
+                    .await
+                    .expect("heavy range");
+                assert_eq!(got.kvs().len(), 32);
+            }
+        });
+    }
+    let watching = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut during = 0;
+            let mut i = 0;
+            while !done.load(Ordering::SeqCst) {
+                i += 1;
+                let rev = writer
+                    .put("ping", i.to_string(), None)
+                    .await
+                    .expect("put")
+                    .header()
+                    .expect("header")
+                    .revision();
+                let evs = collect(&mut stream, 1, Duration::from_secs(30)).await;
+                assert_eq!(evs[0].3, rev, "the event of the put just made");
+                if !done.load(Ordering::SeqCst) {
+                    during += 1;
+                }
+            }
+            during
+        })
+    };
+    while let Some(r) = readers.join_next().await {
+        r.expect("reader");
+    }
+    done.store(true, Ordering::SeqCst);
+    let during = watching.await.expect("watcher");
+    eprintln!("{during} events while the ranges streamed");
+    assert!(
+        during >= 3,
+        "only {during} events arrived while the ranges were streaming"
+    );
+}
