@@ -199,6 +199,9 @@ pub struct WatchOpts {
     /// Use sequential keys
     #[arg(long)]
     pub sequential_keys: bool,
+    /// Watchers ask for each event's previous key-value (`prev_kv`), as kube-apiserver's do
+    #[arg(long)]
+    pub prev_kv: bool,
     /// Once every watcher is created, print `watchers created` on stderr and hold them idle
     /// this many seconds before the puts (for reading the server's memory per watcher)
     #[arg(long, value_parser = positive_secs)]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use etcd_client::{Client, KvClient, WatchStream};
+use etcd_client::{Client, KvClient, WatchOptions, WatchStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -50,14 +50,20 @@ impl Clock {
 
 /// Creates one watcher per key on a new watch stream, one after the other, recording for each
 /// the time from its create request to the `created` response.
-async fn open_stream(client: &Client, keys: &[Vec<u8>], rec: &mut Recorder) -> Result<WatchStream> {
+async fn open_stream(
+    client: &Client,
+    keys: &[Vec<u8>],
+    prev_kv: bool,
+    rec: &mut Recorder,
+) -> Result<WatchStream> {
     let mut stream: Option<WatchStream> = None;
+    let options = || prev_kv.then(|| WatchOptions::new().with_prev_key());
     for key in keys {
         let st = Instant::now();
         let s = match stream.as_mut() {
-            None => stream.insert(client.watch_client().watch(key.clone(), None).await?),
+            None => stream.insert(client.watch_client().watch(key.clone(), options()).await?),
             Some(s) => {
-                s.watch(key.clone(), None).await?;
+                s.watch(key.clone(), options()).await?;
                 s
             }
         };
@@ -197,6 +203,7 @@ pub async fn watch(global: &GlobalOpts, opts: &WatchOpts) -> Result<(Summary, Su
         .collect();
 
     let cls = clients(global).await?;
+    let prev_kv = opts.prev_kv;
 
     // Phase 1: create the watchers.
     let create_start = Instant::now();
@@ -206,9 +213,10 @@ pub async fn watch(global: &GlobalOpts, opts: &WatchOpts) -> Result<(Summary, Su
         let timeout = global.request_timeout * per_stream.max(1) as u32;
         set.spawn(async move {
             let mut rec = Recorder::new();
-            let stream = tokio::time::timeout(timeout, open_stream(&client, &keys, &mut rec))
-                .await
-                .context("creating watchers timed out")??;
+            let stream =
+                tokio::time::timeout(timeout, open_stream(&client, &keys, prev_kv, &mut rec))
+                    .await
+                    .context("creating watchers timed out")??;
             anyhow::Ok((stream, rec))
         });
     }
@@ -310,7 +318,7 @@ pub async fn watch_latency(global: &GlobalOpts, opts: &WatchLatencyOpts) -> Resu
         let timeout = global.request_timeout;
         setup.spawn(async move {
             let mut rec = Recorder::new();
-            tokio::time::timeout(timeout, open_stream(&c, &[key], &mut rec))
+            tokio::time::timeout(timeout, open_stream(&c, &[key], false, &mut rec))
                 .await
                 .context("creating a watcher timed out")?
         });
