@@ -235,13 +235,9 @@ impl Txn<'_, '_> {
         self.tally.puts += 1;
         self.tally.put_bytes += (key.len() + value.len()) as u64;
         let rev = Revision::new(self.main, self.sub);
-        let newest = self
-            .batch
-            .state
-            .index
-            .get(key)
-            .and_then(|k| k.get(i64::MAX));
-        let (create_revision, version) = match newest {
+        // Recorded in the index first: a batch that fails is fatal, its index changes kept.
+        let before = self.batch.state.index.put(key, rev);
+        let (create_revision, version) = match before {
             Some(found) => (found.created.main, found.version + 1),
             None => (self.main, 1),
         };
@@ -256,7 +252,6 @@ impl Txn<'_, '_> {
         self.batch
             .tx
             .put(Bucket::KEY, &rev.to_bytes(), &kv.encode_to_vec())?;
-        self.batch.state.index.put(key, rev);
         let lessor = &self.batch.store.lessor;
         let old_lease = lessor.lease_of(key);
         if old_lease != lease {
