@@ -401,8 +401,8 @@ mod tests {
             let range = (Bound::Included(lower.as_slice()), upper);
             assert_eq!(chunk.keys, index.keys.range::<[u8], _>(range).count());
             assert!(chunk.changes.len() <= CHANGES_KEPT);
-            let newest = chunk.changes.last().map_or(0, |change| change.abs());
-            assert_eq!(chunk.newest, newest, "chunk {lower:?}");
+            let last_change = chunk.changes.last().map_or(0, |change| change.abs());
+            assert_eq!(chunk.newest, last_change, "chunk {lower:?}");
             for at in chunk.floor.max(oldest)..=newest {
                 assert_eq!(
                     chunk.count_at(at),
