@@ -1,6 +1,7 @@
 //! Times one page of a paginated range (kube-style LIST: `limit` keys from a start key at a
 //! pinned revision, with the range's full count) near the start and near the end of the key
-//! space, and a count-only range of everything: what a page costs beyond its own keys.
+//! space, and a count-only range of everything: what a page costs beyond its own keys; quiet,
+//! after writes, and after the store is reopened (how long that takes too).
 //!
 //! `cargo run --release -p etcdrs-mvcc --example paged_count -- [keys] [page]`
 //! (defaults 1,000,000 keys, pages of 10,000). Not a test: it prints timings, asserts none.

@@ -70,6 +70,7 @@ impl Chunk {
         }
         chunk.changes.sort_by_key(|change| change.abs());
         chunk.trim();
+        chunk.changes.shrink_to_fit();
         chunk.newest = chunk.changes.last().map_or(0, |change| change.abs());
         chunk
     }
