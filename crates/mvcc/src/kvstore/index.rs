@@ -68,8 +68,7 @@ impl Chunk {
                 .changes
                 .extend(key_index.existence_changes_after(floor));
         }
-        chunk.changes.sort_by_key(|change| change.abs());
-        chunk.trim();
+        chunk.sort_changes();
         chunk.changes.shrink_to_fit();
         chunk.newest = chunk.changes.last().map_or(0, |change| change.abs());
         chunk
@@ -101,6 +100,21 @@ impl Chunk {
         self.trim();
     }
 
+    /// Put changes gathered out of order in order, keeping at most [`CHANGES_KEPT`] (what
+    /// [`Self::trim`] keeps) without sorting those it drops: a load gathers one change a key.
+    fn sort_changes(&mut self) {
+        let by_revision = |change: &i64| change.abs();
+        if self.changes.len() > CHANGES_KEPT {
+            let drop = self.changes.len() - CHANGES_KEPT / 2;
+            self.changes.select_nth_unstable_by_key(drop, by_revision);
+            if let Some(newest_dropped) = self.changes[..drop].iter().map(by_revision).max() {
+                self.floor = self.floor.max(newest_dropped);
+            }
+            self.changes.drain(..drop);
+        }
+        self.changes.sort_by_key(by_revision);
+    }
+
     /// Keep at most [`CHANGES_KEPT`] changes, raising the floor past those dropped.
     fn trim(&mut self) {
         if self.changes.len() <= CHANGES_KEPT {
@@ -119,8 +133,7 @@ impl Chunk {
         self.live += later.live;
         self.floor = self.floor.max(later.floor);
         self.changes.extend(later.changes);
-        self.changes.sort_by_key(|change| change.abs());
-        self.trim();
+        self.sort_changes();
         self.newest = self.newest.max(later.newest);
     }
 }
@@ -435,6 +448,9 @@ mod tests {
             index.put(&key(i), rev(main));
         }
         check_chunks(&index, 0, main);
+        // Built at once from the histories, as a load builds it: each chunk gathers hundreds
+        // of changes and keeps the newest.
+        check_chunks(&Index::build(index.keys.clone(), 0), 0, main);
 
         // Compaction empties the deleted keys' histories; chunks that shrink merge.
         let compacted = main - 50;
@@ -466,6 +482,7 @@ mod tests {
         // Rebuilt as a load does, from the histories, the counts are the same.
         let rebuilt = Index::build(index.keys.clone(), compacted);
         check_chunks(&rebuilt, compacted, main);
+        check_chunks(&Index::build(index.keys.clone(), 0), compacted, main);
     }
 
     #[test]
