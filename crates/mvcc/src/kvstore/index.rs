@@ -22,6 +22,7 @@
 //! compacted one), so it touches the chunks only when it drops a key's last history.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::ops::Bound;
 
 use super::KeyBounds;
@@ -205,16 +206,17 @@ impl Index {
 
     /// Record a put of `key` at `rev`; returns the key's state before it, if it existed.
     pub(super) fn put(&mut self, key: &[u8], rev: Revision) -> Option<Found> {
-        let (before, new_key) = match self.keys.get_mut(key) {
-            Some(key_index) => {
+        // One walk down the map, even if that copies the key of an overwrite for nothing:
+        // a second walk for a new key cost a load more than the copy costs.
+        let (before, new_key) = match self.keys.entry(key.to_vec()) {
+            Entry::Occupied(mut entry) => {
+                let key_index = entry.get_mut();
                 let before = key_index.get(i64::MAX);
                 key_index.put(rev);
                 (before, false)
             }
-            None => {
-                let mut key_index = KeyIndex::default();
-                key_index.put(rev);
-                self.keys.insert(key.to_vec(), key_index);
+            Entry::Vacant(entry) => {
+                entry.insert(KeyIndex::default()).put(rev);
                 (None, true)
             }
         };
