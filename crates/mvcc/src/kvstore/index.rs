@@ -30,13 +30,13 @@ use crate::key_index::{Found, KeyIndex};
 use crate::revision::Revision;
 
 /// Keys a chunk is built with, and a split leaves in each half.
-const CHUNK_KEYS: usize = 512;
+const CHUNK_KEYS: usize = 1024;
 /// A chunk that grows past this is split in two.
 const CHUNK_MAX: usize = 2 * CHUNK_KEYS;
 /// A chunk that shrinks below this is merged into the one before it, if they fit in one.
 const CHUNK_MIN: usize = CHUNK_KEYS / 4;
 /// Existence changes a chunk lists before it drops the older half and raises its floor.
-const CHANGES_KEPT: usize = 64;
+const CHANGES_KEPT: usize = 128;
 
 /// The counts of one chunk of keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -347,7 +347,8 @@ impl Index {
     /// The keys in `bounds` that exist at revision `at` (at or after the compacted
     /// revision): the whole chunks in the range counted by their counts, the rest key by key.
     /// The walk over the chunks compares no keys but at the range's ends, and reads a
-    /// chunk's list of changes only when one is newer than `at`: about 10 ns a chunk.
+    /// chunk's list of changes only when one is newer than `at`: 0.15 to 0.9 ms for the
+    /// 10,000 chunks of ten million keys, on a busy 2-core machine.
     pub(super) fn count(&self, bounds: KeyBounds<'_>, at: i64) -> i64 {
         let (Bound::Included(start), end) = bounds else {
             return self.count_keys(bounds, at);
