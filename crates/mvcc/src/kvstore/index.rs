@@ -5,8 +5,8 @@
 //!
 //! Why: a paginated scan (kube-apiserver's LIST: pages of `limit` keys, each from after the
 //! last key of the one before, all at the first page's revision) asks every page for the
-//! count of the rest of the range. Counted key by key that is quadratic: at ten million keys a
-//! page spent a quarter of a second counting and the scan most of its time.
+//! count of the rest of the range. Counted key by key that is quadratic: at ten million keys
+//! the first pages spent 0.8 s each counting, and a full scan 71% of its time.
 //!
 //! A chunk covers the keys from its lower bound (the map key; the first chunk's is empty) to
 //! the next chunk's, about [`CHUNK_KEYS`] of them. It counts the keys that exist now, and
