@@ -160,6 +160,30 @@ impl KeyIndex {
         None
     }
 
+    /// The changes of the key's existence after revision `after`, oldest first: a creation at
+    /// main revision `m` as `m`, a deletion as `-m`. What a chunk of the index keeps to count
+    /// its keys at a past revision (`kvstore::index`). A generation's creation is known even
+    /// when compaction dropped its revision; a tombstone compacted away is at or before the
+    /// compacted revision, below any revision a range may read at.
+    pub fn existence_changes_after(&self, after: i64) -> impl Iterator<Item = i64> + '_ {
+        let last = self.generations.len().saturating_sub(1);
+        self.generations
+            .iter()
+            .enumerate()
+            .filter(|(_, generation)| !generation.revs.is_empty())
+            .flat_map(move |(i, generation)| {
+                let created = Some(generation.created.main).filter(|&m| m > after);
+                let deleted = generation
+                    .revs
+                    .last()
+                    .filter(|_| i != last)
+                    .map(|tombstone| tombstone.main)
+                    .filter(|&m| m > after)
+                    .map(|m| -m);
+                created.into_iter().chain(deleted)
+            })
+    }
+
     /// Every revision after `since` (exclusive) that modified the key, puts and tombstones,
     /// with whether each is a tombstone. Used by watch catch-up and hashing.
     pub fn revisions_since(&self, since: i64) -> Vec<(Revision, bool)> {

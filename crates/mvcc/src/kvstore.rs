@@ -11,11 +11,13 @@ use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use prost::Message;
 
+use self::index::Index;
 use crate::key_index::KeyIndex;
 use crate::lease::{LeaseId, LeaseRecord, Lessor, NO_LEASE};
 use crate::revision::Revision;
 use crate::{Error, Result};
 mod compaction;
+mod index;
 mod write;
 
 use self::compaction::Compaction;
@@ -169,32 +171,56 @@ impl EncodedRange {
 pub type Change = Event;
 
 struct State {
-    index: BTreeMap<Vec<u8>, KeyIndex>,
+    index: Index,
     current_rev: i64,
     compact_rev: i64,
     consistent_index: u64,
 }
 
 impl State {
-    /// The revisions of keys visible in `range` at `rev`, with the total count.
+    /// The revisions of keys visible in `range` at `rev`, at most `limit` of them (<= 0: no
+    /// limit), with the count of all of them: past the limit, counted by the index's chunks
+    /// ([`Index::count`]), so that a page costs its keys and not the rest of the range.
     fn visible(&self, range: KeyRange<'_>, rev: i64, limit: i64) -> (Vec<Revision>, i64) {
         let Some(bounds) = range.bounds() else {
             return (Vec::new(), 0);
         };
-        let mut revs = Vec::new();
-        let mut count = 0;
-        for (_, key_index) in self.index.range::<[u8], _>(bounds) {
-            if limit <= 0 || (revs.len() as i64) < limit {
-                if let Some(found) = key_index.get(rev) {
-                    count += 1;
-                    revs.push(found.modified);
-                }
-            } else if key_index.visible_at(rev) {
-                // Past the limit only the count is wanted.
-                count += 1;
-            }
-        }
+        let take = usize::try_from(limit)
+            .ok()
+            .filter(|&limit| limit > 0)
+            .unwrap_or(usize::MAX);
+        let revs: Vec<Revision> = self
+            .index
+            .range(bounds)
+            .filter_map(|(_, key_index)| key_index.get(rev).map(|found| found.modified))
+            .take(take)
+            .collect();
+        let count = if revs.len() < take {
+            // The walk went through the whole range.
+            revs.len() as i64
+        } else {
+            self.index.count(bounds, rev)
+        };
         (revs, count)
+    }
+
+    /// What a range read as `params` asks (its revision `rev` already checked) finds in the
+    /// index: the revisions of its key-values and its count. A count-only read walks no keys
+    /// but those of the range's partial chunks.
+    fn read_range(
+        &self,
+        range: KeyRange<'_>,
+        rev: i64,
+        params: RangeParams,
+    ) -> (Vec<Revision>, i64) {
+        if !params.count_only {
+            return self.visible(range, rev, params.limit);
+        }
+        let count = match range.bounds() {
+            Some(bounds) => self.index.count(bounds, rev),
+            None => 0,
+        };
+        (Vec::new(), count)
     }
 
     /// The revisions of the first `n` keys visible in `range` at `rev`; unlike
@@ -204,7 +230,7 @@ impl State {
             return Vec::new();
         };
         self.index
-            .range::<[u8], _>(bounds)
+            .range(bounds)
             .filter_map(|(_, key_index)| key_index.get(rev).map(|found| found.modified))
             .take(n)
             .collect()
@@ -318,7 +344,7 @@ fn load(backend: &Backend, lessor: &Lessor) -> Result<(State, i64)> {
     );
     Ok((
         State {
-            index,
+            index: Index::build(index, compact_rev),
             current_rev,
             compact_rev,
             consistent_index,
@@ -435,8 +461,7 @@ impl KvStore {
         crate::metrics::RANGES.inc();
         let state = self.state.read();
         let rev = state.check_rev(params.rev)?;
-        let limit = if params.count_only { 1 } else { params.limit };
-        let (revs, count) = state.visible(range, rev, limit);
+        let (revs, count) = state.read_range(range, rev, params);
         if params.count_only {
             return Ok(RangeResult {
                 kvs: Vec::new(),
@@ -515,8 +540,7 @@ impl KvStore {
         crate::metrics::RANGES.inc();
         let state = self.state.read();
         let rev = state.check_rev(params.rev)?;
-        let limit = if params.count_only { 1 } else { params.limit };
-        let (revs, count) = state.visible(range, rev, limit);
+        let (revs, count) = state.read_range(range, rev, params);
         if params.count_only || revs.is_empty() {
             return Ok(EncodedRange {
                 read: None,

@@ -246,7 +246,7 @@ impl KvStore {
         let mut emptied = Vec::new();
         let mut last = None;
         let mut reached_end = true;
-        let keys = state.index.range_mut::<[u8], _>((lower, Bound::Unbounded));
+        let keys = state.index.compact_from(lower);
         for (looked, (key, key_index)) in keys.enumerate() {
             if looked > 0
                 && (pass.dropped.len() - before >= batch_limit

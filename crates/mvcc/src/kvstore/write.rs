@@ -210,8 +210,7 @@ impl Txn<'_, '_> {
         } else {
             params.rev
         };
-        let limit = if params.count_only { 1 } else { params.limit };
-        let (revs, count) = state.visible(range, rev, limit);
+        let (revs, count) = state.read_range(range, rev, params);
         let mut kvs = Vec::new();
         if !params.count_only {
             for rev in revs {
@@ -236,8 +235,9 @@ impl Txn<'_, '_> {
         self.tally.puts += 1;
         self.tally.put_bytes += (key.len() + value.len()) as u64;
         let rev = Revision::new(self.main, self.sub);
-        let key_index = self.batch.state.index.entry(key.to_vec()).or_default();
-        let (create_revision, version) = match key_index.get(i64::MAX) {
+        // Recorded in the index first: a batch that fails is fatal, its index changes kept.
+        let before = self.batch.state.index.put(key, rev);
+        let (create_revision, version) = match before {
             Some(found) => (found.created.main, found.version + 1),
             None => (self.main, 1),
         };
@@ -252,7 +252,6 @@ impl Txn<'_, '_> {
         self.batch
             .tx
             .put(Bucket::KEY, &rev.to_bytes(), &kv.encode_to_vec())?;
-        key_index.put(rev);
         let lessor = &self.batch.store.lessor;
         let old_lease = lessor.lease_of(key);
         if old_lease != lease {
@@ -280,7 +279,7 @@ impl Txn<'_, '_> {
             .batch
             .state
             .index
-            .range::<[u8], _>(bounds)
+            .range(bounds)
             .filter(|(_, key_index)| key_index.is_live())
             .map(|(key, _)| key.clone())
             .collect();
@@ -300,9 +299,7 @@ impl Txn<'_, '_> {
                 mod_revision: self.main,
                 ..stored
             };
-            if let Some(key_index) = self.batch.state.index.get_mut(key) {
-                key_index.tombstone(rev);
-            }
+            self.batch.state.index.tombstone(key, rev);
             self.batch.store.lessor.detach(key);
             self.sub += 1;
             self.batch.changes.push(Event {
