@@ -294,10 +294,17 @@ impl WatchHub {
     }
 
     /// The revision a progress report for `stream` may carry: the hub's head, if every watcher
-    /// of the stream is synced (every event up to it has been handed to the stream's channel).
+    /// of the stream is synced (every event up to it has been handed to the stream's channel)
+    /// and none starts past it. A watcher resumed on a member that lags (its start beyond the
+    /// member's head) may have been delivered events up to its start elsewhere: a report of
+    /// the lagging head would go back behind them (etcd's `progressIfSync` waits likewise).
     pub fn progress_rev(&self, stream: StreamId) -> Option<i64> {
-        let groups = self.groups.lock();
+        let mut guard = self.groups.lock();
+        let groups = &mut *guard;
         if groups.unsynced.keys().any(|k| k.0 == stream) {
+            return None;
+        }
+        if groups.synced.highest_next_rev(stream) > groups.notified_rev + 1 {
             return None;
         }
         Some(groups.notified_rev)
@@ -621,6 +628,19 @@ mod tests {
         assert!(!hub.stream_synced(1));
         hub.cancel(1, 0);
         assert_eq!(hub.counts(), (0, 0));
+    }
+
+    #[test]
+    fn no_progress_behind_a_watcher_that_starts_past_the_head() {
+        // A watcher resumed at 10 on a member whose head is 5 (it lags).
+        let hub = WatchHub::new(5);
+        let (tx, _rx) = mpsc::channel(8);
+        assert!(hub.watch(1, 0, range("k", ""), Filters::default(), 10, tx));
+        assert_eq!(hub.progress_rev(1), None);
+        hub.notify(&[put("other", 8)], 8);
+        assert_eq!(hub.progress_rev(1), None);
+        hub.notify(&[put("other", 9)], 9);
+        assert_eq!(hub.progress_rev(1), Some(9));
     }
 
     /// The keys of every event a stream received, by revision, from what is queued.

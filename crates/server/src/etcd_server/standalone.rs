@@ -107,6 +107,12 @@ impl StandaloneMember {
         self.inner.snapshot_received(index, path);
     }
 
+    /// The watch hub the applier tells of every applied batch (the server's watch streams
+    /// read from it).
+    pub fn watch_hub(&self) -> &etcdrs_mvcc::WatchHub {
+        &self.inner.watch_hub
+    }
+
     /// The members as applied.
     pub fn members(&self) -> Vec<Member> {
         self.inner.members.read().values().cloned().collect()

@@ -43,6 +43,13 @@ impl Sim {
         if self.rng.random_range(0..8) == 0 {
             self.lease_action(i);
         }
+        if self.cfg.watches {
+            match self.rng.random_range(0..16) {
+                0 => self.request_compaction(i),
+                1 | 2 => self.read_history(i)?,
+                _ => {}
+            }
+        }
         let key = self.rng.random_range(0..self.cfg.keys);
         let roll = self.rng.random_range(0..10);
         let kind = match roll {

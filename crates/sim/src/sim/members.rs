@@ -72,6 +72,7 @@ impl Sim {
             observed: member.observed.clone(),
             db: member.db.clone(),
             durable_db: member.durable_db.clone(),
+            record_events: self.cfg.watches,
         };
         let node = Node::new(
             node_config,
@@ -132,6 +133,7 @@ impl Sim {
         }
         member.forget_process();
         let id = member.id;
+        self.member_watches_break(i);
         self.crashes += 1;
         self.note("crash", id, u64::from(clean), 0);
         let after = self.rng.random_range(50..=800);

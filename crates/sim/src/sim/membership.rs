@@ -223,6 +223,7 @@ impl Sim {
         drop(member.state.take());
         member.forget_process();
         let id = member.id;
+        self.member_watches_break(i);
         self.removed += 1;
         self.note("member-removed", id, 0, 0);
     }

@@ -57,6 +57,7 @@ impl Sim {
             self.observe(i, observation)?;
         }
         self.answer_waiters(i)?;
+        self.answer_compactions(i)?;
         self.take_read_states(i);
         self.serve_reads(i)
     }
@@ -75,7 +76,15 @@ impl Sim {
                 durable,
                 revoked,
                 primary,
+                events,
+                compact_rev,
             } => {
+                self.history
+                    .record(&events)
+                    .map_err(|e| format!("member {id}: {e}"))?;
+                if self.cfg.watches {
+                    self.history.committed(revision);
+                }
                 for (entry_index, entry_term, payload) in entries {
                     let member = &mut self.members[i];
                     if entry_index != member.applied + 1 {
@@ -107,6 +116,13 @@ impl Sim {
                 {
                     return Err(format!(
                         "member {id} is at revision {revision} after applying up to {index}, another member was at {first}"
+                    ));
+                }
+                if at_index
+                    && let Some(first) = disagreement(&mut self.compacted, index, compact_rev)
+                {
+                    return Err(format!(
+                        "member {id} has compacted at revision {compact_rev} after applying up to {index}, another member at {first}"
                     ));
                 }
                 if let Some(hash) = hash
