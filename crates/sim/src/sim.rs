@@ -83,6 +83,7 @@ use tokio::sync::oneshot;
 
 use crate::checker::{Checker, Kind, Operation};
 
+mod auth;
 mod clients;
 mod invariants;
 mod leases;
@@ -93,6 +94,7 @@ mod ready;
 mod storage;
 mod watches;
 
+pub use auth::AuthStats;
 pub use watches::{WatchFault, WatchStats};
 
 use storage::{Observations, Observed, Outbox, Recorder, SimLog, VirtualClock, lock};
@@ -178,6 +180,12 @@ pub struct Config {
     /// A planted bug in the watchers' delivery path (none by default), for tests that the
     /// watch checks catch one.
     pub watch_fault: Option<WatchFault>,
+    /// Whether auth is set up and the clients' permission revoked and granted again as they
+    /// run.
+    pub auth: bool,
+    /// Reads are served without the member's permission check: a planted bug, for tests that
+    /// the auth check catches a read allowed after its permission was revoked.
+    pub read_after_revoke: bool,
 }
 
 impl Config {
@@ -189,6 +197,7 @@ impl Config {
             StdRng::seed_from_u64(seed ^ 0x5eed_4e40_7e00_0001).random_bool(0.5);
         let slow_disks = StdRng::seed_from_u64(seed ^ 0x5eed_d15c_0041_0001).random_bool(0.5);
         let watches = StdRng::seed_from_u64(seed ^ 0x5eed_3a7c_0041_0002).random_bool(0.75);
+        let auth = StdRng::seed_from_u64(seed ^ 0x5eed_a074_0041_0003).random_bool(0.5);
         let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
@@ -215,6 +224,8 @@ impl Config {
             slow_disks,
             watches,
             watch_fault: None,
+            auth,
+            read_after_revoke: false,
         }
     }
 }
@@ -276,6 +287,8 @@ pub struct Report {
     pub added: (u32, u32),
     /// What the watchers, compactions and reads of history did.
     pub watches: WatchStats,
+    /// What auth did.
+    pub auth: AuthStats,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -365,6 +378,8 @@ enum Event {
     WatchPoll(usize, u64),
     /// A member's watch catch-up and compactor loops take a turn.
     WatchSync(usize),
+    /// The administrator sets auth up, or revokes or grants the clients' permission.
+    AuthAdmin,
 }
 
 struct Scheduled {
@@ -618,6 +633,10 @@ struct Sim {
     compacted: BTreeMap<u64, i64>,
     watches: Vec<watches::SimWatch>,
     watch_stats: WatchStats,
+    auth_stats: AuthStats,
+    /// For each write of the clients' user applied anywhere: whether its permission held when
+    /// its batch applied (`None`: the batch changed it).
+    auth_verdicts: BTreeMap<u64, Option<bool>>,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -726,6 +745,8 @@ impl Sim {
             compacted: BTreeMap::new(),
             watches: Vec::new(),
             watch_stats: WatchStats::default(),
+            auth_stats: AuthStats::default(),
+            auth_verdicts: BTreeMap::new(),
             _dir: dir,
             cfg,
         };
@@ -754,6 +775,10 @@ impl Sim {
         sim.schedule(sim.cfg.fault_ms, Event::EndFaults);
         if sim.cfg.watches {
             sim.start_watchers();
+        }
+        if sim.cfg.auth {
+            let at = sim.rng.random_range(50..300);
+            sim.schedule(at, Event::AuthAdmin);
         }
         // Before the first tick: a tick would move the election clock off zero.
         sim.pin_election_timeouts();
@@ -865,6 +890,7 @@ impl Sim {
             Event::WatchOpen(w, generation) => self.open_watch(w, generation)?,
             Event::WatchPoll(w, generation) => self.poll_watch(w, generation)?,
             Event::WatchSync(i) => self.sync_watchers(i)?,
+            Event::AuthAdmin => self.auth_admin()?,
             Event::Restart(i) => {
                 if self.members[i].node.is_none() && self.members[i].is_member() {
                     self.start_member(i)?;

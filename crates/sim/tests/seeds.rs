@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use etcdrs_sim::sim::WatchStats;
+use etcdrs_sim::sim::{AuthStats, WatchStats};
 use etcdrs_sim::{Config, Failure, Report, WatchFault, run};
 
 const DEFAULT_SEEDS: u64 = 2000;
@@ -92,6 +92,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let mut late_leaders = Vec::new();
     let mut w = WatchStats::default();
     let mut watch_seeds = 0;
+    let mut a = AuthStats::default();
+    let mut auth_seeds = 0;
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -129,6 +131,14 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         w.history_reads.2 += r.history_reads.2;
         w.history.0 += r.history.0;
         w.history.1 += r.history.1;
+        let r = report.auth;
+        auth_seeds += u32::from(r.changes > 0);
+        a.changes += r.changes;
+        a.writes_allowed += r.writes_allowed;
+        a.writes_denied += r.writes_denied;
+        a.writes_stale += r.writes_stale;
+        a.reads.0 += r.reads.0;
+        a.reads.1 += r.reads.1;
         if report.late_leaders > 0 {
             late_leaders.push(seed);
         }
@@ -171,6 +181,12 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         w.history_reads.1,
         w.history_reads.2
     );
+    println!(
+        "auth in {auth_seeds} seeds: {} permission revocations and grants; writes: {} applied \
+         under a granted permission (checked), {} refused as revoked, {} refused for a stale \
+         auth revision; reads: {} served, {} refused",
+        a.changes, a.writes_allowed, a.writes_denied, a.writes_stale, a.reads.0, a.reads.1
+    );
     println!("longest history: {longest:?}");
     println!("seeds with a late leader of an earlier term: {late_leaders:?}");
     // The runs did what they are for: clients completed operations through the faults.
@@ -197,6 +213,10 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         assert!(
             w.compacted_cancels > 0 && w.history_reads.1 > 0 && w.history_reads.2 > 0,
             "compaction went unexercised: {w:?}"
+        );
+        assert!(
+            a.writes_allowed > 0 && a.writes_denied > 0 && a.writes_stale > 0 && a.reads.1 > 0,
+            "auth went unexercised: {a:?}"
         );
     }
     assert!(longest.history > 0);
@@ -396,4 +416,30 @@ fn a_progress_notification_ahead_of_an_undelivered_event_is_caught() {
     }
     let failure = ahead_of_event.expect("some seed of 0..60 reports progress ahead of an event");
     println!("{}", failure.message);
+}
+
+/// The auth check is not vacuous: a member that serves reads without its permission check
+/// serves one its applied auth state refuses, after the permission was revoked.
+#[test]
+fn a_read_allowed_after_its_permission_was_revoked_is_caught() {
+    let mut caught = None;
+    for seed in 0..60 {
+        let config = Config {
+            auth: true,
+            read_after_revoke: true,
+            ..Config::from_seed(seed)
+        };
+        if let Err(failure) = run(&config) {
+            caught = Some(failure);
+            break;
+        }
+    }
+    let failure = caught.expect("some seed of 0..60 serves a read after a revocation");
+    println!("{}", failure.message);
+    assert!(
+        failure
+            .message
+            .contains("a read allowed after its permission was revoked"),
+        "{failure}"
+    );
 }

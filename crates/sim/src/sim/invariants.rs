@@ -179,6 +179,7 @@ impl Sim {
             removed: self.removed,
             added: (self.added, self.promoted),
             watches: self.watch_stats,
+            auth: self.auth_stats,
         })
     }
 }

@@ -73,6 +73,10 @@ impl Sim {
             db: member.db.clone(),
             durable_db: member.durable_db.clone(),
             record_events: self.cfg.watches,
+            auth_probe: self
+                .cfg
+                .auth
+                .then(|| Box::new(state.auth_probe()) as storage::AuthProbe),
         };
         let node = Node::new(
             node_config,

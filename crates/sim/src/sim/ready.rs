@@ -78,7 +78,11 @@ impl Sim {
                 primary,
                 events,
                 compact_rev,
+                auth_verdicts,
             } => {
+                for (request_id, verdict) in auth_verdicts {
+                    self.auth_verdicts.entry(request_id).or_insert(verdict);
+                }
                 self.history
                     .record(&events)
                     .map_err(|e| format!("member {id}: {e}"))?;
@@ -172,15 +176,20 @@ impl Sim {
         let mut answered = Vec::new();
         member
             .waiters
-            .retain(|_, (op, answer)| match answer.try_recv() {
+            .retain(|request_id, (op, answer)| match answer.try_recv() {
                 Ok(output) => {
-                    answered.push((*op, output));
+                    answered.push((*request_id, *op, output));
                     false
                 }
                 Err(oneshot::error::TryRecvError::Empty) => true,
                 Err(oneshot::error::TryRecvError::Closed) => false,
             });
-        for (op, output) in answered {
+        for (request_id, op, output) in answered {
+            if self.cfg.auth && !self.judge_write(id, request_id, &output)? {
+                // Refused at its apply: it did not happen.
+                self.fail(op);
+                continue;
+            }
             let outcome = match output {
                 Ok(ApplyOutput::Txn(txn)) => Outcome::Cas(txn.succeeded),
                 Ok(_) => Outcome::Written,
@@ -231,6 +240,10 @@ impl Sim {
         member.read_waits = waiting;
         for (_, op) in ready {
             let key = key_bytes(self.ops[op].op.key);
+            if !self.read_permitted(i, &key)? {
+                self.fail(op);
+                continue;
+            }
             let Some(store) = self.members[i].store() else {
                 return Err("read on a stopped member".into());
             };

@@ -470,10 +470,7 @@ impl Sim {
         let request_id = self.next_request;
         self.next_request += 1;
         let request = InternalRaftRequest {
-            header: Some(RequestHeader {
-                id: request_id,
-                ..RequestHeader::default()
-            }),
+            header: Some(self.admin_header(request_id, i)),
             compaction: Some(CompactionRequest {
                 revision: rev,
                 physical: false,
