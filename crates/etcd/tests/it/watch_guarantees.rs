@@ -176,10 +176,7 @@ async fn watch_loop(
 
 /// The writer: puts, deletes and two-key transactions over the test's keys, each retried on
 /// the next member until one answers; returns how many were answered.
-async fn write_loop(
-    endpoints: Vec<String>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) -> usize {
+async fn write_loop(endpoints: Vec<String>, stop: Arc<std::sync::atomic::AtomicBool>) -> usize {
     use std::sync::atomic::Ordering;
     let mut clients: Vec<Option<Client>> = vec![None; endpoints.len()];
     let mut at = 0;
@@ -362,7 +359,9 @@ async fn watchers_on_every_member_keep_the_guarantees_through_kills_and_a_partit
             if behind.is_empty() {
                 Ok(())
             } else {
-                Err(format!("watchers (member, next revision) behind {head}: {behind:?}"))
+                Err(format!(
+                    "watchers (member, next revision) behind {head}: {behind:?}"
+                ))
             }
         }
     })
@@ -386,7 +385,10 @@ async fn watchers_on_every_member_keep_the_guarantees_through_kills_and_a_partit
     history.committed(head);
     // And the keys' values at the last revision are the history's.
     let all = client
-        .get(PREFIX, Some(GetOptions::new().with_prefix().with_revision(head)))
+        .get(
+            PREFIX,
+            Some(GetOptions::new().with_prefix().with_revision(head)),
+        )
         .await
         .expect("range at the head");
     for i in 0..KEYS {
@@ -444,5 +446,8 @@ async fn watchers_on_every_member_keep_the_guarantees_through_kills_and_a_partit
     );
     assert!(writes > 50, "only {writes} writes answered");
     assert!(events > 0 && progress > 0);
-    assert!(resumed >= 2, "the kills broke no watch: {resumed} resumptions");
+    assert!(
+        resumed >= 2,
+        "the kills broke no watch: {resumed} resumptions"
+    );
 }
