@@ -166,8 +166,8 @@ pub struct Config {
     /// backend image (`Backend::snapshot`), installed with `KvStore::install_snapshot`.
     pub compaction: Option<(u64, u64)>,
     /// Whether the leader changes the membership at run time (etcd's MemberAdd --learner,
-    /// MemberPromote, MemberRemove), five-member clusters only: at most one learner added and
-    /// two members removed.
+    /// MemberPromote, MemberRemove, and MemberAdd of a voter directly), five-member clusters
+    /// only: at most one member added and two members removed.
     pub membership_changes: bool,
     /// Whether the members' disks take their time: each WAL batch is written a few ms after
     /// raft hands it over (raft goes on meanwhile, as with the `wal-sync` thread), and while
@@ -283,8 +283,10 @@ pub struct Report {
     pub late_leaders: u32,
     /// Members removed at run time.
     pub removed: u32,
-    /// Learners added at run time, and of them promoted to voters.
+    /// Members added at run time (learners and voters), and of the learners those promoted.
     pub added: (u32, u32),
+    /// Of the members added, those added as voters directly.
+    pub added_voters: u32,
     /// What the watchers, compactions and reads of history did.
     pub watches: WatchStats,
     /// What auth did.
@@ -626,6 +628,7 @@ struct Sim {
     removed: u32,
     /// Learners added at run time, and of them promoted (their promotion proposed).
     added: u32,
+    added_voters: u32,
     promoted: u32,
     /// Every revision's events, as the members' applies recorded them.
     history: crate::watch_check::History,
@@ -740,6 +743,7 @@ impl Sim {
             removal_targets: Vec::new(),
             removed: 0,
             added: 0,
+            added_voters: 0,
             promoted: 0,
             history: crate::watch_check::History::new(),
             compacted: BTreeMap::new(),

@@ -89,6 +89,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let (mut cas_held, mut cas_failed) = (0, 0);
     let (mut pauses, mut transfers, mut removed, mut added, mut promoted) = (0, 0, 0, 0, 0);
     let mut disk_stalls = 0;
+    let mut added_voters = 0;
     let mut late_leaders = Vec::new();
     let mut w = WatchStats::default();
     let mut watch_seeds = 0;
@@ -114,6 +115,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         removed += report.removed;
         added += report.added.0;
         promoted += report.added.1;
+        added_voters += report.added_voters;
         cas_failed += report.cas.1;
         let r = report.watches;
         watch_seeds += u32::from(r.opened > 0);
@@ -155,7 +157,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes; \
          compare-and-sets: {cas_held} held, {cas_failed} failed), \
          {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, \
-         {pauses} stalls, {disk_stalls} disk stalls, {transfers} leader transfers, {added} learners added ({promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
+         {pauses} stalls, {disk_stalls} disk stalls, {transfers} leader transfers, {added} members added ({added_voters} as voters directly; of the learners {promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()
@@ -203,7 +205,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
             "no disk stalled: slow disks went unexercised"
         );
         assert!(
-            removed > 0 && added > 0 && promoted > 0,
+            removed > 0 && added > 0 && promoted > 0 && added_voters > 0,
             "membership changes went unexercised"
         );
         assert!(

@@ -178,6 +178,7 @@ impl Sim {
             late_leaders: self.late_leaders,
             removed: self.removed,
             added: (self.added, self.promoted),
+            added_voters: self.added_voters,
             watches: self.watch_stats,
             auth: self.auth_stats,
         })

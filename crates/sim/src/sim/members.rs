@@ -150,7 +150,10 @@ impl Sim {
         }
         if self.cfg.membership_changes && self.rng.random_bool(0.2) {
             match self.rng.random_range(0..3) {
-                0 => self.add_learner()?,
+                0 => {
+                    let voter = self.rng.random_bool(0.5);
+                    self.add_member(voter)?
+                }
                 1 => self.promote_learner()?,
                 _ => self.remove_member(),
             }
