@@ -294,6 +294,10 @@ impl Sim {
                 return Ok(false);
             };
             while self.take_message(w)? {}
+            // A compacted cancel among them ended the watch: no progress follows it.
+            if self.watches[w].open.is_none() {
+                return Ok(false);
+            }
             revision
         };
         let Some(check) = self.watches[w].check.as_mut() else {
