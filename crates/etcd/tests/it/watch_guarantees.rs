@@ -14,8 +14,7 @@
 //!
 //! etcd 3.5.1 does not pass it (`ETCDRS_TEST_ETCD_BIN=target/etcd-3.5.1/etcdbin/etcd`, one
 //! run): a watcher on the prefix got a progress notification at revision 1403 after an event
-//! at 1404, a notification behind a delivered event. Our hub waits before it reports progress
-//! to a watcher resumed past a lagging member's head (`WatchHub::progress_rev`).
+//! at 1404, a notification behind a delivered event (the cause in etcd was not looked into).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
