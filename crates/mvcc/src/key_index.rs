@@ -102,6 +102,19 @@ impl KeyIndex {
         true
     }
 
+    /// Rebuild state while restoring from the backend: the deletion of the key at `rev`. A
+    /// tombstone whose generation's puts are gone (a compaction stopped midway, after
+    /// deleting them and before deleting it) is kept as a generation of its own, so that the
+    /// compaction, finished on open, drops it too (etcd's restore keeps it likewise).
+    pub fn restore_tombstone(&mut self, rev: Revision) {
+        if self.tombstone(rev) {
+            return;
+        }
+        self.put(rev);
+        self.generations.push(Generation::default());
+        self.newest = -rev.main;
+    }
+
     /// Whether the key exists at the newest revision.
     pub fn is_live(&self) -> bool {
         self.newest > 0

@@ -294,7 +294,7 @@ fn load(backend: &Backend, lessor: &Lessor) -> Result<(State, i64)> {
         current_rev = current_rev.max(rev.main);
         let key_index = index.entry(kv.key.clone()).or_default();
         if tombstone {
-            key_index.tombstone(rev);
+            key_index.restore_tombstone(rev);
             leases_of_keys.remove(&kv.key);
         } else {
             key_index.restore(rev, Revision::new(kv.create_revision, 0), kv.version);

@@ -8,12 +8,15 @@
 //! raft log and their backend. No threads, no real time: a failing seed replays exactly.
 //!
 //! Every step checks the invariants ([`sim`]); at the end the clients' history goes through
-//! the linearizability [`checker`].
+//! the linearizability [`checker`]. Clients also watch members, each delivery checked against
+//! the watch guarantees ([`watch_check`]) as it comes.
 
 #![deny(missing_docs)]
 
 pub mod checker;
 pub mod sim;
+pub mod watch_check;
 
 pub use checker::{Checker, Kind, Operation, Violation};
-pub use sim::{Config, Failure, Report, run, run_traced};
+pub use sim::{Config, Failure, Report, WatchFault, run, run_traced};
+pub use watch_check::{Guarantee, History, Watch, WatchViolation};

@@ -83,6 +83,7 @@ use tokio::sync::oneshot;
 
 use crate::checker::{Checker, Kind, Operation};
 
+mod auth;
 mod clients;
 mod invariants;
 mod leases;
@@ -91,6 +92,10 @@ mod membership;
 mod network;
 mod ready;
 mod storage;
+mod watches;
+
+pub use auth::AuthStats;
+pub use watches::{WatchFault, WatchStats};
 
 use storage::{Observations, Observed, Outbox, Recorder, SimLog, VirtualClock, lock};
 
@@ -161,14 +166,26 @@ pub struct Config {
     /// backend image (`Backend::snapshot`), installed with `KvStore::install_snapshot`.
     pub compaction: Option<(u64, u64)>,
     /// Whether the leader changes the membership at run time (etcd's MemberAdd --learner,
-    /// MemberPromote, MemberRemove), five-member clusters only: at most one learner added and
-    /// two members removed.
+    /// MemberPromote, MemberRemove, and MemberAdd of a voter directly), five-member clusters
+    /// only: at most one member added and two members removed.
     pub membership_changes: bool,
     /// Whether the members' disks take their time: each WAL batch is written a few ms after
     /// raft hands it over (raft goes on meanwhile, as with the `wal-sync` thread), and while
     /// faults happen a member's disk stalls now and then for 1.5-10 election timeouts; a
     /// crash loses the batch not yet written.
     pub slow_disks: bool,
+    /// Whether clients watch members (checked against the watch guarantees), ask for
+    /// compactions and read past revisions.
+    pub watches: bool,
+    /// A planted bug in the watchers' delivery path (none by default), for tests that the
+    /// watch checks catch one.
+    pub watch_fault: Option<WatchFault>,
+    /// Whether auth is set up and the clients' permission revoked and granted again as they
+    /// run.
+    pub auth: bool,
+    /// Reads are served without the member's permission check: a planted bug, for tests that
+    /// the auth check catches a read allowed after its permission was revoked.
+    pub read_after_revoke: bool,
 }
 
 impl Config {
@@ -179,6 +196,8 @@ impl Config {
         let membership_changes =
             StdRng::seed_from_u64(seed ^ 0x5eed_4e40_7e00_0001).random_bool(0.5);
         let slow_disks = StdRng::seed_from_u64(seed ^ 0x5eed_d15c_0041_0001).random_bool(0.5);
+        let watches = StdRng::seed_from_u64(seed ^ 0x5eed_3a7c_0041_0002).random_bool(0.75);
+        let auth = StdRng::seed_from_u64(seed ^ 0x5eed_a074_0041_0003).random_bool(0.5);
         let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
@@ -203,6 +222,10 @@ impl Config {
                 .then(|| (rng.random_range(5..=40), rng.random_range(1..=10))),
             membership_changes: membership_changes && members == 5,
             slow_disks,
+            watches,
+            watch_fault: None,
+            auth,
+            read_after_revoke: false,
         }
     }
 }
@@ -260,8 +283,14 @@ pub struct Report {
     pub late_leaders: u32,
     /// Members removed at run time.
     pub removed: u32,
-    /// Learners added at run time, and of them promoted to voters.
+    /// Members added at run time (learners and voters), and of the learners those promoted.
     pub added: (u32, u32),
+    /// Of the members added, those added as voters directly.
+    pub added_voters: u32,
+    /// What the watchers, compactions and reads of history did.
+    pub watches: WatchStats,
+    /// What auth did.
+    pub auth: AuthStats,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -345,6 +374,14 @@ enum Event {
     DiskWrite(usize),
     Heal,
     EndFaults,
+    /// A client opens (or resumes) its watch; the generation of its watch it is for.
+    WatchOpen(usize, u64),
+    /// A client reads its watch stream.
+    WatchPoll(usize, u64),
+    /// A member's watch catch-up and compactor loops take a turn.
+    WatchSync(usize),
+    /// The administrator sets auth up, or revokes or grants the clients' permission.
+    AuthAdmin,
 }
 
 struct Scheduled {
@@ -425,6 +462,8 @@ struct Member {
     reads: Vec<(usize, oneshot::Receiver<etcdrs_raftnode::Result<u64>>)>,
     /// Reads with their read index, waiting for the apply to reach it.
     read_waits: Vec<(u64, usize)>,
+    /// Compaction requests waiting for their apply: the revision and the applier's answer.
+    compactions: Vec<(i64, oneshot::Receiver<etcdrs_server::Result<ApplyOutput>>)>,
     /// When its lessor last became primary (virtual ms), while it is.
     promoted_at: Option<u64>,
     /// Stalled until then (virtual ms): its events wait.
@@ -464,6 +503,7 @@ impl Member {
             waiters: BTreeMap::new(),
             reads: Vec::new(),
             read_waits: Vec::new(),
+            compactions: Vec::new(),
             promoted_at: None,
             paused_until: 0,
             disk_stalled_until: 0,
@@ -482,6 +522,7 @@ impl Member {
         self.waiters.clear();
         self.reads.clear();
         self.read_waits.clear();
+        self.compactions.clear();
         lock(&self.outbox.0).clear();
         lock(&self.observed).clear();
         self.promoted_at = None;
@@ -587,7 +628,18 @@ struct Sim {
     removed: u32,
     /// Learners added at run time, and of them promoted (their promotion proposed).
     added: u32,
+    added_voters: u32,
     promoted: u32,
+    /// Every revision's events, as the members' applies recorded them.
+    history: crate::watch_check::History,
+    /// The compacted revision after applying up to each batch-ending index.
+    compacted: BTreeMap<u64, i64>,
+    watches: Vec<watches::SimWatch>,
+    watch_stats: WatchStats,
+    auth_stats: AuthStats,
+    /// For each write of the clients' user applied anywhere: whether its permission held when
+    /// its batch applied (`None`: the batch changed it).
+    auth_verdicts: BTreeMap<u64, Option<bool>>,
     // Dropped last: the stores above live in it.
     _dir: tempfile::TempDir,
 }
@@ -691,7 +743,14 @@ impl Sim {
             removal_targets: Vec::new(),
             removed: 0,
             added: 0,
+            added_voters: 0,
             promoted: 0,
+            history: crate::watch_check::History::new(),
+            compacted: BTreeMap::new(),
+            watches: Vec::new(),
+            watch_stats: WatchStats::default(),
+            auth_stats: AuthStats::default(),
+            auth_verdicts: BTreeMap::new(),
             _dir: dir,
             cfg,
         };
@@ -718,6 +777,13 @@ impl Sim {
             sim.schedule(at, Event::Fault);
         }
         sim.schedule(sim.cfg.fault_ms, Event::EndFaults);
+        if sim.cfg.watches {
+            sim.start_watchers();
+        }
+        if sim.cfg.auth {
+            let at = sim.rng.random_range(50..300);
+            sim.schedule(at, Event::AuthAdmin);
+        }
         // Before the first tick: a tick would move the election clock off zero.
         sim.pin_election_timeouts();
         Ok(sim)
@@ -781,7 +847,7 @@ impl Sim {
     /// The member an event is for, if it is stalled now.
     fn stalled(&self, event: &Event) -> Option<u64> {
         let i = match event {
-            Event::Tick(i) | Event::LeaseExpiry(i) => *i,
+            Event::Tick(i) | Event::LeaseExpiry(i) | Event::WatchSync(i) => *i,
             Event::Deliver { msg, .. } => (msg.to as usize).checked_sub(1)?,
             Event::SnapshotReport { leader, .. } => *leader,
             _ => return None,
@@ -825,6 +891,10 @@ impl Sim {
                         .map_err(|e| format!("member {}: disk write: {e}", i + 1))?;
                 }
             }
+            Event::WatchOpen(w, generation) => self.open_watch(w, generation)?,
+            Event::WatchPoll(w, generation) => self.poll_watch(w, generation)?,
+            Event::WatchSync(i) => self.sync_watchers(i)?,
+            Event::AuthAdmin => self.auth_admin()?,
             Event::Restart(i) => {
                 if self.members[i].node.is_none() && self.members[i].is_member() {
                     self.start_member(i)?;

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use etcdrs_sim::{Config, Failure, Report, run};
+use etcdrs_sim::sim::{AuthStats, WatchStats};
+use etcdrs_sim::{Config, Failure, Report, WatchFault, run};
 
 const DEFAULT_SEEDS: u64 = 2000;
 
@@ -88,7 +89,12 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let (mut cas_held, mut cas_failed) = (0, 0);
     let (mut pauses, mut transfers, mut removed, mut added, mut promoted) = (0, 0, 0, 0, 0);
     let mut disk_stalls = 0;
+    let mut added_voters = 0;
     let mut late_leaders = Vec::new();
+    let mut w = WatchStats::default();
+    let mut watch_seeds = 0;
+    let mut a = AuthStats::default();
+    let mut auth_seeds = 0;
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -109,7 +115,32 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         removed += report.removed;
         added += report.added.0;
         promoted += report.added.1;
+        added_voters += report.added_voters;
         cas_failed += report.cas.1;
+        let r = report.watches;
+        watch_seeds += u32::from(r.opened > 0);
+        w.opened += r.opened;
+        w.resumed += r.resumed;
+        w.compacted_cancels += r.compacted_cancels;
+        w.responses += r.responses;
+        w.events += r.events;
+        w.prev_kvs += r.prev_kvs;
+        w.progress += r.progress;
+        w.compacted_tombstones += r.compacted_tombstones;
+        w.compactions += r.compactions;
+        w.history_reads.0 += r.history_reads.0;
+        w.history_reads.1 += r.history_reads.1;
+        w.history_reads.2 += r.history_reads.2;
+        w.history.0 += r.history.0;
+        w.history.1 += r.history.1;
+        let r = report.auth;
+        auth_seeds += u32::from(r.changes > 0);
+        a.changes += r.changes;
+        a.writes_allowed += r.writes_allowed;
+        a.writes_denied += r.writes_denied;
+        a.writes_stale += r.writes_stale;
+        a.reads.0 += r.reads.0;
+        a.reads.1 += r.reads.1;
         if report.late_leaders > 0 {
             late_leaders.push(seed);
         }
@@ -126,10 +157,37 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         "{} seeds in {:.1?}: {ops} operations ({completed} completed, {unknown} unknown writes; \
          compare-and-sets: {cas_held} held, {cas_failed} failed), \
          {crashes} crashes ({replayed} entries replayed into backends), {partitions} partitions, \
-         {pauses} stalls, {disk_stalls} disk stalls, {transfers} leader transfers, {added} learners added ({promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
+         {pauses} stalls, {disk_stalls} disk stalls, {transfers} leader transfers, {added} members added ({added_voters} as voters directly; of the learners {promoted} promoted), {removed} members removed, {snapshots} snapshots installed, highest term {max_term}, {leases} leases \
          ({lease_revokes} expired), {gave_up} keys beyond the checker's budget",
         seeds.len(),
         started.elapsed()
+    );
+    println!(
+        "watches in {watch_seeds} seeds: {} opened ({} resumed after a member stopped or the \
+         watch broke, {} compacted cancels), {} responses with {} events checked against a \
+         history of {} revisions ({} events), {} prev_kvs, {} progress notifications; {} \
+         deletions at the compacted revision missed (etcd issue 18089); {} compactions \
+         applied; reads of past revisions: {} answered, {} refused as compacted, {} as future",
+        w.opened,
+        w.resumed,
+        w.compacted_cancels,
+        w.responses,
+        w.events,
+        w.history.0,
+        w.history.1,
+        w.prev_kvs,
+        w.progress,
+        w.compacted_tombstones,
+        w.compactions,
+        w.history_reads.0,
+        w.history_reads.1,
+        w.history_reads.2
+    );
+    println!(
+        "auth in {auth_seeds} seeds: {} permission revocations and grants; writes: {} applied \
+         under a granted permission (checked), {} refused as revoked, {} refused for a stale \
+         auth revision; reads: {} served, {} refused",
+        a.changes, a.writes_allowed, a.writes_denied, a.writes_stale, a.reads.0, a.reads.1
     );
     println!("longest history: {longest:?}");
     println!("seeds with a late leader of an earlier term: {late_leaders:?}");
@@ -147,8 +205,20 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
             "no disk stalled: slow disks went unexercised"
         );
         assert!(
-            removed > 0 && added > 0 && promoted > 0,
+            removed > 0 && added > 0 && promoted > 0 && added_voters > 0,
             "membership changes went unexercised"
+        );
+        assert!(
+            w.events > 0 && w.resumed > 0 && w.progress > 0 && w.prev_kvs > 0,
+            "watches went unexercised: {w:?}"
+        );
+        assert!(
+            w.compacted_cancels > 0 && w.history_reads.1 > 0 && w.history_reads.2 > 0,
+            "compaction went unexercised: {w:?}"
+        );
+        assert!(
+            a.writes_allowed > 0 && a.writes_denied > 0 && a.writes_stale > 0 && a.reads.1 > 0,
+            "auth went unexercised: {a:?}"
         );
     }
     assert!(longest.history > 0);
@@ -265,4 +335,113 @@ fn a_late_leader_of_an_earlier_term_is_no_violation() {
     }
     assert!(!late.is_empty(), "no seed of 0..40 had a late leader");
     println!("seeds with a late leader: {late:?}");
+}
+
+/// Runs seeds with the planted watch bug `fault` until one fails; returns that failure.
+fn first_caught(fault: WatchFault) -> Failure {
+    for seed in 0..60 {
+        let config = Config {
+            watches: true,
+            watch_fault: Some(fault),
+            ..Config::from_seed(seed)
+        };
+        if let Err(failure) = run(&config) {
+            return failure;
+        }
+    }
+    panic!("no seed of 0..60 caught the planted {fault:?}");
+}
+
+/// The watch checks are not vacuous: an event left out of a response is caught as a gap (or,
+/// when it was one of several of its revision, as a revision split over responses; or by the
+/// next progress notification, which would be ahead of it).
+#[test]
+fn a_dropped_watch_event_is_caught() {
+    let failure = first_caught(WatchFault::DropEvent);
+    println!("{}", failure.message);
+    assert!(
+        ["Reliable", "Atomic", "Bookmarkable"]
+            .iter()
+            .any(|g| failure
+                .message
+                .contains(&format!("watch guarantee {g} broken"))),
+        "{failure}"
+    );
+    assert!(
+        failure.message.contains("never delivered")
+            || failure.message.contains("left out")
+            || failure.message.contains("ahead of the undelivered"),
+        "{failure}"
+    );
+}
+
+/// A response delivered twice is caught as an event delivered twice.
+#[test]
+fn a_watch_event_delivered_twice_is_caught() {
+    let failure = first_caught(WatchFault::DuplicateResponse);
+    println!("{}", failure.message);
+    assert!(
+        failure.message.contains("watch guarantee Unique broken")
+            && failure.message.contains("delivered twice"),
+        "{failure}"
+    );
+}
+
+/// A progress notification from the store's head, sent before the stream caught up and
+/// drained its channel, is caught ahead of an event not delivered yet (or ahead of the
+/// compacted cancel a watch from a compacted revision is owed).
+#[test]
+fn a_progress_notification_ahead_of_an_undelivered_event_is_caught() {
+    let mut ahead_of_event = None;
+    for seed in 0..60 {
+        let config = Config {
+            watches: true,
+            watch_fault: Some(WatchFault::EarlyProgress),
+            ..Config::from_seed(seed)
+        };
+        let Err(failure) = run(&config) else {
+            continue;
+        };
+        assert!(
+            failure
+                .message
+                .contains("watch guarantee Bookmarkable broken")
+                && failure.message.contains("ahead of the undelivered"),
+            "{failure}"
+        );
+        if failure.message.contains("undelivered put")
+            || failure.message.contains("undelivered delete")
+        {
+            ahead_of_event = Some(failure);
+            break;
+        }
+    }
+    let failure = ahead_of_event.expect("some seed of 0..60 reports progress ahead of an event");
+    println!("{}", failure.message);
+}
+
+/// The auth check is not vacuous: a member that serves reads without its permission check
+/// serves one its applied auth state refuses, after the permission was revoked.
+#[test]
+fn a_read_allowed_after_its_permission_was_revoked_is_caught() {
+    let mut caught = None;
+    for seed in 0..60 {
+        let config = Config {
+            auth: true,
+            read_after_revoke: true,
+            ..Config::from_seed(seed)
+        };
+        if let Err(failure) = run(&config) {
+            caught = Some(failure);
+            break;
+        }
+    }
+    let failure = caught.expect("some seed of 0..60 serves a read after a revocation");
+    println!("{}", failure.message);
+    assert!(
+        failure
+            .message
+            .contains("a read allowed after its permission was revoked"),
+        "{failure}"
+    );
 }

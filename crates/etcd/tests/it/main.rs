@@ -44,6 +44,7 @@ mod subcommands;
 mod tls;
 mod txn;
 mod watch;
+mod watch_guarantees;
 
 use etcd_client::{Client, GetOptions, KeyValue};
 use etcdrs_testkit::{EtcdBin, Member, MemberOpts};

@@ -265,6 +265,19 @@ impl Synced {
         self.group_mut(&range)?.slot_mut(stream, id)
     }
 
+    /// The highest next revision among `stream`'s synced watchers (0 if it has none).
+    pub(super) fn highest_next_rev(&mut self, stream: StreamId) -> i64 {
+        let ids: Vec<WatchId> = self
+            .located
+            .get(&stream)
+            .map(|watchers| watchers.keys().copied().collect())
+            .unwrap_or_default();
+        ids.into_iter()
+            .filter_map(|id| self.slot_mut(stream, id).map(|slot| slot.next_rev))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of distinct keys and ranges with watchers (for tests).
     #[cfg(test)]
     pub(super) fn n_groups(&self) -> (usize, usize) {

@@ -107,6 +107,32 @@ impl StandaloneMember {
         self.inner.snapshot_received(index, path);
     }
 
+    /// The watch hub the applier tells of every applied batch (the server's watch streams
+    /// read from it).
+    pub fn watch_hub(&self) -> &etcdrs_mvcc::WatchHub {
+        &self.inner.watch_hub
+    }
+
+    /// A probe of the applied auth state, for a caller beside the applier: whether `user` may
+    /// write (`write`) or read `key` now, under the store's current auth revision, as a
+    /// request of a live session is checked (anyone may while auth is off).
+    pub fn auth_probe(&self) -> impl Fn(&str, &[u8], bool) -> bool + Send + Sync + 'static {
+        let inner = self.inner.clone();
+        move |user: &str, key: &[u8], write: bool| {
+            let info = crate::auth::AuthInfo {
+                username: user.to_owned(),
+                revision: inner.auth.revision(),
+                live: true,
+            };
+            inner.auth.check_range(Some(&info), key, &[], write).is_ok()
+        }
+    }
+
+    /// The applied auth state: whether auth is on, and its revision.
+    pub fn auth_state(&self) -> (bool, u64) {
+        (self.inner.auth.is_enabled(), self.inner.auth.revision())
+    }
+
     /// The members as applied.
     pub fn members(&self) -> Vec<Member> {
         self.inner.members.read().values().cloned().collect()

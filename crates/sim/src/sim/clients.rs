@@ -43,6 +43,13 @@ impl Sim {
         if self.rng.random_range(0..8) == 0 {
             self.lease_action(i);
         }
+        if self.cfg.watches {
+            match self.rng.random_range(0..16) {
+                0 => self.request_compaction(i),
+                1 | 2 => self.read_history(i)?,
+                _ => {}
+            }
+        }
         let key = self.rng.random_range(0..self.cfg.keys);
         let roll = self.rng.random_range(0..10);
         let kind = match roll {
@@ -90,11 +97,16 @@ impl Sim {
             Kind::Put(_) | Kind::Delete | Kind::Cas { .. } => {
                 let request_id = self.next_request;
                 self.next_request += 1;
-                let mut request = InternalRaftRequest {
-                    header: Some(RequestHeader {
+                let header = if self.cfg.auth {
+                    auth::header(request_id, auth::CLIENT_USER, member.state.as_ref())
+                } else {
+                    RequestHeader {
                         id: request_id,
                         ..RequestHeader::default()
-                    }),
+                    }
+                };
+                let mut request = InternalRaftRequest {
+                    header: Some(header),
                     ..InternalRaftRequest::default()
                 };
                 match kind {
@@ -152,6 +164,24 @@ impl Sim {
             self.schedule(after, Event::Client { client, generation });
         }
         Ok(())
+    }
+
+    /// Operation `op` was refused (at its apply, or by its member's read path): it did not
+    /// happen, and its client goes on.
+    pub(super) fn fail(&mut self, op: usize) {
+        if self.ops[op].state != OpState::Open {
+            return;
+        }
+        self.ops[op].state = OpState::Failed;
+        let client = self.ops[op].op.client as usize;
+        self.note("refused", client as u64, op as u64, 0);
+        if self.clients[client].busy == Some(op) {
+            self.clients[client].busy = None;
+            self.clients[client].generation += 1;
+            let generation = self.clients[client].generation;
+            let after = self.rng.random_range(0..=10);
+            self.schedule(after, Event::Client { client, generation });
+        }
     }
 
     /// Operation `op` completes now, with its outcome.

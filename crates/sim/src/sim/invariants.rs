@@ -98,6 +98,9 @@ impl Sim {
     }
 
     pub(super) fn finish(&mut self) -> Step<Report> {
+        // Watchers caught up and checked to the end; compactions carried out (the backend
+        // hashes below compare what they left).
+        self.finish_watches()?;
         let mut first: Option<(u64, i64, u32, u32)> = None;
         for member in self.members.iter().filter(|m| m.is_member()) {
             let Some(kv) = member.store() else {
@@ -175,6 +178,9 @@ impl Sim {
             late_leaders: self.late_leaders,
             removed: self.removed,
             added: (self.added, self.promoted),
+            added_voters: self.added_voters,
+            watches: self.watch_stats,
+            auth: self.auth_stats,
         })
     }
 }

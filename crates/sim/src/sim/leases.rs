@@ -51,10 +51,7 @@ impl Sim {
                 ));
             }
             let request = InternalRaftRequest {
-                header: Some(RequestHeader {
-                    id: self.next_request,
-                    ..RequestHeader::default()
-                }),
+                header: Some(self.admin_header(self.next_request, i)),
                 lease_revoke: Some(LeaseRevokeRequest { id }),
                 ..InternalRaftRequest::default()
             };
@@ -77,18 +74,12 @@ impl Sim {
             self.next_lease += 1;
             let ttl = self.rng.random_range(1..=2);
             let grant = InternalRaftRequest {
-                header: Some(RequestHeader {
-                    id: self.next_request,
-                    ..RequestHeader::default()
-                }),
+                header: Some(self.admin_header(self.next_request, i)),
                 lease_grant: Some(LeaseGrantRequest { ttl, id }),
                 ..InternalRaftRequest::default()
             };
             let put = InternalRaftRequest {
-                header: Some(RequestHeader {
-                    id: self.next_request + 1,
-                    ..RequestHeader::default()
-                }),
+                header: Some(self.admin_header(self.next_request + 1, i)),
                 put: Some(PutRequest {
                     key: format!("lease-{id}").into_bytes(),
                     value: b"held".to_vec(),

@@ -72,6 +72,11 @@ impl Sim {
             observed: member.observed.clone(),
             db: member.db.clone(),
             durable_db: member.durable_db.clone(),
+            record_events: self.cfg.watches,
+            auth_probe: self
+                .cfg
+                .auth
+                .then(|| Box::new(state.auth_probe()) as storage::AuthProbe),
         };
         let node = Node::new(
             node_config,
@@ -132,6 +137,7 @@ impl Sim {
         }
         member.forget_process();
         let id = member.id;
+        self.member_watches_break(i);
         self.crashes += 1;
         self.note("crash", id, u64::from(clean), 0);
         let after = self.rng.random_range(50..=800);
@@ -144,7 +150,10 @@ impl Sim {
         }
         if self.cfg.membership_changes && self.rng.random_bool(0.2) {
             match self.rng.random_range(0..3) {
-                0 => self.add_learner()?,
+                0 => {
+                    let voter = self.rng.random_bool(0.5);
+                    self.add_member(voter)?
+                }
                 1 => self.promote_learner()?,
                 _ => self.remove_member(),
             }

@@ -1,6 +1,6 @@
 //! Membership changes at run time, as an operator makes them with etcdctl: a learner added
 //! (etcd's MemberAdd --learner: `ConfChangeAddLearnerNode`, the new member started with an
-//! empty log to join), promoted (MemberPromote: `ConfChangeAddNode` of the learner) and
+//! empty log to join) or a voter added directly (MemberAdd: `ConfChangeAddNode`), promoted (MemberPromote: `ConfChangeAddNode` of the learner) and
 //! members removed (MemberRemove: `ConfChangeRemoveNode`), each proposed by the leader through
 //! `raftnode::Node` as the server proposes it. Once a member that has its whole bootstrap
 //! configuration applies a removal, the removed member is gone for good: it stops, is never
@@ -57,8 +57,10 @@ impl Sim {
         matches!(answer.try_recv(), Ok(Ok(())))
     }
 
-    /// A fault: the leader adds a learner, and the new member starts with an empty log.
-    pub(super) fn add_learner(&mut self) -> Step {
+    /// A fault: the leader adds a learner (or, with `voter`, a voter directly: etcd's
+    /// MemberAdd without --learner, `ConfChangeAddNode` of a member that has nothing yet), and
+    /// the new member starts with an empty log.
+    pub(super) fn add_member(&mut self, voter: bool) -> Step {
         if self.added >= MAX_ADDITIONS {
             return Ok(());
         }
@@ -66,14 +68,22 @@ impl Sim {
             return Ok(());
         };
         let id = self.members.len() as u64 + 1;
-        if !self.propose_change(leader, ChangeKind::AddLearnerNode, id, true) {
+        let kind = if voter {
+            ChangeKind::AddNode
+        } else {
+            ChangeKind::AddLearnerNode
+        };
+        if !self.propose_change(leader, kind, id, !voter) {
             return Ok(());
         }
-        let member = Member::new(id, self._dir.path(), true);
+        let mut member = Member::new(id, self._dir.path(), true);
+        member.learner = !voter;
         self.members.push(member);
         self.added += 1;
+        self.added_voters += u32::from(voter);
         let leader_id = self.members[leader].id;
-        self.note("add-learner", leader_id, id, 0);
+        let what = if voter { "add-voter" } else { "add-learner" };
+        self.note(what, leader_id, id, 0);
         Ok(())
     }
 
@@ -223,6 +233,7 @@ impl Sim {
         drop(member.state.take());
         member.forget_process();
         let id = member.id;
+        self.member_watches_break(i);
         self.removed += 1;
         self.note("member-removed", id, 0, 0);
     }

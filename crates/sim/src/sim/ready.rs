@@ -57,6 +57,7 @@ impl Sim {
             self.observe(i, observation)?;
         }
         self.answer_waiters(i)?;
+        self.answer_compactions(i)?;
         self.take_read_states(i);
         self.serve_reads(i)
     }
@@ -75,7 +76,19 @@ impl Sim {
                 durable,
                 revoked,
                 primary,
+                events,
+                compact_rev,
+                auth_verdicts,
             } => {
+                for (request_id, verdict) in auth_verdicts {
+                    self.auth_verdicts.entry(request_id).or_insert(verdict);
+                }
+                self.history
+                    .record(&events)
+                    .map_err(|e| format!("member {id}: {e}"))?;
+                if self.cfg.watches {
+                    self.history.committed(revision);
+                }
                 for (entry_index, entry_term, payload) in entries {
                     let member = &mut self.members[i];
                     if entry_index != member.applied + 1 {
@@ -107,6 +120,13 @@ impl Sim {
                 {
                     return Err(format!(
                         "member {id} is at revision {revision} after applying up to {index}, another member was at {first}"
+                    ));
+                }
+                if at_index
+                    && let Some(first) = disagreement(&mut self.compacted, index, compact_rev)
+                {
+                    return Err(format!(
+                        "member {id} has compacted at revision {compact_rev} after applying up to {index}, another member at {first}"
                     ));
                 }
                 if let Some(hash) = hash
@@ -156,15 +176,20 @@ impl Sim {
         let mut answered = Vec::new();
         member
             .waiters
-            .retain(|_, (op, answer)| match answer.try_recv() {
+            .retain(|request_id, (op, answer)| match answer.try_recv() {
                 Ok(output) => {
-                    answered.push((*op, output));
+                    answered.push((*request_id, *op, output));
                     false
                 }
                 Err(oneshot::error::TryRecvError::Empty) => true,
                 Err(oneshot::error::TryRecvError::Closed) => false,
             });
-        for (op, output) in answered {
+        for (request_id, op, output) in answered {
+            if self.cfg.auth && !self.judge_write(id, request_id, &output)? {
+                // Refused at its apply: it did not happen.
+                self.fail(op);
+                continue;
+            }
             let outcome = match output {
                 Ok(ApplyOutput::Txn(txn)) => Outcome::Cas(txn.succeeded),
                 Ok(_) => Outcome::Written,
@@ -215,6 +240,10 @@ impl Sim {
         member.read_waits = waiting;
         for (_, op) in ready {
             let key = key_bytes(self.ops[op].op.key);
+            if !self.read_permitted(i, &key)? {
+                self.fail(op);
+                continue;
+            }
             let Some(store) = self.members[i].store() else {
                 return Err("read on a stopped member".into());
             };

@@ -111,6 +111,13 @@ pub(super) enum Observed {
         revoked: Vec<i64>,
         /// Whether the lessor is primary after it.
         primary: bool,
+        /// The events of the revisions it made (when the run records them).
+        events: Vec<etcdrs_proto::mvccpb::Event>,
+        /// The store's compacted revision after it.
+        compact_rev: i64,
+        /// The clients' user's writes in it, by request id: whether their permission held
+        /// (`None`: the batch changed it).
+        auth_verdicts: Vec<(u64, Option<bool>)>,
     },
     /// A leader's snapshot installed: its index, and the consistent index of the image.
     Restored { index: u64, consistent: u64 },
@@ -131,7 +138,14 @@ pub(super) struct Recorder {
     pub(super) observed: Observations,
     pub(super) db: PathBuf,
     pub(super) durable_db: PathBuf,
+    /// Whether to read back the events of each batch's revisions (for the watch checks).
+    pub(super) record_events: bool,
+    /// Under auth: whether a user may write a key, as the applied auth state stands.
+    pub(super) auth_probe: Option<AuthProbe>,
 }
+
+/// [`StandaloneMember::auth_probe`].
+pub(super) type AuthProbe = Box<dyn Fn(&str, &[u8], bool) -> bool + Send + Sync>;
 
 impl Recorder {
     fn save_durable(&self) -> Result<(), String> {
@@ -158,6 +172,24 @@ impl StateMachine for Recorder {
             .filter(|id| lessor.contains(*id))
             .collect();
         let raft_term = batch.raft.term;
+        let before = self.store.current_rev();
+        let permitted = |probe: &AuthProbe| probe(super::auth::CLIENT_USER, &key_bytes(0), true);
+        let permitted_before = self.auth_probe.as_ref().map(permitted);
+        // The clients' user's writes, by request id.
+        let writes: Vec<u64> = if self.auth_probe.is_some() {
+            batch
+                .entries
+                .iter()
+                .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty())
+                .filter_map(|e| InternalRaftRequest::decode(e.data.as_ref()).ok())
+                .filter(|r| r.put.is_some() || r.delete_range.is_some() || r.txn.is_some())
+                .filter_map(|r| r.header)
+                .filter(|h| h.username == super::auth::CLIENT_USER)
+                .map(|h| h.id)
+                .collect()
+        } else {
+            Vec::new()
+        };
         let applied = self.machine.apply(batch)?;
         if applied.durable {
             self.save_durable()?;
@@ -165,7 +197,11 @@ impl StateMachine for Recorder {
         let store = &self.store;
         let index = applied.index;
         let at_index = store.consistent_index() == index;
-        let hash = if at_index && index % HASH_EVERY == 0 {
+        // Not while a compaction is being carried out: `HashKV` counts the revisions at or
+        // below the compacted revision that the compaction will delete when no key is alive
+        // there (etcd's `len(keep) > 0` rule), so a member midway hashes otherwise than one
+        // done.
+        let hash = if at_index && index % HASH_EVERY == 0 && !store.compaction_pending() {
             Some(store.hash_kv(0).map_err(|e| format!("hash: {e}"))?.hash)
         } else {
             None
@@ -174,16 +210,33 @@ impl StateMachine for Recorder {
             .into_iter()
             .filter(|id| !lessor.contains(*id))
             .collect();
+        let permitted_after = self.auth_probe.as_ref().map(permitted);
+        let verdict = (permitted_before == permitted_after)
+            .then_some(permitted_after)
+            .flatten();
+        let auth_verdicts = writes.into_iter().map(|id| (id, verdict)).collect();
+        let revision = store.current_rev();
+        // Read before any compaction step can run: the batch's revisions are all there.
+        let events = if self.record_events && revision > before {
+            store
+                .events_between(before + 1, revision)
+                .map_err(|e| format!("read the batch's events: {e}"))?
+        } else {
+            Vec::new()
+        };
         lock(&self.observed).push(Observed::Applied {
             entries,
             raft_term,
             index,
-            revision: store.current_rev(),
+            revision,
             at_index,
             hash,
             durable: applied.durable,
             revoked,
             primary: lessor.is_primary(),
+            events,
+            compact_rev: store.compact_rev(),
+            auth_verdicts,
         });
         Ok(applied)
     }
