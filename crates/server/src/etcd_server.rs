@@ -26,6 +26,13 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_proto::rpctypes;
 use etcdrs_raftnode::{NodeConfig, RaftNodeHandle, task::TaskResult};
+use etcdrs_schema::keys::{META_CLUSTER_ID, META_MEMBER_ID};
+use etcdrs_schema::layout::Layout;
+use etcdrs_schema::load::{
+    load_alarms, load_cluster_version, load_downgrade, load_downgrade_known_to_etcd35,
+    load_members, load_removed, read_u64,
+};
+use etcdrs_schema::membership::{self, Member};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
@@ -34,7 +41,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
-use crate::membership::{self, Member};
 use crate::peer::PeerTransport;
 use crate::request::{MemberAttributes, Op, PublishForm};
 
@@ -48,58 +54,9 @@ mod standalone;
 mod versions;
 
 use applier::Applier;
-pub(crate) use applier::alarm_key;
-use bootstrap::{
-    bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade,
-    load_downgrade_known_to_etcd35, load_members, load_removed, read_u64, restart_start,
-};
+use bootstrap::{bootstrap, join_existing, restart_start};
 pub use peer_host::PeerHost;
 pub use standalone::StandaloneMember;
-
-/// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
-pub(crate) mod protobuf_free {
-    use etcdrs_raftnode::eraftpb::ConfState;
-    use protobuf::Message;
-
-    pub(crate) fn decode_conf_state(bytes: &[u8]) -> Option<ConfState> {
-        let mut state = ConfState::default();
-        state.merge_from_bytes(bytes).ok()?;
-        Some(state)
-    }
-
-    /// The stored form of a raft configuration: each list of ids sorted, as etcd's raft lists
-    /// them. raft-rs lists them in its hash sets' order, which differs between members and
-    /// across a restart, and the stored bytes are part of the backend's hash
-    /// (`Maintenance.Hash`), which members with the same data must agree on.
-    pub(crate) fn encode_conf_state(state: &ConfState) -> Vec<u8> {
-        let mut state = state.clone();
-        state.mut_voters().sort_unstable();
-        state.mut_learners().sort_unstable();
-        state.mut_voters_outgoing().sort_unstable();
-        state.mut_learners_next().sort_unstable();
-        state.write_to_bytes().unwrap_or_default()
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn a_configuration_is_stored_the_same_whatever_the_order_of_its_ids() {
-            let state = |voters: &[u64], learners: &[u64]| {
-                let mut s = ConfState::default();
-                s.set_voters(voters.to_vec());
-                s.set_learners(learners.to_vec());
-                s
-            };
-            let stored = encode_conf_state(&state(&[5, 2, 4], &[7, 6]));
-            assert_eq!(stored, encode_conf_state(&state(&[4, 5, 2], &[6, 7])));
-            let back = decode_conf_state(&stored).expect("decodes");
-            assert_eq!(back.get_voters(), &[2, 4, 5]);
-            assert_eq!(back.get_learners(), &[6, 7]);
-        }
-    }
-}
 
 /// What applying a request produced.
 #[derive(Debug)]
@@ -139,20 +96,14 @@ const MAX_GAP_APPLY_COMMIT: u64 = 5000;
 const MAX_AUTH_RETRIES: u32 = 8;
 /// Cost etcd's quota charges per key on top of its key and value.
 const KV_OVERHEAD: u64 = 256;
-pub(crate) const META_MEMBER_ID: &[u8] = b"memberID";
-pub(crate) const META_CLUSTER_ID: &[u8] = b"clusterID";
-/// The cluster version last applied (etcd keeps it in its `cluster` bucket); absent until the
-/// first leader decides it.
-pub(crate) const META_CLUSTER_VERSION: &[u8] = b"clusterVersion";
-/// A downgrade under way: etcd's `DowngradeInfo` JSON (etcd 3.5 keeps it in its `cluster`
-/// bucket under `downgrade`); absent or disabled when there is none.
-pub(crate) const META_DOWNGRADE: &[u8] = b"downgrade";
 
 /// The member's state: what the applier (the one writer, on the raft thread) changes as
 /// entries apply and the server reads to answer requests. It holds no raft handle: the
 /// applier never calls back into the node that calls it.
 struct Inner {
     config: ServerConfig,
+    /// Where this member's storage lives, resolved once at start.
+    layout: Layout,
     member_id: u64,
     cluster_id: u64,
     store: Arc<KvStore>,
@@ -219,6 +170,7 @@ impl Inner {
     /// The member's state as `store` holds it: membership, alarms, auth, versions.
     fn load(
         config: ServerConfig,
+        layout: Layout,
         member_id: u64,
         cluster_id: u64,
         store: Arc<KvStore>,
@@ -228,6 +180,7 @@ impl Inner {
         Ok(Inner {
             auth: crate::auth::AuthStore::load(&store, config.auth.clone())?,
             config,
+            layout,
             member_id,
             cluster_id,
             waiters: Mutex::new(HashMap::new()),
@@ -255,8 +208,8 @@ impl Inner {
 
     /// Where a snapshot image for raft index `index` is received.
     fn snapshot_receive_path(&self, index: u64) -> std::path::PathBuf {
-        self.config
-            .backend_path()
+        self.layout
+            .backend_path
             .with_file_name(format!("{index:016x}.snap.recv"))
     }
 
@@ -307,14 +260,16 @@ impl EtcdServer {
         etcdrs_backend::create_dir_all_synced(&config.data_dir)
             .map_err(|e| fatal("create data dir", &e))?;
         crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
+        // Where storage lives is settled now that a conversion had its chance to run.
+        let layout = Layout::resolve(&config.data_dir, config.wal_dir.as_deref());
         let mut backend =
-            Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
-        remove_received_snapshots(&config.backend_path());
+            Backend::open(&layout.backend_path).map_err(|e| fatal("open backend", &e))?;
+        remove_received_snapshots(&layout.backend_path);
         backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
-        tracing::info!(path = %config.backend_path().display(), "opened backend db");
+        tracing::info!(path = %layout.backend_path.display(), "opened backend db");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
 
-        let wal_dir = config.wal_dir();
+        let wal_dir = layout.wal_dir.clone();
         let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
         // A backend that applied entries has a WAL they came from; without it (an operator
         // removed `member/wal`) bootstrapping would start a new member's log over the old
@@ -326,7 +281,7 @@ impl EtcdServer {
                 "database file ({} index {}) holds applied entries but the WAL directory ({}) has no WAL; \
                  refusing to start a new member over them (put the WAL back, or remove the data directory {} \
                  to join the cluster as a new member)",
-                config.backend_path().display(),
+                layout.backend_path.display(),
                 store.consistent_index(),
                 wal_dir.display(),
                 config.data_dir.display()
@@ -398,6 +353,7 @@ impl EtcdServer {
         let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
         let inner = Arc::new(Inner::load(
             config,
+            layout,
             member_id,
             cluster_id,
             store.clone(),
@@ -693,7 +649,7 @@ impl EtcdServer {
         self.inner.applied.send_modify(|_| {});
         if let Some(version) = self.cluster_version() {
             tracing::info!(
-                cluster_version = crate::version::major_minor(&version),
+                cluster_version = etcdrs_schema::version::major_minor(&version),
                 "enabled capabilities for version"
             );
         }
@@ -722,7 +678,7 @@ impl EtcdServer {
     pub fn proposes_hashed_passwords(&self) -> bool {
         self.cluster_version()
             .as_deref()
-            .and_then(crate::version::Version::parse)
+            .and_then(etcdrs_schema::version::Version::parse)
             .is_none_or(|v| (v.major, v.minor) >= (3, 5))
     }
 

@@ -16,6 +16,7 @@ use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
+use etcdrs_schema::version::SERVER_VERSION;
 use etcdrs_serve::h2authority::LenientAuthority;
 use etcdrs_serve::keepalive::{PingPolicy, Policed};
 use etcdrs_serve::leader::LeaderSource;
@@ -31,7 +32,6 @@ use crate::EtcdServer;
 use crate::metrics;
 use crate::rpc::Rpc;
 use crate::tls::TlsServer;
-use crate::version::SERVER_VERSION;
 
 mod dispatch;
 mod unary;

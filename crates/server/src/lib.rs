@@ -16,23 +16,22 @@ pub mod config;
 pub mod convert;
 pub mod corrupt;
 pub mod error;
-pub mod etcd_db;
 mod etcd_server;
 #[cfg(test)]
 mod fuzz;
 pub mod gateway;
 pub mod http;
 mod idgen;
-pub mod membership;
 pub mod metrics;
 pub mod peer;
 mod request;
 pub mod rpc;
 pub mod tls;
 mod v2keys;
-pub mod v2snap;
 mod validate;
-pub mod version;
+
+/// Members and their ids (the simulator builds its clusters' members with it).
+pub use etcdrs_schema::membership;
 
 pub use config::{AutoCompaction, ServerConfig};
 pub use error::{Result, ServerError};

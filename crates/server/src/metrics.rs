@@ -15,10 +15,10 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use etcdrs_schema::version::SERVER_VERSION;
 pub use etcdrs_serve::grpc_metrics::set_extensive;
 
 use crate::EtcdServer;
-use crate::version::SERVER_VERSION;
 
 /// `etcd_server_health_success`: `/health` checks that found the member healthy.
 pub static HEALTH_SUCCESS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -358,7 +358,7 @@ fn render_families(server: &EtcdServer) -> String {
         "etcd_server_id",
         "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
         "server_id",
-        &crate::membership::id_hex(server.member_id()),
+        &etcdrs_schema::membership::id_hex(server.member_id()),
     );
     gauge(
         &registry,
@@ -494,7 +494,7 @@ fn render_families(server: &EtcdServer) -> String {
             "etcd_cluster_version",
             "Which version is running. 1 for 'cluster_version' label with current cluster version",
             "cluster_version",
-            crate::version::major_minor(&version),
+            etcdrs_schema::version::major_minor(&version),
         );
     }
     let (open_fds, max_fds) = etcdrs_serve::process::register_families(&registry);

@@ -54,7 +54,7 @@ pub(crate) fn transport_config(
             .iter()
             .map(crate::url_string)
             .collect(),
-        server_version: crate::version::SERVER_VERSION,
+        server_version: etcdrs_schema::version::SERVER_VERSION,
         // A leader's database stays within its quota (the NOSPACE alarm stops writes at it),
         // so an image over twice the quota is not one.
         snapshot_limit: config.quota_bytes().saturating_mul(2),
@@ -78,8 +78,8 @@ impl Read for ImageReader {
 /// installs and so do we: the v2 store's JSON as the snapshot's data, and the database in
 /// bbolt's format.
 pub(crate) fn snapshot_image(store: &KvStore, index: u64) -> Result<SnapshotImage, String> {
-    let data = crate::v2snap::from_store(store, index).map_err(|e| e.to_string())?;
-    let image = crate::etcd_db::snapshot(store.backend()).map_err(|e| e.to_string())?;
+    let data = etcdrs_schema::v2snap::from_store(store, index).map_err(|e| e.to_string())?;
+    let image = etcdrs_schema::etcd_db::snapshot(store.backend()).map_err(|e| e.to_string())?;
     let file = image.open().map_err(|e| e.to_string())?;
     Ok(SnapshotImage {
         data,

@@ -22,9 +22,9 @@ use etcdrs_proto::raft_internal::{
     self as etcd, Attributes, ClusterMemberAttrSetRequest, ClusterVersionSetRequest,
     DowngradeInfoSetRequest, InternalRaftRequest, Payload, RequestHeader, V2Request,
 };
+use etcdrs_schema::keys::DOWNGRADE_PATH;
+use etcdrs_schema::version::DowngradeInfo;
 use prost::Message as _;
-
-use crate::version::DowngradeInfo;
 
 pub use etcdrs_proto::raft_internal::InternalAuthenticateRequest;
 
@@ -84,16 +84,6 @@ pub enum Op {
     /// (and exit if the cluster version is then lowered, see `EtcdServer::downgrade_target`).
     DowngradeInfoSetV3(Option<String>),
 }
-
-/// The v2 path under which etcd-rs records a downgrade while the cluster version is below 3.6.
-///
-/// etcd 3.5 proposes `downgrade_info_set`, which etcd 3.4's applier cannot apply (it panics on
-/// an `InternalRaftRequest` with none of its fields), and etcd 3.5 never lowers a cluster to
-/// 3.4. etcd-rs does (a downgrade to 3.4 lets etcd 3.4 members join), so its record of the
-/// downgrade must be an entry that etcd 3.4 members, which join afterwards and may replay it,
-/// apply harmlessly: a plain v2 `PUT` into the v2 store's membership directory, next to
-/// `/0/version`, which etcd 3.4 and 3.5 store and otherwise ignore.
-pub const DOWNGRADE_PATH: &str = "/0/downgrade";
 
 /// A member publishing its name and client URLs (etcd's `publish`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

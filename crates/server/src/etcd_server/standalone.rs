@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use etcdrs_mvcc::KvStore;
 use etcdrs_raftnode::{Start, StateMachine};
+use etcdrs_schema::layout::Layout;
+use etcdrs_schema::membership::Member;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +19,6 @@ use super::bootstrap::{new_cluster_start, restart_start, wal_metadata};
 use super::{ApplyOutput, Inner};
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
-use crate::membership::Member;
 use crate::peer::PeerTransport;
 
 /// One member's applied state without its server: build it with [`StandaloneMember::open`],
@@ -55,8 +56,9 @@ impl StandaloneMember {
             )
             .0
         };
+        let layout = Layout::resolve(&config.data_dir, config.wal_dir.as_deref());
         let inner = Arc::new(Inner::load(
-            config, member_id, cluster_id, store, transport,
+            config, layout, member_id, cluster_id, store, transport,
         )?);
         let applier = Applier {
             inner: inner.clone(),

@@ -65,7 +65,7 @@ async fn downgrade_enabled(State(server): State<EtcdServer>, request: Request) -
 
 /// A member as etcd's `/members` lists it (Go's JSON of `membership.Member`), which is how
 /// `membership::Member` encodes.
-pub use crate::membership::Member as MemberJson;
+pub use etcdrs_schema::membership::Member as MemberJson;
 
 fn members_json(server: &EtcdServer) -> String {
     let mut members: Vec<MemberJson> = server.members();

@@ -11,6 +11,7 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_raftnode::RaftView;
 use etcdrs_raftnode::eraftpb::Entry;
+use etcdrs_schema::layout::Layout;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +36,8 @@ impl Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServerConfig::with_defaults();
         config.data_dir = dir.path().to_path_buf();
-        let backend = Backend::open(&config.backend_path()).expect("open backend");
+        let layout = Layout::resolve(&config.data_dir, None);
+        let backend = Backend::open(&layout.backend_path).expect("open backend");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl()).expect("open store"));
         let (transport, _links) = PeerTransport::new(
             crate::peer::transport_config(
@@ -46,7 +48,7 @@ impl Harness {
             ),
             CancellationToken::new(),
         );
-        let inner = Inner::load(config, LOCAL, 0x2, store, transport).expect("load state");
+        let inner = Inner::load(config, layout, LOCAL, 0x2, store, transport).expect("load state");
         Harness {
             applier: Applier {
                 inner: Arc::new(inner),
