@@ -41,11 +41,13 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
-use crate::peer::PeerTransport;
 use crate::request::{MemberAttributes, Op, PublishForm};
+use peer_host::{PeerTransport, peer_client, transport_config};
 
 mod applier;
 mod bootstrap;
+pub mod corrupt;
+mod lease;
 mod loops;
 mod members;
 mod peer_host;
@@ -287,7 +289,7 @@ impl EtcdServer {
                 config.data_dir.display()
             )));
         }
-        let peer_client = crate::peer::peer_client(&config)?;
+        let peer_client = peer_client(&config)?;
         let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
         let (member_id, cluster_id, start) = if wal_exists {
             let member_id = read_u64(store.meta(META_MEMBER_ID)?);
@@ -311,7 +313,7 @@ impl EtcdServer {
         // Raft may send into the transport from its start; the links run once the member
         // they deliver to exists (`links.start` below).
         let (transport, links) = PeerTransport::new(
-            crate::peer::transport_config(&config, member_id, cluster_id, peer_client),
+            transport_config(&config, member_id, cluster_id, peer_client),
             shutdown.clone(),
         );
         let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
@@ -437,7 +439,7 @@ impl EtcdServer {
             let stop = shutdown.clone();
             let interval = server.inner.config.corrupt_check_time;
             tasks.spawn(async move {
-                crate::corrupt::run_periodic(checker, interval, stop).await;
+                corrupt::run_periodic(checker, interval, stop).await;
                 ("corruption check", Ok(()))
             });
         }

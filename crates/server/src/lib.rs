@@ -14,7 +14,6 @@ pub mod auth;
 mod compactor;
 pub mod config;
 pub mod convert;
-pub mod corrupt;
 pub mod error;
 mod etcd_server;
 #[cfg(test)]
@@ -35,5 +34,5 @@ pub use etcdrs_schema::membership;
 
 pub use config::{AutoCompaction, ServerConfig};
 pub use error::{Result, ServerError};
-pub use etcd_server::{ApplyOutput, EtcdServer, StandaloneMember, url_string};
+pub use etcd_server::{ApplyOutput, EtcdServer, StandaloneMember, corrupt, url_string};
 pub use etcdrs_raftnode::task::TaskResult;

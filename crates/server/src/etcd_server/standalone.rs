@@ -19,7 +19,7 @@ use super::bootstrap::{new_cluster_start, restart_start, wal_metadata};
 use super::{ApplyOutput, Inner};
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
-use crate::peer::PeerTransport;
+use crate::etcd_server::peer_host::{PeerTransport, transport_config};
 
 /// One member's applied state without its server: build it with [`StandaloneMember::open`],
 /// hand the state machine it returns to a `raftnode::Node`, and register a waiter
@@ -46,7 +46,7 @@ impl StandaloneMember {
         let transport = {
             let _entered = runtime.enter();
             PeerTransport::new(
-                crate::peer::transport_config(
+                transport_config(
                     &config,
                     member_id,
                     cluster_id,

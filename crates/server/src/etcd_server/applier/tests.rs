@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::config::ServerConfig;
-use crate::peer::PeerTransport;
+use crate::etcd_server::peer_host::{PeerTransport, transport_config};
 use crate::request::PublishForm;
 
 const LOCAL: u64 = 0x1;
@@ -40,12 +40,7 @@ impl Harness {
         let backend = Backend::open(&layout.backend_path).expect("open backend");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl()).expect("open store"));
         let (transport, _links) = PeerTransport::new(
-            crate::peer::transport_config(
-                &config,
-                LOCAL,
-                0x2,
-                etcdrs_rafthttp::PeerClient::new(None),
-            ),
+            transport_config(&config, LOCAL, 0x2, etcdrs_rafthttp::PeerClient::new(None)),
             CancellationToken::new(),
         );
         let inner = Inner::load(config, layout, LOCAL, 0x2, store, transport).expect("load state");

@@ -21,7 +21,7 @@ use etcdrs_proto::rpctypes;
 use etcdrs_schema::membership::id_hex;
 use tokio_util::sync::CancellationToken;
 
-use crate::EtcdServer;
+use super::EtcdServer;
 use crate::error::{Result, ServerError};
 use crate::request::Op;
 
