@@ -225,23 +225,3 @@ async fn leases(State(server): State<EtcdServer>, request: Request) -> Response 
         Err(e) => go_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn members_json_has_gos_field_names_and_omissions() {
-        let m = MemberJson {
-            id: 10,
-            peer_urls: vec!["http://a:2380".into()],
-            is_learner: false,
-            name: String::new(),
-            client_urls: Vec::new(),
-        };
-        assert_eq!(
-            serde_json::to_string(&m).expect("json"),
-            r#"{"id":10,"peerURLs":["http://a:2380"]}"#
-        );
-    }
-}
