@@ -18,15 +18,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use etcdrs_backend::Backend;
 use etcdrs_mvcc::{KvStore, WatchHub};
 use etcdrs_proto::etcdserverpb::{
     AlarmMember, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
     LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
 use etcdrs_proto::rpctypes;
-use etcdrs_raftnode::{NodeConfig, RaftNodeHandle, task::TaskResult};
-use etcdrs_schema::keys::{META_CLUSTER_ID, META_MEMBER_ID};
+use etcdrs_raftnode::{RaftNodeHandle, task::TaskResult};
 use etcdrs_schema::layout::Layout;
 use etcdrs_schema::load::{
     load_alarms, load_cluster_version, load_downgrade, load_downgrade_known_to_etcd35,
@@ -42,7 +40,7 @@ use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
 use crate::request::{MemberAttributes, Op, PublishForm};
-use peer_host::{PeerTransport, peer_client, transport_config};
+use peer_host::PeerTransport;
 
 mod applier;
 mod bootstrap;
@@ -53,10 +51,9 @@ mod members;
 mod peer_host;
 mod propose;
 mod standalone;
+mod start;
 mod versions;
 
-use applier::Applier;
-use bootstrap::{bootstrap, join_existing, restart_start};
 pub use peer_host::PeerHost;
 pub use standalone::StandaloneMember;
 
@@ -252,230 +249,16 @@ pub struct EtcdServer {
 
 impl EtcdServer {
     /// Open storage, start raft and the background tasks (on `tasks`, stopped by `shutdown`).
+    /// The phases are in `start`, each taking the one before.
     pub async fn start(
         config: ServerConfig,
         tasks: &mut JoinSet<TaskResult>,
         shutdown: CancellationToken,
     ) -> Result<EtcdServer> {
-        let fatal =
-            |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
-        etcdrs_backend::create_dir_all_synced(&config.data_dir)
-            .map_err(|e| fatal("create data dir", &e))?;
-        crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
-        // Where storage lives is settled now that a conversion had its chance to run.
-        let layout = Layout::resolve(&config.data_dir, config.wal_dir.as_deref());
-        let mut backend =
-            Backend::open(&layout.backend_path).map_err(|e| fatal("open backend", &e))?;
-        remove_received_snapshots(&layout.backend_path);
-        backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
-        tracing::info!(path = %layout.backend_path.display(), "opened backend db");
-        let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
-
-        let wal_dir = layout.wal_dir.clone();
-        let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
-        // A backend that applied entries has a WAL they came from; without it (an operator
-        // removed `member/wal`) bootstrapping would start a new member's log over the old
-        // data, whose consistent index then hides the new entries. etcd 3.5 starts anyway;
-        // we refuse, as etcd refuses a WAL without its database file. A restored snapshot
-        // (`etcd snapshot restore`) has no consistent index and bootstraps as before.
-        if !wal_exists && store.consistent_index() > 0 {
-            return Err(ServerError::Fatal(format!(
-                "database file ({} index {}) holds applied entries but the WAL directory ({}) has no WAL; \
-                 refusing to start a new member over them (put the WAL back, or remove the data directory {} \
-                 to join the cluster as a new member)",
-                layout.backend_path.display(),
-                store.consistent_index(),
-                wal_dir.display(),
-                config.data_dir.display()
-            )));
-        }
-        let peer_client = peer_client(&config)?;
-        let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
-        let (member_id, cluster_id, start) = if wal_exists {
-            let member_id = read_u64(store.meta(META_MEMBER_ID)?);
-            let cluster_id = read_u64(store.meta(META_CLUSTER_ID)?);
-            tracing::info!(
-                local_member_id = %membership::id_hex(member_id),
-                commit_index = store.consistent_index(),
-                "restarting local member"
-            );
-            let start = restart_start(&store, config.force_new_cluster)?;
-            (member_id, cluster_id, start)
-        } else if config.new_cluster {
-            bootstrap(&config, &store)?
-        } else {
-            let (member_id, cluster_id, start, remote) =
-                join_existing(&config, &store, &peer_client).await?;
-            remote_members = remote;
-            (member_id, cluster_id, start)
-        };
-        let start_members = load_members(&store)?;
-        // Raft may send into the transport from its start; the links run once the member
-        // they deliver to exists (`links.start` below).
-        let (transport, links) = PeerTransport::new(
-            transport_config(&config, member_id, cluster_id, peer_client),
-            shutdown.clone(),
-        );
-        let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
-            remote_members
-        } else if start_members.is_empty() {
-            // A new member: its peers are the initial cluster (their AddNode entries apply soon).
-            config
-                .initial_cluster
-                .iter()
-                .map(|(_, urls)| {
-                    let urls: Vec<String> = urls.iter().map(url_string).collect();
-                    (
-                        membership::member_id(&urls, &config.initial_cluster_token),
-                        urls,
-                    )
-                })
-                .collect()
-        } else {
-            start_members
-                .values()
-                .map(|m| (m.id, m.peer_urls.clone()))
-                .collect()
-        };
-        transport.set_peers(&initial_peers);
-
-        let node_config = NodeConfig {
-            id: member_id,
-            wal_dir,
-            tick_interval: config.heartbeat_interval,
-            election_tick: config.election_ticks(),
-            heartbeat_tick: 1,
-            pre_vote: config.pre_vote,
-            snapshot_count: config.snapshot_count,
-            catch_up_entries: config.snapshot_catchup_entries.max(1),
-            unsafe_no_fsync: config.unsafe_no_fsync,
-        };
-        let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
-        let config_election_timeout = config.election_timeout;
-        let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
-        let inner = Arc::new(Inner::load(
-            config,
-            layout,
-            member_id,
-            cluster_id,
-            store.clone(),
-            transport.clone(),
-        )?);
-        // The one writer is the raft thread itself: committed entries are applied inline.
-        let applier = Applier {
-            inner: inner.clone(),
-            last_leader: 0,
-        };
-        let raft = etcdrs_raftnode::start(
-            node_config,
-            start,
-            transport.clone(),
-            Box::new(applier),
-            tasks,
-            shutdown.clone(),
-        )?;
-        let removed = CancellationToken::new();
-        let peer_link = links.start(Arc::new(PeerHost {
-            inner: Arc::downgrade(&inner),
-            raft: raft.clone(),
-            removed: removed.clone(),
-        }));
-        let server = EtcdServer {
-            inner,
-            core: Arc::new(Core {
-                raft,
-                peer_link,
-                ids: IdGenerator::new(member_id),
-                version_decision: tokio::sync::Mutex::new(()),
-                published: AtomicBool::new(false),
-                leader_losses: leader_loss.subscribe(),
-                request_timeout,
-            }),
-        };
-
-        let told = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = removed.cancelled() => {
-                    told.removed_by_peer();
-                    stop.cancelled().await;
-                }
-            }
-            ("removal notice", Ok(()))
-        });
-        let lessor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            lessor.run_lease_expiry(stop).await;
-            ("lease expiry", Ok(()))
-        });
-        let committer = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move { ("backend commit", committer.run_backend_commit(stop).await) });
-        let watcher = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => ("removal watch", Ok(())),
-                _ = watcher.wait_removed() => (
-                    "removal watch",
-                    Err("the member has been permanently removed from the cluster".to_string()),
-                ),
-            }
-        });
-        if server.inner.config.lease_checkpoint {
-            let checkpointer = server.clone();
-            let stop = shutdown.clone();
-            let interval = server.inner.config.lease_checkpoint_interval;
-            tasks.spawn(async move {
-                checkpointer.run_lease_checkpoints(interval, stop).await;
-                ("lease checkpoints", Ok(()))
-            });
-        }
-        if server.inner.config.corrupt_check_time > Duration::ZERO {
-            let checker = server.clone();
-            let stop = shutdown.clone();
-            let interval = server.inner.config.corrupt_check_time;
-            tasks.spawn(async move {
-                corrupt::run_periodic(checker, interval, stop).await;
-                ("corruption check", Ok(()))
-            });
-        }
-        let syncer = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let result = syncer.run_watch_sync(stop).await;
-            ("watch sync", result.map_err(|e| e.to_string()))
-        });
-        let compactor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            compactor.run_auto_compaction(stop).await;
-            ("auto compaction", Ok(()))
-        });
-        let compactor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let result = compactor.run_physical_compaction(stop).await;
-            ("physical compaction", result)
-        });
-        let monitor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            monitor.run_version_monitor(stop).await;
-            ("version monitor", Ok(()))
-        });
-        let observed = server.clone();
-        let stop = shutdown.clone();
-        let election = config_election_timeout;
-        tasks.spawn(async move {
-            let has_leader = move || etcdrs_serve::leader::LeaderSource::has_leader(&observed);
-            leader_loss.monitor(election, has_leader, stop).await;
-            ("leader monitor", Ok(()))
-        });
-        Ok(server)
+        let storage = start::Storage::open(config)?;
+        let identity = storage.identify().await?;
+        let started = identity.run(tasks, &shutdown)?;
+        Ok(started.spawn_tasks(tasks, &shutdown))
     }
 
     /// This member's id.

@@ -243,9 +243,6 @@ pub struct Versions {
     /// Its server version.
     #[serde(rename = "etcdserver")]
     pub server: String,
-    /// The cluster version it has applied (`not_decided` before one is).
-    #[serde(rename = "etcdcluster", default)]
-    pub cluster: String,
 }
 
 /// The versions a member reports at the first of its peer URLs that answers (etcd's
