@@ -3,15 +3,16 @@
 //! the MVCC store (the one writer), serves linearizable reads through ReadIndex, expires
 //! leases and runs auto-compaction.
 //!
-//! This file holds the server's state, its start (which wires storage, raft, the transport
-//! and the tasks together) and its accessors. The state is in two halves: `Inner`, what the
-//! applier writes and requests read, and `Core`, the request side's own (the raft handle):
-//! the applier is built from the first and handed to the raft node, so nothing on the raft
-//! thread calls back into raft; the rest lives by seam in submodules:
-//! `bootstrap` (new cluster, join, what a restart loads), `propose` (proposals and their
-//! waiters, the ReadIndex barrier, the quota), `members` (membership changes), `applier` (what
-//! the raft thread runs for committed entries and snapshots) and `loops` (the background
-//! tasks).
+//! This file holds the server's state and its accessors; its start, in phases whose types
+//! carry the order, is `start`. The state is in two halves: `Inner`, what the applier writes
+//! and requests read, and `Core`, the request side's own (the raft handle): the applier is
+//! built from the first and handed to the raft node, so nothing on the raft thread calls back
+//! into raft; the rest lives by seam in submodules: `bootstrap` (new cluster, join, what a
+//! restart needs), `propose` (proposals and their waiters, the ReadIndex barrier, the quota),
+//! `members` (membership changes), `applier` (what the raft thread runs for committed entries
+//! and snapshots), `lease` (lease requests answered by the leader's lessor), `corrupt` (the
+//! corruption checks), `peer_host` (the member as the transport's host) and `loops` (the
+//! background tasks).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

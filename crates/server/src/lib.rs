@@ -2,10 +2,14 @@
 //!
 //! [`EtcdServer`] is the core: it proposes client writes through raft, applies committed
 //! entries to the MVCC store (the only writer), answers linearizable reads after a
-//! ReadIndex, and runs the lease and compaction loops. [`rpc`] holds the gRPC services and
+//! ReadIndex, and runs the lease and compaction loops. `rpc` holds the gRPC services and
 //! the single place where errors become `tonic::Status`; [`http`] serves the client port.
 //!
-//! This is the only crate that sees both raft and the MVCC store.
+//! This is the only crate that joins raft's driver (`raftnode`, `rafthttp`) with the store
+//! (`mvcc`, and `schema` for the layout of what it stores). Its modules form no import cycle
+//! (`testkit::layering::modules`): `http` is on top, then the services (`rpc`, `gateway`,
+//! `v2keys`), then the core (`etcd_server`), then what the core uses (`peer`'s one-off calls,
+//! `convert`, `request`, `metrics`, ...).
 
 #![deny(missing_docs)]
 
