@@ -1,4 +1,4 @@
-//! Generates the prost messages and tonic clients/servers for etcd's API, and the serde
+//! Generates the prost messages and (with the `grpc` feature) tonic clients/servers for etcd's API, and the serde
 //! (grpc-gateway JSON) impls of etcdserverpb, mvccpb, authpb, v3lockpb and v3electionpb.
 //!
 //! The `.proto` files are parsed by `protox`, a protobuf compiler written in Rust, so building
@@ -40,9 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     // `prost::Name`: the JSON gateway finds a request's descriptor by its full name.
     config.enable_type_names();
+    // Without the `grpc` feature, the messages alone: no service code, nothing of tonic.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
+        .build_server(grpc)
+        .build_client(grpc)
         .compile_fds_with_config(file_set, config)?;
 
     // grpc-gateway marshals with jsonpb `OrigName: true`: the proto's field names,
@@ -67,6 +69,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(&messages, text)?;
     }
 
+    if !grpc {
+        return Ok(());
+    }
     // The Watch service once more, answering with `fanout::WatchOut`: the same route
     // (`/etcdserverpb.Watch/Watch`) and wire format, but events travel pre-encoded, so a
     // server or proxy that sends one event to many watchers encodes it once (see `fanout`).

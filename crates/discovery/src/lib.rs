@@ -13,17 +13,25 @@
 //! | [`registry`] | what both protocols share: ordering, "cluster is full", the cluster string |
 //! | [`tls`] | client TLS towards a discovery service |
 //! | [`error`] | the protocols' errors, with etcd's texts |
+//!
+//! The discovery protocols (`registry`, `tls`, `v2`, `v3`) come with the `registry` feature, on
+//! by default. Without it the crate is the SRV lookups alone and links no HTTP or gRPC crate:
+//! the L4 gateway uses it so.
 
 pub mod error;
+#[cfg(feature = "registry")]
 pub mod registry;
 pub mod srv;
 pub mod srv_cluster;
+#[cfg(feature = "registry")]
 pub mod tls;
+#[cfg(feature = "registry")]
 pub mod v2;
+#[cfg(feature = "registry")]
 pub mod v3;
 
 /// Fuzz dictionary tokens of what both discovery protocols read from the service: the
 /// `name=url,...` cluster string of a registered member.
-#[cfg(test)]
+#[cfg(all(test, feature = "registry"))]
 pub(crate) const CLUSTER_STRING_TOKENS: &[&[u8]] =
     &[b"=http://", b"=unix://", b"://[", b"]:", b",", b"%"];

@@ -69,7 +69,7 @@ pub struct Parsed {
 
 /// `etcd --version`.
 pub fn version_text() -> String {
-    use etcdrs_server::version::{ETCDRS_VERSION, SERVER_VERSION};
+    use etcdrs_schema::version::{ETCDRS_VERSION, SERVER_VERSION};
     let git_sha = option_env!("ETCDRS_GIT_SHA").unwrap_or("Not provided");
     format!(
         "etcd Version: {SERVER_VERSION}\nGit SHA: {git_sha}\nGo Version: (none: etcd-rs {ETCDRS_VERSION}, Rust)\nGo OS/Arch: {}/{}\n",

@@ -43,7 +43,7 @@ pub fn bootstrap(cfg: &EtcdConfig) -> anyhow::Result<EtcdConfig> {
     } else {
         cfg.discovery.clone()
     };
-    let id = etcdrs_server::membership::member_id(&peer_urls, &token);
+    let id = etcdrs_schema::membership::member_id(&peer_urls, &token);
     // etcd's `InitialPeerURLsMap.String()`: sorted `name=url` pairs.
     let mut pairs: Vec<String> = peer_urls
         .iter()

@@ -29,7 +29,7 @@ use anyhow::{Context, anyhow, bail};
 use etcdrs_backend::Backend;
 use etcdrs_mvcc::KvStore;
 use etcdrs_mvcc::hash::KvHash;
-use etcdrs_server::etcd_db;
+use etcdrs_schema::etcd_db;
 
 use crate::snapshot::{ImageFormat, RestoreArgs, WriteOut};
 
@@ -394,7 +394,7 @@ fn run(args: &[String]) -> Result<String, Failure> {
     match command.as_slice() {
         ["version"] => Ok(format!(
             "etcdutl version: {}\nAPI version: {}\n",
-            etcdrs_server::version::SERVER_VERSION,
+            etcdrs_schema::version::SERVER_VERSION,
             api_version()
         )),
         ["snapshot", "status"] => {
@@ -475,7 +475,7 @@ fn run(args: &[String]) -> Result<String, Failure> {
 
 /// The API version etcdutl prints beside its own: the server version's major.minor.
 fn api_version() -> &'static str {
-    let version = etcdrs_server::version::SERVER_VERSION;
+    let version = etcdrs_schema::version::SERVER_VERSION;
     match version.match_indices('.').nth(1) {
         Some((at, _)) => &version[..at],
         None => version,
@@ -510,7 +510,7 @@ fn defrag(data_dir: &Path) -> anyhow::Result<()> {
     if !metadata.is_dir() {
         bail!("{} is not a directory", data_dir.display());
     }
-    let root = etcdrs_server::convert::storage_root(data_dir);
+    let root = etcdrs_schema::layout::storage_root(data_dir);
     let db_path = root.join("member").join("snap").join("db");
     if !db_path.exists() {
         bail!("open {}: no such file or directory", db_path.display());
@@ -731,7 +731,7 @@ mod tests {
             run(&args(&["version"])).ok().unwrap(),
             format!(
                 "etcdutl version: {}\nAPI version: 3.5\n",
-                etcdrs_server::version::SERVER_VERSION
+                etcdrs_schema::version::SERVER_VERSION
             )
         );
         let snapshot = run(&args(&["snapshot"])).ok().unwrap();

@@ -1,6 +1,6 @@
 //! `etcd snapshot restore` and `etcd snapshot status`: etcd's `etcdutl snapshot` (3.5) for
 //! snapshots saved with `etcdctl snapshot save` from etcd or from etcd-rs: etcd's bbolt
-//! database with a SHA-256 trailer, read through `etcdrs_server::etcd_db` into our backend.
+//! database with a SHA-256 trailer, read through `etcdrs_schema::etcd_db` into our backend.
 //! Images of etcd-rs before it wrote etcd's format (a redb database, see `etcdrs_backend`'s
 //! `snapshot` module) are still read.
 //!
@@ -29,11 +29,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use etcdrs_backend::{Backend, Bucket, HashCheck};
 use etcdrs_mvcc::hash::DbStatus;
 use etcdrs_mvcc::{META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM};
-use etcdrs_server::{etcd_db, membership, url_string};
-
-/// `meta` keys the server's bootstrap writes (`etcd_server.rs`).
-const META_MEMBER_ID: &[u8] = b"memberID";
-const META_CLUSTER_ID: &[u8] = b"clusterID";
+use etcdrs_schema::keys::{META_CLUSTER_ID, META_MEMBER_ID};
+use etcdrs_schema::{etcd_db, membership};
+use etcdrs_server::url_string;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -23,46 +23,50 @@
 //! | [`fanout`] | (etcd-rs) `WatchResponse` with pre-encoded events, and a Watch service sending it |
 //!
 //! Each service `Foo` yields a `foo_server` module (trait `Foo`, wrapper
-//! `FooServer`) and a `foo_client` module (`FooClient`).
+//! `FooServer`) and a `foo_client` module (`FooClient`). These, [`rpctypes`] and [`fanout`]
+//! come with the `grpc` feature (on by default); without it the crate is the messages alone,
+//! linking no network crate, as the storage crates use it.
 #![deny(missing_docs)]
 
 /// The compiled descriptors of every message above (a `FileDescriptorSet`), for code that reads
 /// messages by their descriptors: the JSON gateway's jsonpb decoding.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
 
+#[cfg(feature = "grpc")]
 pub mod fanout;
 pub mod keys;
 pub mod raft_internal;
+#[cfg(feature = "grpc")]
 pub mod rpctypes;
 
 /// Multi-version store records: `KeyValue` and `Event` (etcd `mvccpb`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod mvccpb {
-    tonic::include_proto!("mvccpb");
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.rs"));
 }
 
 /// Auth store records: users, roles and permissions (etcd `authpb`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod authpb {
-    tonic::include_proto!("authpb");
+    include!(concat!(env!("OUT_DIR"), "/authpb.rs"));
 }
 
 /// The etcd v3 client API services and messages (etcd `etcdserverpb`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod etcdserverpb {
-    tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
 }
 
 /// The Lock service (etcd `v3lockpb`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v3lockpb {
-    tonic::include_proto!("v3lockpb");
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.rs"));
 }
 
 /// The Election service (etcd `v3electionpb`).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v3electionpb {
-    tonic::include_proto!("v3electionpb");
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.rs"));
 }
 
 #[cfg(test)]
@@ -159,6 +163,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "grpc")]
     #[test]
     fn services_generate_clients_and_servers() {
         use super::etcdserverpb::{

@@ -23,6 +23,7 @@ use etcdrs_backend::Bucket;
 use etcdrs_mvcc::KvStore;
 use etcdrs_proto::authpb::{Permission, Role, User};
 use etcdrs_proto::rpctypes::{self, EtcdError};
+use etcdrs_schema::keys::{AUTH_ENABLED, AUTH_REVISION, AUTH_ROLE_PREFIX, AUTH_USER_PREFIX};
 use parking_lot::{Mutex, RwLock};
 use prost::Message;
 use rand::Rng;
@@ -68,11 +69,6 @@ pub const ROOT: &str = "root";
 
 /// Simple tokens kept at most; the oldest expiring ones go first when full.
 const MAX_SIMPLE_TOKENS: usize = 100_000;
-
-pub(crate) const KEY_ENABLED: &[u8] = b"enabled";
-pub(crate) const KEY_REVISION: &[u8] = b"revision";
-pub(crate) const USER_PREFIX: &[u8] = b"user/";
-pub(crate) const ROLE_PREFIX: &[u8] = b"role/";
 
 /// The auth settings of the command line.
 #[derive(Clone, Debug)]
@@ -180,19 +176,19 @@ impl AuthStore {
         let read = store.backend().read().map_err(backend_error)?;
         let mut state = AuthState::default();
         read.for_each_in(Bucket::AUTH, &[], None, |key, value| {
-            if key == KEY_ENABLED {
+            if key == AUTH_ENABLED {
                 state.enabled = value == [1];
-            } else if key == KEY_REVISION {
+            } else if key == AUTH_REVISION {
                 if let Ok(bytes) = <[u8; 8]>::try_from(value) {
                     state.revision = u64::from_be_bytes(bytes);
                 }
-            } else if let Some(name) = key.strip_prefix(USER_PREFIX) {
+            } else if let Some(name) = key.strip_prefix(AUTH_USER_PREFIX) {
                 if let Ok(user) = User::decode(value) {
                     state
                         .users
                         .insert(String::from_utf8_lossy(name).into_owned(), user);
                 }
-            } else if let Some(name) = key.strip_prefix(ROLE_PREFIX)
+            } else if let Some(name) = key.strip_prefix(AUTH_ROLE_PREFIX)
                 && let Ok(role) = Role::decode(value)
             {
                 state

@@ -201,28 +201,6 @@ impl ServerConfig {
         }
     }
 
-    /// The WAL directory in force. A member converted from etcd's data directory keeps its
-    /// WAL with the rest of its storage (`crate::convert`), whatever `--wal-dir` says: that
-    /// directory holds etcd's WAL.
-    pub fn wal_dir(&self) -> PathBuf {
-        let root = crate::convert::storage_root(&self.data_dir);
-        if root != self.data_dir {
-            return root.join("member").join("wal");
-        }
-        self.wal_dir
-            .clone()
-            .unwrap_or_else(|| self.data_dir.join("member").join("wal"))
-    }
-
-    /// The backend file (etcd's `member/snap/db`; under `etcd-rs/` once converted from etcd's
-    /// data directory).
-    pub fn backend_path(&self) -> PathBuf {
-        crate::convert::storage_root(&self.data_dir)
-            .join("member")
-            .join("snap")
-            .join("db")
-    }
-
     /// Election timeout in ticks.
     pub fn election_ticks(&self) -> usize {
         let hb = self.heartbeat_interval.as_millis().max(1);

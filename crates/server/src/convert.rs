@@ -19,17 +19,17 @@
 //! error saying so (nothing is overwritten); a directory whose `member/snap/db` is neither
 //! etcd's nor ours is refused too.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use etcdrs_backend::{Backend, Bucket};
 use etcdrs_raftnode::eraftpb::{ConfState, Entry, EntryType};
+use etcdrs_schema::conf_state::encode_conf_state;
+use etcdrs_schema::keys::{META_CLUSTER_ID, META_CLUSTER_VERSION, META_MEMBER_ID};
+use etcdrs_schema::layout::CONVERTED_DIR;
+use etcdrs_schema::membership;
 
 use crate::error::{Result, ServerError};
-use crate::etcd_server::protobuf_free::encode_conf_state;
-use crate::membership;
 
-/// Where a converted member keeps its storage, inside the data dir.
-pub const CONVERTED_DIR: &str = "etcd-rs";
 /// Where a conversion in progress writes.
 const CONVERTING_DIR: &str = "etcd-rs.converting";
 
@@ -66,17 +66,6 @@ fn db_kind(path: &Path) -> Result<DbKind> {
     } else {
         DbKind::Unknown
     })
-}
-
-/// The directory our storage lives in for `data_dir`: `<data-dir>/etcd-rs` once converted
-/// from etcd's layout, else the data dir itself.
-pub fn storage_root(data_dir: &Path) -> PathBuf {
-    let converted = data_dir.join(CONVERTED_DIR);
-    if converted.is_dir() {
-        converted
-    } else {
-        data_dir.to_path_buf()
-    }
 }
 
 /// Convert `data_dir` if etcd wrote it and it has not been converted yet (module docs).
@@ -154,20 +143,20 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
     // etcd 3.4/3.5 start from a received snapshot's database (`<index>.snap.db`) when `db`'s
     // consistent index is behind that snapshot (`recoverSnapshotBackend`).
     let open = |path: &Path| {
-        crate::etcd_db::Db::open(path)
+        etcdrs_schema::etcd_db::Db::open(path)
             .map_err(|e| fatal(format!("{}: invalid database: {e}", path.display())))
     };
     let mut source = member.db_path.clone();
     let mut db = open(&source)?;
     if let Some(snap_db) = &member.snap_db
-        && crate::etcd_db::consistent_index(&db)? < member.wal_snapshot.0
+        && etcdrs_schema::etcd_db::consistent_index(&db)? < member.wal_snapshot.0
     {
         tracing::info!(path = %snap_db.display(), "using the received snapshot's database, as etcd would");
         source = snap_db.clone();
         db = open(&source)?;
     }
     let backend = Backend::open(&snap_dir.join("db")).map_err(|e| fatal(format!("{e}")))?;
-    let mut imported = crate::etcd_db::import(&db, &backend)?;
+    let mut imported = etcdrs_schema::etcd_db::import(&db, &backend)?;
     // The members' published attributes and promotions as etcd holds them, in its v2 store
     // (the `.snap` file's, then the entries it applied): etcd 3.5.1's database never
     // receives them (`EtcdMember::v2_members`).
@@ -232,21 +221,15 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
         tx.put(Bucket::META, key, value)
             .map_err(|e| fatal(format!("{e}")))
     };
-    put(
-        crate::etcd_server::META_MEMBER_ID,
-        &member.node_id.to_be_bytes(),
-    )?;
-    put(
-        crate::etcd_server::META_CLUSTER_ID,
-        &member.cluster_id.to_be_bytes(),
-    )?;
+    put(META_MEMBER_ID, &member.node_id.to_be_bytes())?;
+    put(META_CLUSTER_ID, &member.cluster_id.to_be_bytes())?;
     put(etcdrs_mvcc::META_TERM, &term.to_be_bytes())?;
     put(
         etcdrs_mvcc::META_CONF_STATE,
         &encode_conf_state(&conf_state),
     )?;
     if let Some(version) = &imported.cluster_version {
-        put(crate::etcd_server::META_CLUSTER_VERSION, version.as_bytes())?;
+        put(META_CLUSTER_VERSION, version.as_bytes())?;
     }
     for m in &updated {
         tracing::info!(

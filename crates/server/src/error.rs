@@ -53,6 +53,16 @@ impl From<etcdrs_backend::Error> for ServerError {
     }
 }
 
+impl From<etcdrs_schema::Error> for ServerError {
+    fn from(e: etcdrs_schema::Error) -> Self {
+        match e {
+            etcdrs_schema::Error::EtcdDb(what) => ServerError::EtcdDb(what),
+            etcdrs_schema::Error::Mvcc(e) => ServerError::Mvcc(e),
+            etcdrs_schema::Error::Bolt(e) => ServerError::Bolt(e),
+        }
+    }
+}
+
 impl From<&'static EtcdError> for ServerError {
     fn from(e: &'static EtcdError) -> Self {
         ServerError::Etcd(e)

@@ -3,29 +3,35 @@
 //! the MVCC store (the one writer), serves linearizable reads through ReadIndex, expires
 //! leases and runs auto-compaction.
 //!
-//! This file holds the server's state, its start (which wires storage, raft, the transport
-//! and the tasks together) and its accessors. The state is in two halves: `Inner`, what the
-//! applier writes and requests read, and `Core`, the request side's own (the raft handle):
-//! the applier is built from the first and handed to the raft node, so nothing on the raft
-//! thread calls back into raft; the rest lives by seam in submodules:
-//! `bootstrap` (new cluster, join, what a restart loads), `propose` (proposals and their
-//! waiters, the ReadIndex barrier, the quota), `members` (membership changes), `applier` (what
-//! the raft thread runs for committed entries and snapshots) and `loops` (the background
-//! tasks).
+//! This file holds the server's state and its accessors; its start, in phases whose types
+//! carry the order, is `start`. The state is in two halves: `Inner`, what the applier writes
+//! and requests read, and `Core`, the request side's own (the raft handle): the applier is
+//! built from the first and handed to the raft node, so nothing on the raft thread calls back
+//! into raft; the rest lives by seam in submodules: `bootstrap` (new cluster, join, what a
+//! restart needs), `propose` (proposals and their waiters, the ReadIndex barrier, the quota),
+//! `members` (membership changes), `applier` (what the raft thread runs for committed entries
+//! and snapshots), `lease` (lease requests answered by the leader's lessor), `corrupt` (the
+//! corruption checks), `peer_host` (the member as the transport's host) and `loops` (the
+//! background tasks).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use etcdrs_backend::Backend;
 use etcdrs_mvcc::{KvStore, WatchHub};
 use etcdrs_proto::etcdserverpb::{
     AlarmMember, AlarmResponse, AlarmType, CompactionResponse, DeleteRangeResponse,
     LeaseGrantResponse, LeaseRevokeResponse, PutResponse, ResponseHeader, TxnResponse,
 };
 use etcdrs_proto::rpctypes;
-use etcdrs_raftnode::{NodeConfig, RaftNodeHandle, task::TaskResult};
+use etcdrs_raftnode::{RaftNodeHandle, task::TaskResult};
+use etcdrs_schema::layout::Layout;
+use etcdrs_schema::load::{
+    load_alarms, load_cluster_version, load_downgrade, load_downgrade_known_to_etcd35,
+    load_members, load_removed, read_u64,
+};
+use etcdrs_schema::membership::{self, Member};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
@@ -34,72 +40,23 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
 use crate::idgen::IdGenerator;
-use crate::membership::{self, Member};
-use crate::peer::PeerTransport;
 use crate::request::{MemberAttributes, Op, PublishForm};
+use peer_host::PeerTransport;
 
 mod applier;
 mod bootstrap;
+pub mod corrupt;
+mod lease;
 mod loops;
 mod members;
 mod peer_host;
 mod propose;
 mod standalone;
+mod start;
 mod versions;
 
-use applier::Applier;
-pub(crate) use applier::alarm_key;
-use bootstrap::{
-    bootstrap, join_existing, load_alarms, load_cluster_version, load_downgrade,
-    load_downgrade_known_to_etcd35, load_members, load_removed, read_u64, restart_start,
-};
 pub use peer_host::PeerHost;
 pub use standalone::StandaloneMember;
-
-/// raft-rs messages are rust-protobuf types; these helpers keep that crate's API in one place.
-pub(crate) mod protobuf_free {
-    use etcdrs_raftnode::eraftpb::ConfState;
-    use protobuf::Message;
-
-    pub(crate) fn decode_conf_state(bytes: &[u8]) -> Option<ConfState> {
-        let mut state = ConfState::default();
-        state.merge_from_bytes(bytes).ok()?;
-        Some(state)
-    }
-
-    /// The stored form of a raft configuration: each list of ids sorted, as etcd's raft lists
-    /// them. raft-rs lists them in its hash sets' order, which differs between members and
-    /// across a restart, and the stored bytes are part of the backend's hash
-    /// (`Maintenance.Hash`), which members with the same data must agree on.
-    pub(crate) fn encode_conf_state(state: &ConfState) -> Vec<u8> {
-        let mut state = state.clone();
-        state.mut_voters().sort_unstable();
-        state.mut_learners().sort_unstable();
-        state.mut_voters_outgoing().sort_unstable();
-        state.mut_learners_next().sort_unstable();
-        state.write_to_bytes().unwrap_or_default()
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn a_configuration_is_stored_the_same_whatever_the_order_of_its_ids() {
-            let state = |voters: &[u64], learners: &[u64]| {
-                let mut s = ConfState::default();
-                s.set_voters(voters.to_vec());
-                s.set_learners(learners.to_vec());
-                s
-            };
-            let stored = encode_conf_state(&state(&[5, 2, 4], &[7, 6]));
-            assert_eq!(stored, encode_conf_state(&state(&[4, 5, 2], &[6, 7])));
-            let back = decode_conf_state(&stored).expect("decodes");
-            assert_eq!(back.get_voters(), &[2, 4, 5]);
-            assert_eq!(back.get_learners(), &[6, 7]);
-        }
-    }
-}
 
 /// What applying a request produced.
 #[derive(Debug)]
@@ -139,20 +96,14 @@ const MAX_GAP_APPLY_COMMIT: u64 = 5000;
 const MAX_AUTH_RETRIES: u32 = 8;
 /// Cost etcd's quota charges per key on top of its key and value.
 const KV_OVERHEAD: u64 = 256;
-pub(crate) const META_MEMBER_ID: &[u8] = b"memberID";
-pub(crate) const META_CLUSTER_ID: &[u8] = b"clusterID";
-/// The cluster version last applied (etcd keeps it in its `cluster` bucket); absent until the
-/// first leader decides it.
-pub(crate) const META_CLUSTER_VERSION: &[u8] = b"clusterVersion";
-/// A downgrade under way: etcd's `DowngradeInfo` JSON (etcd 3.5 keeps it in its `cluster`
-/// bucket under `downgrade`); absent or disabled when there is none.
-pub(crate) const META_DOWNGRADE: &[u8] = b"downgrade";
 
 /// The member's state: what the applier (the one writer, on the raft thread) changes as
 /// entries apply and the server reads to answer requests. It holds no raft handle: the
 /// applier never calls back into the node that calls it.
 struct Inner {
     config: ServerConfig,
+    /// Where this member's storage lives, resolved once at start.
+    layout: Layout,
     member_id: u64,
     cluster_id: u64,
     store: Arc<KvStore>,
@@ -219,6 +170,7 @@ impl Inner {
     /// The member's state as `store` holds it: membership, alarms, auth, versions.
     fn load(
         config: ServerConfig,
+        layout: Layout,
         member_id: u64,
         cluster_id: u64,
         store: Arc<KvStore>,
@@ -228,6 +180,7 @@ impl Inner {
         Ok(Inner {
             auth: crate::auth::AuthStore::load(&store, config.auth.clone())?,
             config,
+            layout,
             member_id,
             cluster_id,
             waiters: Mutex::new(HashMap::new()),
@@ -255,8 +208,8 @@ impl Inner {
 
     /// Where a snapshot image for raft index `index` is received.
     fn snapshot_receive_path(&self, index: u64) -> std::path::PathBuf {
-        self.config
-            .backend_path()
+        self.layout
+            .backend_path
             .with_file_name(format!("{index:016x}.snap.recv"))
     }
 
@@ -297,227 +250,16 @@ pub struct EtcdServer {
 
 impl EtcdServer {
     /// Open storage, start raft and the background tasks (on `tasks`, stopped by `shutdown`).
+    /// The phases are in `start`, each taking the one before.
     pub async fn start(
         config: ServerConfig,
         tasks: &mut JoinSet<TaskResult>,
         shutdown: CancellationToken,
     ) -> Result<EtcdServer> {
-        let fatal =
-            |what: &str, e: &dyn std::fmt::Display| ServerError::Fatal(format!("{what}: {e}"));
-        etcdrs_backend::create_dir_all_synced(&config.data_dir)
-            .map_err(|e| fatal("create data dir", &e))?;
-        crate::convert::convert_if_etcd(&config.data_dir, config.wal_dir.as_deref())?;
-        let mut backend =
-            Backend::open(&config.backend_path()).map_err(|e| fatal("open backend", &e))?;
-        remove_received_snapshots(&config.backend_path());
-        backend.set_batching(config.backend_batch_interval, config.backend_batch_limit);
-        tracing::info!(path = %config.backend_path().display(), "opened backend db");
-        let store = Arc::new(KvStore::open(backend, config.min_lease_ttl())?);
-
-        let wal_dir = config.wal_dir();
-        let wal_exists = etcdrs_wal::Wal::exists(&wal_dir);
-        // A backend that applied entries has a WAL they came from; without it (an operator
-        // removed `member/wal`) bootstrapping would start a new member's log over the old
-        // data, whose consistent index then hides the new entries. etcd 3.5 starts anyway;
-        // we refuse, as etcd refuses a WAL without its database file. A restored snapshot
-        // (`etcd snapshot restore`) has no consistent index and bootstraps as before.
-        if !wal_exists && store.consistent_index() > 0 {
-            return Err(ServerError::Fatal(format!(
-                "database file ({} index {}) holds applied entries but the WAL directory ({}) has no WAL; \
-                 refusing to start a new member over them (put the WAL back, or remove the data directory {} \
-                 to join the cluster as a new member)",
-                config.backend_path().display(),
-                store.consistent_index(),
-                wal_dir.display(),
-                config.data_dir.display()
-            )));
-        }
-        let peer_client = crate::peer::peer_client(&config)?;
-        let mut remote_members: Vec<(u64, Vec<String>)> = Vec::new();
-        let (member_id, cluster_id, start) = if wal_exists {
-            let member_id = read_u64(store.meta(META_MEMBER_ID)?);
-            let cluster_id = read_u64(store.meta(META_CLUSTER_ID)?);
-            tracing::info!(
-                local_member_id = %membership::id_hex(member_id),
-                commit_index = store.consistent_index(),
-                "restarting local member"
-            );
-            let start = restart_start(&store, config.force_new_cluster)?;
-            (member_id, cluster_id, start)
-        } else if config.new_cluster {
-            bootstrap(&config, &store)?
-        } else {
-            let (member_id, cluster_id, start, remote) =
-                join_existing(&config, &store, &peer_client).await?;
-            remote_members = remote;
-            (member_id, cluster_id, start)
-        };
-        let start_members = load_members(&store)?;
-        // Raft may send into the transport from its start; the links run once the member
-        // they deliver to exists (`links.start` below).
-        let (transport, links) = PeerTransport::new(
-            crate::peer::transport_config(&config, member_id, cluster_id, peer_client),
-            shutdown.clone(),
-        );
-        let initial_peers: Vec<(u64, Vec<String>)> = if !remote_members.is_empty() {
-            remote_members
-        } else if start_members.is_empty() {
-            // A new member: its peers are the initial cluster (their AddNode entries apply soon).
-            config
-                .initial_cluster
-                .iter()
-                .map(|(_, urls)| {
-                    let urls: Vec<String> = urls.iter().map(url_string).collect();
-                    (
-                        membership::member_id(&urls, &config.initial_cluster_token),
-                        urls,
-                    )
-                })
-                .collect()
-        } else {
-            start_members
-                .values()
-                .map(|m| (m.id, m.peer_urls.clone()))
-                .collect()
-        };
-        transport.set_peers(&initial_peers);
-
-        let node_config = NodeConfig {
-            id: member_id,
-            wal_dir,
-            tick_interval: config.heartbeat_interval,
-            election_tick: config.election_ticks(),
-            heartbeat_tick: 1,
-            pre_vote: config.pre_vote,
-            snapshot_count: config.snapshot_count,
-            catch_up_entries: config.snapshot_catchup_entries.max(1),
-            unsafe_no_fsync: config.unsafe_no_fsync,
-        };
-        let request_timeout = Duration::from_secs(5) + 2 * config.election_timeout;
-        let config_election_timeout = config.election_timeout;
-        let leader_loss = etcdrs_serve::leader::LeaderLoss::default();
-        let inner = Arc::new(Inner::load(
-            config,
-            member_id,
-            cluster_id,
-            store.clone(),
-            transport.clone(),
-        )?);
-        // The one writer is the raft thread itself: committed entries are applied inline.
-        let applier = Applier {
-            inner: inner.clone(),
-            last_leader: 0,
-        };
-        let raft = etcdrs_raftnode::start(
-            node_config,
-            start,
-            transport.clone(),
-            Box::new(applier),
-            tasks,
-            shutdown.clone(),
-        )?;
-        let removed = CancellationToken::new();
-        let peer_link = links.start(Arc::new(PeerHost {
-            inner: Arc::downgrade(&inner),
-            raft: raft.clone(),
-            removed: removed.clone(),
-        }));
-        let server = EtcdServer {
-            inner,
-            core: Arc::new(Core {
-                raft,
-                peer_link,
-                ids: IdGenerator::new(member_id),
-                version_decision: tokio::sync::Mutex::new(()),
-                published: AtomicBool::new(false),
-                leader_losses: leader_loss.subscribe(),
-                request_timeout,
-            }),
-        };
-
-        let told = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = removed.cancelled() => {
-                    told.removed_by_peer();
-                    stop.cancelled().await;
-                }
-            }
-            ("removal notice", Ok(()))
-        });
-        let lessor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            lessor.run_lease_expiry(stop).await;
-            ("lease expiry", Ok(()))
-        });
-        let committer = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move { ("backend commit", committer.run_backend_commit(stop).await) });
-        let watcher = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => ("removal watch", Ok(())),
-                _ = watcher.wait_removed() => (
-                    "removal watch",
-                    Err("the member has been permanently removed from the cluster".to_string()),
-                ),
-            }
-        });
-        if server.inner.config.lease_checkpoint {
-            let checkpointer = server.clone();
-            let stop = shutdown.clone();
-            let interval = server.inner.config.lease_checkpoint_interval;
-            tasks.spawn(async move {
-                checkpointer.run_lease_checkpoints(interval, stop).await;
-                ("lease checkpoints", Ok(()))
-            });
-        }
-        if server.inner.config.corrupt_check_time > Duration::ZERO {
-            let checker = server.clone();
-            let stop = shutdown.clone();
-            let interval = server.inner.config.corrupt_check_time;
-            tasks.spawn(async move {
-                crate::corrupt::run_periodic(checker, interval, stop).await;
-                ("corruption check", Ok(()))
-            });
-        }
-        let syncer = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let result = syncer.run_watch_sync(stop).await;
-            ("watch sync", result.map_err(|e| e.to_string()))
-        });
-        let compactor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            compactor.run_auto_compaction(stop).await;
-            ("auto compaction", Ok(()))
-        });
-        let compactor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let result = compactor.run_physical_compaction(stop).await;
-            ("physical compaction", result)
-        });
-        let monitor = server.clone();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            monitor.run_version_monitor(stop).await;
-            ("version monitor", Ok(()))
-        });
-        let observed = server.clone();
-        let stop = shutdown.clone();
-        let election = config_election_timeout;
-        tasks.spawn(async move {
-            let has_leader = move || etcdrs_serve::leader::LeaderSource::has_leader(&observed);
-            leader_loss.monitor(election, has_leader, stop).await;
-            ("leader monitor", Ok(()))
-        });
-        Ok(server)
+        let storage = start::Storage::open(config)?;
+        let identity = storage.identify().await?;
+        let started = identity.run(tasks, &shutdown)?;
+        Ok(started.spawn_tasks(tasks, &shutdown))
     }
 
     /// This member's id.
@@ -693,7 +435,7 @@ impl EtcdServer {
         self.inner.applied.send_modify(|_| {});
         if let Some(version) = self.cluster_version() {
             tracing::info!(
-                cluster_version = crate::version::major_minor(&version),
+                cluster_version = etcdrs_schema::version::major_minor(&version),
                 "enabled capabilities for version"
             );
         }
@@ -722,7 +464,7 @@ impl EtcdServer {
     pub fn proposes_hashed_passwords(&self) -> bool {
         self.cluster_version()
             .as_deref()
-            .and_then(crate::version::Version::parse)
+            .and_then(etcdrs_schema::version::Version::parse)
             .is_none_or(|v| (v.major, v.minor) >= (3, 5))
     }
 

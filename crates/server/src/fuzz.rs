@@ -125,7 +125,7 @@ fn decode_entry(entry: &Entry) {
             {
                 let _ = change.to_raft();
                 let _ = serde_json::from_slice::<ConfigChangeContext>(context);
-                let _ = serde_json::from_slice::<crate::membership::Member>(context);
+                let _ = serde_json::from_slice::<etcdrs_schema::membership::Member>(context);
             }
         }
     }

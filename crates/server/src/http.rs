@@ -16,6 +16,7 @@ use etcdrs_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use etcdrs_proto::fanout::watch_server::WatchServer;
 use etcdrs_proto::v3electionpb::election_server::ElectionServer;
 use etcdrs_proto::v3lockpb::lock_server::LockServer;
+use etcdrs_schema::version::SERVER_VERSION;
 use etcdrs_serve::h2authority::LenientAuthority;
 use etcdrs_serve::keepalive::{PingPolicy, Policed};
 use etcdrs_serve::leader::LeaderSource;
@@ -29,11 +30,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::EtcdServer;
 use crate::metrics;
-use crate::rpc::Rpc;
+use crate::rpc::{ClientIdentity, Rpc};
 use crate::tls::TlsServer;
-use crate::version::SERVER_VERSION;
 
 mod dispatch;
+mod peer;
+mod scrape;
 mod unary;
 
 /// gRPC allows this much on top of `--max-request-bytes` for message framing, as etcd does.
@@ -186,10 +188,10 @@ pub async fn serve_http(
 }
 
 /// The router of the peer port: etcd's peer handlers (the transport's raft routes and
-/// `peer::handlers`) and `/version` (like etcd's, no `/health`), and, as etcd serves them
+/// `http::peer`) and `/version` (like etcd's, no `/health`), and, as etcd serves them
 /// there too, the v3 gRPC services (without lock and election, and without the JSON gateway).
 pub fn peer_router(server: EtcdServer) -> Router {
-    let peer = crate::peer::routes(&server)
+    let peer = peer::routes(&server)
         .route("/version", get(version))
         .with_state(server.clone());
     let grpc = grpc_routes(Rpc::new(server.clone()), false);
@@ -233,17 +235,6 @@ pub async fn serve_peers(
         shutdown,
     )
     .await
-}
-
-/// Who is at the other end of a connection, as TLS established it: every request on the
-/// connection carries it as an extension. Auth takes the user from the common name of a
-/// verified client certificate, as etcd does.
-#[derive(Clone, Debug, Default)]
-pub struct ClientIdentity {
-    /// The common name of the client certificate, when one was verified.
-    pub common_name: Option<String>,
-    /// The connection is TLS (etcd checks the Host header of plain-text requests only).
-    pub secure: bool,
 }
 
 /// `--host-whitelist` and `--cors` (etcd's `AccessController`): an empty list or `*` allows all.
@@ -759,7 +750,7 @@ async fn metrics_text(State(server): State<EtcdServer>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics::render(&server),
+        scrape::render(&server),
     )
 }
 

@@ -2,10 +2,14 @@
 //!
 //! [`EtcdServer`] is the core: it proposes client writes through raft, applies committed
 //! entries to the MVCC store (the only writer), answers linearizable reads after a
-//! ReadIndex, and runs the lease and compaction loops. [`rpc`] holds the gRPC services and
+//! ReadIndex, and runs the lease and compaction loops. `rpc` holds the gRPC services and
 //! the single place where errors become `tonic::Status`; [`http`] serves the client port.
 //!
-//! This is the only crate that sees both raft and the MVCC store.
+//! This is the only crate that joins raft's driver (`raftnode`, `rafthttp`) with the store
+//! (`mvcc`, and `schema` for the layout of what it stores). Its modules form no import cycle
+//! (`testkit::layering::modules`): `http` is on top, then the services (`rpc`, `gateway`,
+//! `v2keys`), then the core (`etcd_server`), then what the core uses (`peer`'s one-off calls,
+//! `convert`, `request`, `metrics`, ...).
 
 #![deny(missing_docs)]
 
@@ -13,28 +17,26 @@ mod apply;
 pub mod auth;
 mod compactor;
 pub mod config;
-pub mod convert;
-pub mod corrupt;
+mod convert;
 pub mod error;
-pub mod etcd_db;
 mod etcd_server;
 #[cfg(test)]
 mod fuzz;
-pub mod gateway;
+mod gateway;
 pub mod http;
 mod idgen;
-pub mod membership;
 pub mod metrics;
-pub mod peer;
+mod peer;
 mod request;
-pub mod rpc;
+mod rpc;
 pub mod tls;
 mod v2keys;
-pub mod v2snap;
 mod validate;
-pub mod version;
+
+/// Members and their ids (the simulator builds its clusters' members with it).
+pub use etcdrs_schema::membership;
 
 pub use config::{AutoCompaction, ServerConfig};
 pub use error::{Result, ServerError};
-pub use etcd_server::{ApplyOutput, EtcdServer, StandaloneMember, url_string};
+pub use etcd_server::{ApplyOutput, EtcdServer, StandaloneMember, corrupt, url_string};
 pub use etcdrs_raftnode::task::TaskResult;

@@ -22,9 +22,9 @@ use etcdrs_proto::raft_internal::{
     self as etcd, Attributes, ClusterMemberAttrSetRequest, ClusterVersionSetRequest,
     DowngradeInfoSetRequest, InternalRaftRequest, Payload, RequestHeader, V2Request,
 };
+use etcdrs_schema::keys::DOWNGRADE_PATH;
+use etcdrs_schema::version::DowngradeInfo;
 use prost::Message as _;
-
-use crate::version::DowngradeInfo;
 
 pub use etcdrs_proto::raft_internal::InternalAuthenticateRequest;
 
@@ -84,16 +84,6 @@ pub enum Op {
     /// (and exit if the cluster version is then lowered, see `EtcdServer::downgrade_target`).
     DowngradeInfoSetV3(Option<String>),
 }
-
-/// The v2 path under which etcd-rs records a downgrade while the cluster version is below 3.6.
-///
-/// etcd 3.5 proposes `downgrade_info_set`, which etcd 3.4's applier cannot apply (it panics on
-/// an `InternalRaftRequest` with none of its fields), and etcd 3.5 never lowers a cluster to
-/// 3.4. etcd-rs does (a downgrade to 3.4 lets etcd 3.4 members join), so its record of the
-/// downgrade must be an entry that etcd 3.4 members, which join afterwards and may replay it,
-/// apply harmlessly: a plain v2 `PUT` into the v2 store's membership directory, next to
-/// `/0/version`, which etcd 3.4 and 3.5 store and otherwise ignore.
-pub const DOWNGRADE_PATH: &str = "/0/downgrade";
 
 /// A member publishing its name and client URLs (etcd's `publish`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -428,28 +418,107 @@ mod tests {
             auth_revision: 4,
         };
         let ops = [
-            Op::Put(PutRequest::default()),
+            Op::Put(PutRequest {
+                key: b"k".to_vec(),
+                value: b"v".to_vec(),
+                lease: 5,
+                ..Default::default()
+            }),
+            Op::DeleteRange(DeleteRangeRequest {
+                key: b"a".to_vec(),
+                range_end: b"b".to_vec(),
+                prev_kv: true,
+            }),
+            Op::Txn(TxnRequest::default()),
+            Op::Compaction(CompactionRequest {
+                revision: 3,
+                physical: true,
+            }),
+            Op::LeaseGrant(LeaseGrantRequest { ttl: 10, id: 7 }),
+            Op::LeaseRevoke(LeaseRevokeRequest { id: 7 }),
+            Op::Alarm(AlarmRequest {
+                action: 1,
+                member_id: 2,
+                alarm: 1,
+            }),
+            Op::Publish(MemberAttributes {
+                member_id: 0x8e9e05c52164694d,
+                name: "n1".into(),
+                client_urls: vec!["http://127.0.0.1:2379".into()],
+            }),
+            Op::ClusterVersionSet("3.5.0".into()),
+            Op::AuthEnable(AuthEnableRequest {}),
+            Op::AuthDisable(AuthDisableRequest {}),
+            Op::Authenticate(InternalAuthenticateRequest {
+                name: "root".into(),
+                password: String::new(),
+                simple_token: "abc".into(),
+            }),
+            Op::UserAdd(AuthUserAddRequest {
+                name: "u".into(),
+                ..Default::default()
+            }),
+            Op::UserDelete(AuthUserDeleteRequest { name: "u".into() }),
+            Op::UserChangePassword(AuthUserChangePasswordRequest {
+                name: "u".into(),
+                ..Default::default()
+            }),
+            Op::UserGrantRole(AuthUserGrantRoleRequest {
+                user: "u".into(),
+                role: "r".into(),
+            }),
+            Op::UserRevokeRole(AuthUserRevokeRoleRequest {
+                name: "u".into(),
+                role: "r".into(),
+            }),
+            Op::RoleAdd(AuthRoleAddRequest { name: "r".into() }),
+            Op::RoleDelete(AuthRoleDeleteRequest { role: "r".into() }),
+            Op::RoleGrantPermission(AuthRoleGrantPermissionRequest::default()),
+            Op::RoleRevokePermission(AuthRoleRevokePermissionRequest::default()),
             Op::LeaseCheckpoint(LeaseCheckpointRequest {
                 checkpoints: vec![LeaseCheckpoint {
                     id: 7,
                     remaining_ttl: 30,
                 }],
             }),
-            Op::RoleRevokePermission(AuthRoleRevokePermissionRequest::default()),
-            Op::Authenticate(InternalAuthenticateRequest {
-                name: "root".into(),
-                password: String::new(),
-                simple_token: "abc".into(),
-            }),
-            Op::ClusterVersionSet("3.5.0".into()),
             Op::DowngradeInfoSet(Some("3.4.0".into())),
             Op::DowngradeInfoSet(None),
-            Op::Publish(MemberAttributes {
-                member_id: 0x8e9e05c52164694d,
-                name: "n1".into(),
-                client_urls: vec!["http://127.0.0.1:2379".into()],
-            }),
+            Op::DowngradeInfoSetV3(Some("3.4.0".into())),
         ];
+        // Every variant is in the list: the match names them all (no wildcard), so a new
+        // variant fails to compile here until it is added above.
+        let variant = |op: &Op| match op {
+            Op::Put(_) => 0,
+            Op::DeleteRange(_) => 1,
+            Op::Txn(_) => 2,
+            Op::Compaction(_) => 3,
+            Op::LeaseGrant(_) => 4,
+            Op::LeaseRevoke(_) => 5,
+            Op::Alarm(_) => 6,
+            Op::Publish(_) => 7,
+            Op::ClusterVersionSet(_) => 8,
+            Op::AuthEnable(_) => 9,
+            Op::AuthDisable(_) => 10,
+            Op::Authenticate(_) => 11,
+            Op::UserAdd(_) => 12,
+            Op::UserDelete(_) => 13,
+            Op::UserChangePassword(_) => 14,
+            Op::UserGrantRole(_) => 15,
+            Op::UserRevokeRole(_) => 16,
+            Op::RoleAdd(_) => 17,
+            Op::RoleDelete(_) => 18,
+            Op::RoleGrantPermission(_) => 19,
+            Op::RoleRevokePermission(_) => 20,
+            Op::LeaseCheckpoint(_) => 21,
+            Op::DowngradeInfoSet(_) => 22,
+            Op::DowngradeInfoSetV3(_) => 23,
+        };
+        let covered: std::collections::BTreeSet<usize> = ops.iter().map(variant).collect();
+        assert_eq!(
+            covered,
+            (0..24).collect(),
+            "an Op variant is missing from the list"
+        );
         for op in ops {
             for form in [PublishForm::V2, PublishForm::V3] {
                 let data = encode(9, Some(&proposer), op.clone(), form);

@@ -6,9 +6,16 @@
 //! a few forbid only direct edges, where the crate is allowed to arrive through a dependency
 //! that owns it (see each rule's reason). A violation names the path that breaks the rule.
 //!
+//! Cargo unifies features across the workspace, so the graph of `cargo metadata` shows what a
+//! crate links once everything is built together. A few crates are lighter alone, through the
+//! features they ask of their dependencies (`proto` without `grpc`, `discovery` without
+//! `registry`); [`ALONE_RULES`] are checked on each crate's own resolution (`cargo tree -p`).
+//!
 //! The check is pure ([`violations`] over a [`Graph`]), so the tests below also prove, on a
-//! synthetic graph, that a forbidden edge is caught. Beside them, a check of the server's own
-//! modules: none glob-imports its parent.
+//! synthetic graph, that a forbidden edge is caught. Beside them, checks of the server's own
+//! modules: none glob-imports its parent, and their imports form no cycle ([`modules`]).
+
+mod modules;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -172,6 +179,21 @@ const RULES: &[Rule] = &[
         why: "raftnode knows nothing of keys, MVCC or the server",
     },
     Rule {
+        krate: "etcdrs-schema",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "etcdrs-server",
+            "etcdrs-raftnode",
+            "etcdrs-rafthttp",
+            "etcdrs-wal",
+            "etcdrs-serve",
+            "etcdrs-client",
+            "etcdrs-discovery",
+            "etcdrs-grpcproxy",
+        ]),
+        why: "schema names buckets, keys and file layouts: it knows nothing of raft's progress, the transport or the server",
+    },
+    Rule {
         krate: "etcdrs-rafthttp",
         reach: Reach::Transitive,
         forbid: Forbid::Crates(&[
@@ -181,6 +203,7 @@ const RULES: &[Rule] = &[
             "etcdrs-serve",
             "etcdrs-proto",
             "etcdrs-etcddir",
+            "etcdrs-schema",
             "etcdrs-bolt",
             "redb",
             "tonic",
@@ -215,7 +238,7 @@ const RULES: &[Rule] = &[
         krate: "etcdrs-gateway",
         reach: Reach::Direct,
         forbid: Forbid::Crates(&["etcdrs-proto", "tonic", "prost", "h2"]),
-        why: "gateway is L4: it depends on no protocol crate (discovery's v3 client brings them along below it)",
+        why: "gateway is L4: it depends on no protocol crate",
     },
     Rule {
         krate: "etcdrs-gateway",
@@ -267,6 +290,44 @@ const RULES: &[Rule] = &[
             "etcdrs-serve",
         ]),
         why: "etcddir reads etcd's files only: it knows nothing of etcd-rs's own storage",
+    },
+];
+
+/// Network crates: what a crate that only stores or relays bytes must not link.
+const NETWORK: &[&str] = &["tonic", "tonic-prost", "hyper", "h2", "axum", "tower"];
+
+/// Rules checked on a crate's own resolution, with the features it asks of its dependencies
+/// (the workspace's unified graph shows more: tonic in proto as the server wants it).
+const ALONE_RULES: &[Rule] = &[
+    Rule {
+        krate: "etcdrs-schema",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(NETWORK),
+        why: "schema links no network crate: proto's messages without `grpc`, mvcc and backend",
+    },
+    Rule {
+        krate: "etcdrs-mvcc",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(NETWORK),
+        why: "mvcc has no network code: proto's messages without `grpc`",
+    },
+    Rule {
+        krate: "etcdrs-etcddir",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(NETWORK),
+        why: "etcddir reads files: proto's messages without `grpc`",
+    },
+    Rule {
+        krate: "etcdrs-gateway",
+        reach: Reach::Transitive,
+        forbid: Forbid::Crates(&[
+            "tonic",
+            "tonic-prost",
+            "prost",
+            "etcdrs-proto",
+            "etcdrs-client",
+        ]),
+        why: "gateway is L4 and parses no gRPC: discovery without `registry` (SRV lookups only)",
     },
 ];
 
@@ -335,6 +396,39 @@ impl Graph {
                 .entry((*krate).to_owned())
                 .or_default()
                 .extend(deps.iter().map(|d| (*d).to_owned()));
+        }
+        graph
+    }
+
+    /// The graph of one crate resolved alone, from `cargo tree -e normal --prefix depth -f {p}`
+    /// output: each line is a depth, the package's name and its version; a line's parent is
+    /// the nearest line above it one level up. The crate at depth 0 is the one member.
+    fn from_tree(text: &str) -> Graph {
+        let mut graph = Graph::default();
+        let mut stack: Vec<String> = Vec::new();
+        for line in text.lines() {
+            let digits = line.chars().take_while(char::is_ascii_digit).count();
+            let Ok(depth) = line[..digits].parse::<usize>() else {
+                continue;
+            };
+            let Some(name) = line[digits..].split_whitespace().next() else {
+                continue;
+            };
+            stack.truncate(depth);
+            match stack.last() {
+                Some(parent) => {
+                    graph
+                        .deps
+                        .entry(parent.clone())
+                        .or_default()
+                        .insert(name.to_owned());
+                }
+                None => {
+                    graph.members.insert(name.to_owned());
+                }
+            }
+            graph.deps.entry(name.to_owned()).or_default();
+            stack.push(name.to_owned());
         }
         graph
     }
@@ -439,6 +533,100 @@ mod tests {
         assert!(found.is_empty(), "{}", found.join("\n"));
     }
 
+    /// `crate`'s own resolution, as `cargo tree -p` prints it.
+    fn alone(krate: &str) -> Graph {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+        let output = std::process::Command::new(cargo)
+            .args([
+                "tree",
+                "--manifest-path",
+                manifest,
+                "-p",
+                krate,
+                "-e",
+                "normal",
+                "--prefix",
+                "depth",
+                "-f",
+                "{p}",
+            ])
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            output.status.success(),
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Graph::from_tree(&String::from_utf8_lossy(&output.stdout))
+    }
+
+    #[test]
+    fn crates_resolved_alone_keep_their_rules() {
+        let mut found = Vec::new();
+        for rule in ALONE_RULES {
+            let graph = alone(rule.krate);
+            // The graph is real: each of these crates links something of ours or of tokio.
+            assert!(
+                graph.reachable(rule.krate).len() > 3,
+                "{}: {:?}",
+                rule.krate,
+                graph.deps
+            );
+            found.extend(violations(&graph, std::slice::from_ref(rule)));
+        }
+        assert!(found.is_empty(), "{}", found.join("\n"));
+    }
+
+    #[test]
+    fn a_network_crate_below_schema_alone_is_caught() {
+        // `cargo tree -p etcdrs-schema` had schema asked proto with `grpc`.
+        let tree = "0etcdrs-schema v0.1.0 (/w/crates/schema)\n\
+                    1etcdrs-mvcc v0.1.0 (/w/crates/mvcc)\n\
+                    2etcdrs-backend v0.1.0 (/w/crates/backend)\n\
+                    3redb v4.6.0\n\
+                    2etcdrs-proto v0.1.0 (/w/crates/proto)\n\
+                    3prost v0.14.6\n\
+                    1etcdrs-proto v0.1.0 (/w/crates/proto) (*)\n\
+                    1etcdrs-bolt v0.1.0 (/w/crates/bolt)\n";
+        let rule = |name| {
+            ALONE_RULES
+                .iter()
+                .copied()
+                .find(|r| r.krate == name)
+                .expect("a rule")
+        };
+        let clean = Graph::from_tree(tree);
+        assert_eq!(
+            violations(&clean, &[rule("etcdrs-schema")]),
+            Vec::<String>::new()
+        );
+        let with_tonic = tree.replace(
+            "3prost v0.14.6\n",
+            "3prost v0.14.6\n3tonic v0.14.9\n4hyper v1.12.0\n",
+        );
+        let found = violations(&Graph::from_tree(&with_tonic), &[rule("etcdrs-schema")]);
+        let why =
+            "schema links no network crate: proto's messages without `grpc`, mvcc and backend";
+        assert_eq!(
+            found,
+            [
+                format!("etcdrs-schema -> etcdrs-proto -> tonic -> hyper: {why}"),
+                format!("etcdrs-schema -> etcdrs-proto -> tonic: {why}"),
+            ]
+        );
+        // The gateway reaching the client through discovery's `registry` feature.
+        let gateway = "0etcdrs-gateway v0.1.0\n1etcdrs-discovery v0.1.0\n2etcdrs-client v0.1.0\n3tonic v0.14.9\n";
+        let found = violations(&Graph::from_tree(gateway), &[rule("etcdrs-gateway")]);
+        assert!(
+            found.iter().any(|f| f.starts_with(
+                "etcdrs-gateway -> etcdrs-discovery -> etcdrs-client -> tonic: gateway is L4"
+            )),
+            "{}",
+            found.join("\n")
+        );
+    }
+
     #[test]
     fn forbidden_edges_are_caught_with_their_path() {
         let graph = Graph::from_edges(&[
@@ -460,8 +648,9 @@ mod tests {
             ("etcdrs-testkit", &["tonic"]),
             (
                 "etcdrs-rafthttp",
-                &["etcdrs-raftnode", "etcdrs-mvcc", "hyper"],
+                &["etcdrs-raftnode", "etcdrs-mvcc", "hyper", "etcdrs-schema"],
             ),
+            ("etcdrs-schema", &["etcdrs-mvcc", "etcdrs-raftnode"]),
         ]);
         let rules: Vec<Rule> = RULES
             .iter()
@@ -490,6 +679,9 @@ mod tests {
             // The peer transport reaches the store, and its backend below it.
             "etcdrs-rafthttp -> etcdrs-mvcc: rafthttp knows raft messages and HTTP",
             "etcdrs-rafthttp -> etcdrs-mvcc -> etcdrs-backend: rafthttp knows",
+            // The storage layout reaches raft's driver; the transport reaches the layout.
+            "etcdrs-schema -> etcdrs-raftnode: schema names buckets",
+            "etcdrs-rafthttp -> etcdrs-schema: rafthttp knows",
             // bench links testkit.
             "etcdrs-bench -> etcdrs-testkit: etcdrs-testkit appears only under [dev-dependencies]",
         ];
@@ -531,6 +723,8 @@ mod tests {
             ("etcdrs-bench", &["etcdrs-proto"]),
             ("etcdrs-testkit", &["tonic"]),
             ("etcdrs-rafthttp", &["etcdrs-raftnode", "hyper"]),
+            ("etcdrs-schema", &["etcdrs-mvcc", "etcdrs-bolt"]),
+            ("etcdrs-bolt", &["etcdrs-crc32c"]),
         ]);
         assert_eq!(violations(&clean, &rules), Vec::<String>::new());
     }

@@ -12,12 +12,10 @@ use etcdrs_proto::etcdserverpb::{
     AuthUserChangePasswordRequest, AuthUserGrantRoleRequest, AuthUserRevokeRoleRequest,
 };
 use etcdrs_proto::rpctypes;
+use etcdrs_schema::keys::{AUTH_ENABLED, AUTH_REVISION, AUTH_ROLE_PREFIX, AUTH_USER_PREFIX};
 use prost::Message as _;
 
-use super::{
-    AuthInfo, AuthStore, KEY_ENABLED, KEY_REVISION, ROLE_PREFIX, ROOT, TokenProvider, USER_PREFIX,
-    etcd,
-};
+use super::{AuthInfo, AuthStore, ROOT, TokenProvider, etcd};
 use crate::error::Result;
 
 impl AuthStore {
@@ -49,7 +47,7 @@ impl AuthStore {
                     return Err(etcd(&rpctypes::ROOT_ROLE_NOT_EXIST));
                 }
                 state.enabled = true;
-                batch.bucket_put(Bucket::AUTH, KEY_ENABLED, &[1])?;
+                batch.bucket_put(Bucket::AUTH, AUTH_ENABLED, &[1])?;
                 self.tokens.lock().clear();
                 tracing::info!("enabled authentication");
             }
@@ -58,7 +56,7 @@ impl AuthStore {
                     return Ok(token);
                 }
                 state.enabled = false;
-                batch.bucket_put(Bucket::AUTH, KEY_ENABLED, &[0])?;
+                batch.bucket_put(Bucket::AUTH, AUTH_ENABLED, &[0])?;
                 self.tokens.lock().clear();
                 tracing::info!("disabled authentication");
             }
@@ -243,17 +241,17 @@ impl AuthStore {
             }
         }
         state.revision += 1;
-        batch.bucket_put(Bucket::AUTH, KEY_REVISION, &state.revision.to_be_bytes())?;
+        batch.bucket_put(Bucket::AUTH, AUTH_REVISION, &state.revision.to_be_bytes())?;
         Ok(token)
     }
 }
 
 fn user_key(name: &str) -> Vec<u8> {
-    [USER_PREFIX, name.as_bytes()].concat()
+    [AUTH_USER_PREFIX, name.as_bytes()].concat()
 }
 
 fn role_key(name: &str) -> Vec<u8> {
-    [ROLE_PREFIX, name.as_bytes()].concat()
+    [AUTH_ROLE_PREFIX, name.as_bytes()].concat()
 }
 
 fn put_user(batch: &mut WriteBatch<'_>, user: &User) -> Result<()> {

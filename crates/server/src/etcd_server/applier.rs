@@ -18,17 +18,20 @@ use etcdrs_raftnode::eraftpb::EntryType;
 use etcdrs_raftnode::{Applied, Apply, StateMachine};
 use prost::Message as _;
 
-use super::bootstrap::{
+use etcdrs_schema::conf_state::encode_conf_state;
+use etcdrs_schema::keys::{
+    META_CLUSTER_ID, META_CLUSTER_VERSION, META_DOWNGRADE, META_MEMBER_ID, alarm_key,
+};
+use etcdrs_schema::load::{
     load_alarms, load_cluster_version, load_downgrade, load_downgrade_known_to_etcd35, load_members,
 };
-use super::protobuf_free::encode_conf_state;
-use super::{
-    ApplyOutput, Inner, META_CLUSTER_ID, META_CLUSTER_VERSION, META_DOWNGRADE, META_MEMBER_ID,
-};
+use etcdrs_schema::membership;
+use etcdrs_schema::membership::Member;
+
+use super::{ApplyOutput, Inner};
+use crate::apply;
 use crate::error::{Result, ServerError};
-use crate::membership::Member;
 use crate::request::{Decoded, Op};
-use crate::{apply, membership};
 
 /// The server's state machine, called by the raft thread: it owns the writes to the member's
 /// state ([`Inner`]) and reaches nothing of the server's request side, the raft node's handle
@@ -87,13 +90,13 @@ impl Applier {
         }
         let store = &self.inner.store;
         // An etcd leader sends its bbolt database: read it into an image of ours first.
-        let (image, cluster_version) = match crate::etcd_db::Db::open(&path) {
+        let (image, cluster_version) = match etcdrs_schema::etcd_db::Db::open(&path) {
             Ok(db) => {
                 let image = path.with_extension("from-etcd");
                 let _ = std::fs::remove_file(&image);
                 let imported = {
                     let backend = etcdrs_backend::Backend::open(&image)?;
-                    crate::etcd_db::import(&db, &backend)?
+                    etcdrs_schema::etcd_db::import(&db, &backend)?
                 };
                 drop(db);
                 let _ = std::fs::remove_file(&path);
@@ -162,7 +165,7 @@ impl Applier {
                 Some(info) => batch.bucket_put(
                     Bucket::META,
                     META_DOWNGRADE,
-                    &crate::version::DowngradeInfo::from_etcd(info, version.as_deref()),
+                    &etcdrs_schema::version::DowngradeInfo::from_etcd(info, version.as_deref()),
                 )?,
                 None => batch.bucket_delete(Bucket::META, META_DOWNGRADE)?,
             }
@@ -680,7 +683,7 @@ impl Applier {
                     .cluster_version
                     .read()
                     .as_deref()
-                    .and_then(crate::version::Version::parse)
+                    .and_then(etcdrs_schema::version::Version::parse)
                     .is_none_or(|v| (v.major, v.minor) < (3, 6));
                 self.apply_downgrade(batch, target, below_36)
             }
@@ -706,7 +709,7 @@ impl Applier {
         target: Option<String>,
         from_etcd35: bool,
     ) -> Result<ApplyOutput> {
-        let mut info = crate::version::DowngradeInfo::new(target.as_deref());
+        let mut info = etcdrs_schema::version::DowngradeInfo::new(target.as_deref());
         info.known_to_etcd35 = from_etcd35 && target.is_some();
         batch.bucket_put(Bucket::META, META_DOWNGRADE, &info.encode_stored())?;
         match &target {
@@ -733,25 +736,25 @@ impl Applier {
         if previous.as_deref() == Some(version.as_str()) {
             return Ok(());
         }
-        let Some(parsed) = crate::version::Version::parse(&version) else {
+        let Some(parsed) = etcdrs_schema::version::Version::parse(&version) else {
             return Err(ServerError::Fatal(format!(
                 "cannot apply cluster version {version:?}: not a version"
             )));
         };
-        let local = crate::version::local().cluster();
+        let local = etcdrs_schema::version::local().cluster();
         if local < parsed.cluster() {
             return Err(ServerError::Fatal(format!(
                 "invalid downgrade; server version is lower than determined cluster version \
                  (current version: {} is lower than determined cluster version: {})",
-                crate::version::SERVER_VERSION,
-                crate::version::major_minor(&version)
+                etcdrs_schema::version::SERVER_VERSION,
+                etcdrs_schema::version::major_minor(&version)
             )));
         }
         batch.bucket_put(Bucket::META, META_CLUSTER_VERSION, version.as_bytes())?;
-        let to = crate::version::major_minor(&version);
+        let to = etcdrs_schema::version::major_minor(&version);
         match &previous {
             Some(from) => tracing::info!(
-                from = crate::version::major_minor(from),
+                from = etcdrs_schema::version::major_minor(from),
                 to,
                 "updated cluster version"
             ),
@@ -762,7 +765,7 @@ impl Applier {
         // raised the version if it replayed the log, so the log goes and it gets a snapshot.
         if previous
             .as_deref()
-            .and_then(crate::version::Version::parse)
+            .and_then(etcdrs_schema::version::Version::parse)
             .is_some_and(|p| p.cluster() > parsed.cluster())
         {
             self.inner.compact_log.store(true, AtomicOrdering::Release);
@@ -854,12 +857,6 @@ impl StateMachine for Applier {
         self.inner.set_applied_term(term);
         Ok(())
     }
-}
-
-pub(crate) fn alarm_key(member_id: u64, alarm: i32) -> Vec<u8> {
-    let mut key = member_id.to_be_bytes().to_vec();
-    key.extend_from_slice(&alarm.to_be_bytes());
-    key
 }
 
 /// etcd's default `--bcrypt-cost`: what an etcd 3.4 member hashes a clear-text password with.

@@ -1,27 +1,18 @@
 //! How a member's identity and first raft state come about: a new cluster's bootstrap, joining an existing cluster, and what a restart loads from the backend (members, removed members, alarms).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcdrs_backend::Bucket;
 use etcdrs_mvcc::{KvStore, META_CONF_STATE};
-use etcdrs_proto::etcdserverpb::AlarmMember;
 use etcdrs_raftnode::Start;
-use prost::Message as _;
+use etcdrs_schema::conf_state::decode_conf_state;
+use etcdrs_schema::keys::{META_CLUSTER_ID, META_MEMBER_ID};
+use etcdrs_schema::membership;
+use etcdrs_schema::membership::Member;
 
-use super::protobuf_free::decode_conf_state;
-use super::{META_CLUSTER_ID, META_MEMBER_ID, url_string};
+use super::url_string;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
-use crate::membership;
-use crate::membership::Member;
-
-pub(super) fn read_u64(bytes: Option<Vec<u8>>) -> u64 {
-    bytes
-        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-        .map(u64::from_be_bytes)
-        .unwrap_or(0)
-}
 
 pub(super) fn bootstrap(config: &ServerConfig, store: &KvStore) -> Result<(u64, u64, Start)> {
     let mut members = Vec::new();
@@ -185,63 +176,4 @@ pub(super) async fn join_existing(
         .map(|m| (m.id, m.peer_urls.clone()))
         .collect();
     Ok((member_id, cluster_id, Start::Join { metadata }, peers))
-}
-
-pub(super) fn load_members(store: &KvStore) -> Result<BTreeMap<u64, Member>> {
-    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
-    let mut members = BTreeMap::new();
-    read.for_each_in(Bucket::MEMBERS, &[], None, |_, value| {
-        if let Ok(member) = serde_json::from_slice::<Member>(value) {
-            members.insert(member.id, member);
-        }
-        true
-    })
-    .map_err(etcdrs_mvcc::Error::from)?;
-    Ok(members)
-}
-
-/// The cluster version in the backend's meta keys; `None` when none was ever applied.
-pub(super) fn load_cluster_version(store: &KvStore) -> Result<Option<String>> {
-    Ok(store
-        .meta(super::META_CLUSTER_VERSION)?
-        .and_then(|v| String::from_utf8(v).ok()))
-}
-
-/// The target of the downgrade recorded in the backend's meta keys, if one is enabled.
-pub(super) fn load_downgrade(store: &KvStore) -> Result<Option<String>> {
-    Ok(store
-        .meta(super::META_DOWNGRADE)?
-        .and_then(|v| crate::version::DowngradeInfo::decode(&v)))
-}
-
-pub(super) fn load_downgrade_known_to_etcd35(store: &KvStore) -> Result<bool> {
-    Ok(store
-        .meta(super::META_DOWNGRADE)?
-        .is_some_and(|v| crate::version::DowngradeInfo::decode_known_to_etcd35(&v)))
-}
-
-pub(super) fn load_removed(store: &KvStore) -> Result<std::collections::HashSet<u64>> {
-    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
-    let mut removed = std::collections::HashSet::new();
-    read.for_each_in(Bucket::MEMBERS_REMOVED, &[], None, |key, _| {
-        if let Ok(id) = <[u8; 8]>::try_from(key) {
-            removed.insert(u64::from_be_bytes(id));
-        }
-        true
-    })
-    .map_err(etcdrs_mvcc::Error::from)?;
-    Ok(removed)
-}
-
-pub(super) fn load_alarms(store: &KvStore) -> Result<Vec<AlarmMember>> {
-    let read = store.backend().read().map_err(etcdrs_mvcc::Error::from)?;
-    let mut alarms = Vec::new();
-    read.for_each_in(Bucket::ALARM, &[], None, |_, value| {
-        if let Ok(alarm) = AlarmMember::decode(value) {
-            alarms.push(alarm);
-        }
-        true
-    })
-    .map_err(etcdrs_mvcc::Error::from)?;
-    Ok(alarms)
 }

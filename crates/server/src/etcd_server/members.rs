@@ -13,12 +13,12 @@ use std::time::Instant;
 use etcdrs_proto::raft_internal::ConfigChangeContext;
 use etcdrs_proto::rpctypes;
 use etcdrs_raftnode::confchange::{ChangeKind, EtcdConfChange};
+use etcdrs_schema::membership;
+use etcdrs_schema::membership::Member;
 use tokio::sync::oneshot;
 
 use super::EtcdServer;
 use crate::error::{Result, ServerError};
-use crate::membership;
-use crate::membership::Member;
 
 impl EtcdServer {
     /// Propose a membership change through raft and wait until it is applied.

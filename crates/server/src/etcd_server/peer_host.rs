@@ -1,16 +1,25 @@
 //! The member as the peer transport sees it (etcd's `EtcdServer` as a `rafthttp.Raft`): raft
 //! for what peers send, the removed members' ids, the store's snapshots and the inbox of
-//! received ones.
+//! received ones; and the transport's setup (its client with the peer TLS, its
+//! configuration).
+//!
+//! This is where the transport meets the storage formats: a snapshot a link sends is the v2
+//! store's JSON (`v2snap`) and the database in bbolt's form (`etcd_db`); the transport itself
+//! knows neither.
 
+use std::io::Read;
 use std::path::PathBuf;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
-use etcdrs_rafthttp::{SnapshotImage, Stopped};
+use etcdrs_mvcc::KvStore;
+use etcdrs_rafthttp::{PeerClient, SnapshotImage, Stopped};
 use etcdrs_raftnode::RaftNodeHandle;
 use etcdrs_raftnode::eraftpb::Message;
 use tokio_util::sync::CancellationToken;
 
 use super::Inner;
+use crate::config::ServerConfig;
+use crate::tls::TlsClient;
 
 /// What the transport delivers to. It holds the member's state weakly: the state holds the
 /// transport, and the transport its host.
@@ -51,7 +60,7 @@ impl etcdrs_rafthttp::Raft for PeerHost {
             .inner
             .upgrade()
             .ok_or_else(|| "the member has stopped".to_owned())?;
-        crate::peer::snapshot_image(&inner.store, index)
+        snapshot_image(&inner.store, index)
     }
 
     fn snapshot_inbox(&self, index: u64) -> PathBuf {
@@ -69,4 +78,70 @@ impl etcdrs_rafthttp::Raft for PeerHost {
             }
         }
     }
+}
+
+/// The transport this member's raft sends through.
+pub type PeerTransport = etcdrs_rafthttp::Transport<PeerHost>;
+
+/// The peer client for `config`: the peer TLS (`--peer-cert-file`, ...) for `https` URLs.
+pub fn peer_client(config: &ServerConfig) -> Result<PeerClient, crate::ServerError> {
+    let tls = match &config.peer_tls {
+        Some(info) => {
+            let tls: Arc<dyn etcdrs_rafthttp::PeerTls> = TlsClient::new(info.clone())?;
+            Some(tls)
+        }
+        None => None,
+    };
+    Ok(PeerClient::new(tls))
+}
+
+/// The transport's configuration for member `member_id` of `cluster_id`.
+pub(crate) fn transport_config(
+    config: &ServerConfig,
+    member_id: u64,
+    cluster_id: u64,
+    client: PeerClient,
+) -> etcdrs_rafthttp::Config {
+    etcdrs_rafthttp::Config {
+        id: member_id,
+        cluster_id,
+        urls: config
+            .initial_advertise_peer_urls
+            .iter()
+            .map(crate::url_string)
+            .collect(),
+        server_version: etcdrs_schema::version::SERVER_VERSION,
+        // A leader's database stays within its quota (the NOSPACE alarm stops writes at it),
+        // so an image over twice the quota is not one.
+        snapshot_limit: config.quota_bytes().saturating_mul(2),
+        client,
+    }
+}
+
+/// A database image being sent, kept until it is read (dropping it removes its file).
+struct ImageReader {
+    _image: etcdrs_backend::Snapshot,
+    file: std::fs::File,
+}
+
+impl Read for ImageReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.file.read(buf)
+    }
+}
+
+/// The snapshot at raft index `index` as a link sends it, in etcd's form, which an etcd member
+/// installs and so do we: the v2 store's JSON as the snapshot's data, and the database in
+/// bbolt's format.
+pub(crate) fn snapshot_image(store: &KvStore, index: u64) -> Result<SnapshotImage, String> {
+    let data = etcdrs_schema::v2snap::from_store(store, index).map_err(|e| e.to_string())?;
+    let image = etcdrs_schema::etcd_db::snapshot(store.backend()).map_err(|e| e.to_string())?;
+    let file = image.open().map_err(|e| e.to_string())?;
+    Ok(SnapshotImage {
+        data,
+        body: Box::new(ImageReader {
+            _image: image,
+            file,
+        }),
+    })
 }

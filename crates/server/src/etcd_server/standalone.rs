@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use etcdrs_mvcc::KvStore;
 use etcdrs_raftnode::{Start, StateMachine};
+use etcdrs_schema::layout::Layout;
+use etcdrs_schema::membership::Member;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -17,8 +19,7 @@ use super::bootstrap::{new_cluster_start, restart_start, wal_metadata};
 use super::{ApplyOutput, Inner};
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
-use crate::membership::Member;
-use crate::peer::PeerTransport;
+use crate::etcd_server::peer_host::{PeerTransport, transport_config};
 
 /// One member's applied state without its server: build it with [`StandaloneMember::open`],
 /// hand the state machine it returns to a `raftnode::Node`, and register a waiter
@@ -45,7 +46,7 @@ impl StandaloneMember {
         let transport = {
             let _entered = runtime.enter();
             PeerTransport::new(
-                crate::peer::transport_config(
+                transport_config(
                     &config,
                     member_id,
                     cluster_id,
@@ -55,8 +56,9 @@ impl StandaloneMember {
             )
             .0
         };
+        let layout = Layout::resolve(&config.data_dir, config.wal_dir.as_deref());
         let inner = Arc::new(Inner::load(
-            config, member_id, cluster_id, store, transport,
+            config, layout, member_id, cluster_id, store, transport,
         )?);
         let applier = Applier {
             inner: inner.clone(),

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 
 use etcdrs_proto::etcdserverpb::downgrade_request::DowngradeAction;
 use etcdrs_proto::rpctypes;
+use etcdrs_schema::membership;
+use etcdrs_schema::version::{self, Version};
 use tokio_util::sync::CancellationToken;
 
 use super::EtcdServer;
 use crate::error::{Result, ServerError};
-use crate::membership;
 use crate::request::Op;
-use crate::version::{self, Version};
 
 /// How often the leader checks the members' versions (etcd's `monitorVersionInterval`, the
 /// peer connection's write timeout less a second).

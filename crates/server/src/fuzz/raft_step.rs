@@ -13,7 +13,7 @@
 //! bounds, an overflow, an unwrap) fails the test. Corpus: `fuzz-corpus/peer-message/`.
 //!
 //! **The conf state in the backend's `meta` bucket:** a restarting member decodes it
-//! (`protobuf_free::decode_conf_state`) and `raftnode` checks it (`conf_state::check`) before
+//! (`etcdrs_schema::conf_state::decode_conf_state`) and `raftnode` checks it (`conf_state::check`) before
 //! handing it to raft-rs with its WAL's snapshot; a state that passes is restored into a
 //! raft-rs node, which is then ticked past an election timeout. raft-rs may still refuse a
 //! state with an error (counted), but it must never stop with its `fatal!` on one that passed
@@ -27,11 +27,11 @@ use std::sync::Once;
 use bytes::BytesMut;
 use etcdrs_fuzz::Fuzz;
 use etcdrs_raftnode::eraftpb::{ConfState, Entry, HardState, Message, Snapshot};
+use etcdrs_schema::conf_state::{decode_conf_state, encode_conf_state};
 use raft::storage::MemStorage;
 use raft::{Config, RawNode, ReadOnlyOption};
 
 use super::FRAME_LIMIT;
-use crate::etcd_server::protobuf_free::{decode_conf_state, encode_conf_state};
 use etcdrs_rafthttp::codec::{self, MsgAppV2Decoder};
 use etcdrs_rafthttp::is_local;
 

@@ -14,17 +14,13 @@ use std::convert::Infallible;
 use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Either};
 use tower::Service;
 
-use super::unary::DirectKv;
-
-/// Paths of the KV service's methods start so (`/etcdserverpb.KV/Put`, …).
-pub(super) const KV_PREFIX: &str = "/etcdserverpb.KV/";
+use super::unary::{DirectKv, KV_PREFIX};
 
 type KvFuture = BoxFuture<'static, Result<Response, Infallible>>;
 
@@ -47,14 +43,6 @@ impl Dispatch {
         request.uri().path().starts_with(KV_PREFIX)
             && !etcdrs_serve::leader::requires_leader(request.headers())
     }
-}
-
-pub(super) fn into_axum(
-    answered: Result<axum::http::Response<tonic::body::Body>, Infallible>,
-) -> Result<Response, Infallible> {
-    let Ok(mut response) = answered;
-    etcdrs_serve::grpc_size::rewrite_size_error(response.headers_mut());
-    Ok(response.map(Body::new))
 }
 
 impl<B> Service<Request<B>> for Dispatch

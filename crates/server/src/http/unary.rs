@@ -16,6 +16,8 @@
 //! stream from the client, an unknown method, goes to tonic with the bytes read so far put
 //! back in front of the rest of the body ([`Replay`](etcdrs_serve::unary::Replay)), so that its refusal is tonic's.
 
+use std::convert::Infallible;
+
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -26,6 +28,9 @@ use prost::Message;
 use tower::Service;
 
 use crate::rpc::Rpc;
+
+/// Paths of the KV service's methods start so (`/etcdserverpb.KV/Put`, …).
+pub(super) const KV_PREFIX: &str = "/etcdserverpb.KV/";
 
 /// The unary KV methods, by the last part of their path. `RangeStream` (etcd 3.7) streams its
 /// answer, so it is not here: like an unknown method, it goes to tonic's KV service.
@@ -40,7 +45,7 @@ enum Method {
 
 impl Method {
     fn of(path: &str) -> Option<Method> {
-        Some(match path.strip_prefix(super::dispatch::KV_PREFIX)? {
+        Some(match path.strip_prefix(KV_PREFIX)? {
             "Range" => Method::Range,
             "Put" => Method::Put,
             "DeleteRange" => Method::DeleteRange,
@@ -142,7 +147,7 @@ impl DirectKv {
             .tonic
             .call(axum::http::Request::from_parts(parts, body))
             .await;
-        super::dispatch::into_axum(Ok(response)).unwrap_or_else(|e| match e {})
+        into_axum(Ok(response)).unwrap_or_else(|e| match e {})
     }
 }
 
@@ -174,4 +179,13 @@ fn respond<M: Message>(answer: Result<tonic::Response<M>, tonic::Status>) -> Res
     *response.headers_mut() = headers;
     *response.extensions_mut() = extensions;
     response
+}
+
+/// A tonic answer as axum's, with a size error's status rewritten as grpc-go words it.
+pub(super) fn into_axum(
+    answered: Result<axum::http::Response<tonic::body::Body>, Infallible>,
+) -> Result<Response, Infallible> {
+    let Ok(mut response) = answered;
+    etcdrs_serve::grpc_size::rewrite_size_error(response.headers_mut());
+    Ok(response.map(Body::new))
 }

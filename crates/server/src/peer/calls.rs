@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::http::request::Builder as RequestBuilder;
 use axum::http::{Method, StatusCode, header};
 use bytes::Bytes;
 use etcdrs_proto::etcdserverpb::{
@@ -15,10 +16,9 @@ use etcdrs_proto::etcdserverpb::{
 use etcdrs_proto::rpctypes;
 use prost::Message as _;
 
-use etcdrs_rafthttp::{CLUSTER_ID_HEADER, PeerClient};
+use etcdrs_rafthttp::{CLUSTER_ID_HEADER, PeerClient, Raft, Transport};
 
-use super::PeerTransport;
-use super::handlers::{
+use super::wire::{
     HashKvRequestJson, HashKvResponseJson, LeaseInternalRequest, LeaseInternalResponse, MemberJson,
 };
 use crate::error::{Result, ServerError};
@@ -31,7 +31,11 @@ const MAX_ANSWER: usize = 16 * 1024 * 1024;
 #[derive(Clone, Copy)]
 enum Caller<'a> {
     Anonymous(&'a PeerClient),
-    Member(&'a PeerTransport),
+    /// This member's client, and what puts its headers on a request (the transport's stamp).
+    Member(
+        &'a PeerClient,
+        &'a (dyn Fn(RequestBuilder) -> RequestBuilder + Sync),
+    ),
 }
 
 /// One request to `url` + `path`; the status, the cluster id header and the body.
@@ -51,9 +55,9 @@ async fn call(
         .header(header::CONTENT_TYPE, content_type);
     let client = match caller {
         Caller::Anonymous(client) => client,
-        Caller::Member(transport) => {
-            builder = transport.stamp(builder);
-            transport.client()
+        Caller::Member(client, stamp) => {
+            builder = stamp(builder);
+            client
         }
     };
     let request = builder
@@ -113,8 +117,8 @@ pub async fn fetch_members(
 
 /// Renew lease `id` on the leader `leader`: `Some(ttl)` (0 when the lease is gone), or
 /// `None` when the leader could not answer (not the leader after all, unreachable).
-pub async fn renew_lease(
-    transport: &PeerTransport,
+pub async fn renew_lease<H: Raft>(
+    transport: &Transport<H>,
     leader: u64,
     id: i64,
     timeout: Duration,
@@ -122,7 +126,7 @@ pub async fn renew_lease(
     let url = transport.urls(leader)?.into_iter().next()?;
     let body = LeaseKeepAliveRequest { id }.encode_to_vec();
     let answer = call(
-        Caller::Member(transport),
+        Caller::Member(transport.client(), &|b| transport.stamp(b)),
         &url,
         Method::POST,
         "/leases",
@@ -144,8 +148,8 @@ pub async fn renew_lease(
 
 /// Lease `req.id`'s time to live as the leader's lessor sees it: `Some` answer (TTL -1 when
 /// the lease is gone), `None` when the leader could not answer.
-pub async fn lease_time_to_live(
-    transport: &PeerTransport,
+pub async fn lease_time_to_live<H: Raft>(
+    transport: &Transport<H>,
     leader: u64,
     req: LeaseTimeToLiveRequest,
     timeout: Duration,
@@ -157,7 +161,7 @@ pub async fn lease_time_to_live(
     }
     .encode_to_vec();
     let answer = call(
-        Caller::Member(transport),
+        Caller::Member(transport.client(), &|b| transport.stamp(b)),
         &url,
         Method::POST,
         "/leases/internal",
@@ -187,8 +191,8 @@ pub async fn lease_time_to_live(
 
 /// Member `id`'s key-space hash at `revision` (`GET /members/hashkv`); etcd's compacted and
 /// future-revision errors come back as theirs.
-pub async fn hash_kv(
-    transport: &PeerTransport,
+pub async fn hash_kv<H: Raft>(
+    transport: &Transport<H>,
     id: u64,
     revision: i64,
     timeout: Duration,
@@ -199,7 +203,7 @@ pub async fn hash_kv(
         .ok_or_else(|| ServerError::Peer("no link to the peer".to_owned()))?;
     let body = serde_json::to_vec(&HashKvRequestJson { revision }).unwrap_or_default();
     let (status, _, body) = call(
-        Caller::Member(transport),
+        Caller::Member(transport.client(), &|b| transport.stamp(b)),
         &url,
         Method::GET,
         "/members/hashkv",
@@ -239,9 +243,6 @@ pub struct Versions {
     /// Its server version.
     #[serde(rename = "etcdserver")]
     pub server: String,
-    /// The cluster version it has applied (`not_decided` before one is).
-    #[serde(rename = "etcdcluster", default)]
-    pub cluster: String,
 }
 
 /// The versions a member reports at the first of its peer URLs that answers (etcd's

@@ -118,7 +118,7 @@ impl Cluster for Rpc {
 }
 
 /// A member as the Cluster API shows it.
-pub fn member_pb(m: crate::membership::Member) -> etcdrs_proto::etcdserverpb::Member {
+pub fn member_pb(m: etcdrs_schema::membership::Member) -> etcdrs_proto::etcdserverpb::Member {
     etcdrs_proto::etcdserverpb::Member {
         id: m.id,
         name: m.name,

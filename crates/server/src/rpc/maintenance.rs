@@ -3,7 +3,7 @@
 //!
 //! Work that reads the whole backend (hashes, the snapshot copy) runs on tokio's blocking
 //! pool; the request awaits it. A snapshot is first written into a temporary file as etcd's
-//! bbolt database ([`crate::etcd_db::snapshot`], so that etcd's tools and etcd itself can read
+//! bbolt database ([`etcdrs_schema::etcd_db::snapshot`], so that etcd's tools and etcd itself can read
 //! it) and then streamed from it in 32 KiB messages, read
 //! as the client takes them, so memory stays bounded whatever the database size. As in etcd,
 //! each message's `remaining_bytes` counts the image bytes still to come, and one last message
@@ -21,13 +21,13 @@ use etcdrs_proto::etcdserverpb::{
     DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
     MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
+use etcdrs_schema::version::SERVER_VERSION;
 use futures::Stream;
 use tokio::io::AsyncReadExt;
 use tonic::{Request, Response, Status};
 
 use super::Rpc;
 use crate::error::ServerError;
-use crate::version::SERVER_VERSION;
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
 
@@ -164,7 +164,7 @@ impl Maintenance for Rpc {
         let snapshot = blocking(move || {
             // Everything answered before the request is in the image (etcd commits first).
             server.store().wait_committed();
-            crate::etcd_db::snapshot(server.store().backend())
+            Ok::<_, crate::ServerError>(etcdrs_schema::etcd_db::snapshot(server.store().backend())?)
         })
         .await?;
         let file = snapshot.open().map_err(backend_error)?;
@@ -174,7 +174,7 @@ impl Maintenance for Rpc {
         );
         let sender = SnapshotSender {
             file: tokio::io::BufReader::with_capacity(
-                crate::etcd_db::IMAGE_BUFFER,
+                etcdrs_schema::etcd_db::IMAGE_BUFFER,
                 tokio::fs::File::from_std(file),
             ),
             sent: 0,

@@ -15,6 +15,17 @@ pub mod watch;
 
 use crate::EtcdServer;
 
+/// Who is at the other end of a connection, as TLS established it: every request on the
+/// connection carries it as an extension. Auth takes the user from the common name of a
+/// verified client certificate, as etcd does.
+#[derive(Clone, Debug, Default)]
+pub struct ClientIdentity {
+    /// The common name of the client certificate, when one was verified.
+    pub common_name: Option<String>,
+    /// The connection is TLS (etcd checks the Host header of plain-text requests only).
+    pub secure: bool,
+}
+
 /// Shared by every service.
 #[derive(Clone)]
 pub struct Rpc {
@@ -51,7 +62,7 @@ impl Rpc {
             .map(str::to_owned);
         let common_name = request
             .extensions()
-            .get::<crate::http::ClientIdentity>()
+            .get::<ClientIdentity>()
             .and_then(|id| id.common_name.clone());
         Rpc {
             server: self.server.clone(),
@@ -95,7 +106,7 @@ impl Rpc {
             .or(self.caller.token.as_deref());
         let common_name = request
             .extensions()
-            .get::<crate::http::ClientIdentity>()
+            .get::<ClientIdentity>()
             .and_then(|id| id.common_name.as_deref())
             .or(self.caller.common_name.as_deref());
         Ok(self.server.auth().auth_info(token, common_name)?)

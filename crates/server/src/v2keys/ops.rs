@@ -78,7 +78,7 @@ impl Keys {
         for (name, value) in [
             (
                 "X-Etcd-Cluster-Id",
-                crate::membership::id_hex(self.server.cluster_id()),
+                etcdrs_schema::membership::id_hex(self.server.cluster_id()),
             ),
             ("X-Etcd-Index", index.to_string()),
             ("X-Raft-Index", status.commit.to_string()),

@@ -11,12 +11,13 @@ use etcdrs_proto::etcdserverpb::{
 };
 use etcdrs_raftnode::RaftView;
 use etcdrs_raftnode::eraftpb::Entry;
+use etcdrs_schema::layout::Layout;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::config::ServerConfig;
-use crate::peer::PeerTransport;
+use crate::etcd_server::peer_host::{PeerTransport, transport_config};
 use crate::request::PublishForm;
 
 const LOCAL: u64 = 0x1;
@@ -28,6 +29,9 @@ struct Harness {
     term: u64,
     raft: RaftView,
     _dir: tempfile::TempDir,
+    /// The runtime the peer transport is built in (it takes the current runtime's handle for
+    /// its links); the tests themselves run no task, so they are plain tests.
+    _runtime: tokio::runtime::Runtime,
 }
 
 impl Harness {
@@ -35,18 +39,20 @@ impl Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServerConfig::with_defaults();
         config.data_dir = dir.path().to_path_buf();
-        let backend = Backend::open(&config.backend_path()).expect("open backend");
+        let layout = Layout::resolve(&config.data_dir, None);
+        let backend = Backend::open(&layout.backend_path).expect("open backend");
         let store = Arc::new(KvStore::open(backend, config.min_lease_ttl()).expect("open store"));
-        let (transport, _links) = PeerTransport::new(
-            crate::peer::transport_config(
-                &config,
-                LOCAL,
-                0x2,
-                etcdrs_rafthttp::PeerClient::new(None),
-            ),
-            CancellationToken::new(),
-        );
-        let inner = Inner::load(config, LOCAL, 0x2, store, transport).expect("load state");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let (transport, _links) = {
+            let _entered = runtime.enter();
+            PeerTransport::new(
+                transport_config(&config, LOCAL, 0x2, etcdrs_rafthttp::PeerClient::new(None)),
+                CancellationToken::new(),
+            )
+        };
+        let inner = Inner::load(config, layout, LOCAL, 0x2, store, transport).expect("load state");
         Harness {
             applier: Applier {
                 inner: Arc::new(inner),
@@ -60,6 +66,7 @@ impl Harness {
                 leader: LOCAL,
             },
             _dir: dir,
+            _runtime: runtime,
         }
     }
 
@@ -171,8 +178,8 @@ fn member(id: u64, url: &str) -> Member {
     }
 }
 
-#[tokio::test]
-async fn a_put_applies_once_and_answers_its_proposer() {
+#[test]
+fn a_put_applies_once_and_answers_its_proposer() {
     let mut h = Harness::new();
     let Ok(ApplyOutput::Put(response)) = h.apply_op(7, put("k", "v")) else {
         panic!("a put answers with a PutResponse");
@@ -203,8 +210,8 @@ async fn a_put_applies_once_and_answers_its_proposer() {
     assert_eq!(h.value(b"k").as_deref(), Some(&b"v"[..]));
 }
 
-#[tokio::test]
-async fn the_nospace_alarm_refuses_puts_until_it_is_cleared_but_not_deletes() {
+#[test]
+fn the_nospace_alarm_refuses_puts_until_it_is_cleared_but_not_deletes() {
     let mut h = Harness::new();
     h.apply_op(1, put("a", "1")).expect("put");
     let alarm = |action: AlarmAction| {
@@ -237,8 +244,8 @@ async fn the_nospace_alarm_refuses_puts_until_it_is_cleared_but_not_deletes() {
     assert_eq!(h.value(b"b").as_deref(), Some(&b"2"[..]));
 }
 
-#[tokio::test]
-async fn membership_changes_that_lost_a_race_change_nothing() {
+#[test]
+fn membership_changes_that_lost_a_race_change_nothing() {
     let mut h = Harness::new();
     let m = member(0x10, "http://127.0.0.1:2480");
     assert!(matches!(
@@ -270,8 +277,8 @@ async fn membership_changes_that_lost_a_race_change_nothing() {
     assert!(!h.inner().removed.load(AtomicOrdering::Acquire));
 }
 
-#[tokio::test]
-async fn the_lessor_follows_the_role_each_batch_carries() {
+#[test]
+fn the_lessor_follows_the_role_each_batch_carries() {
     let mut h = Harness::new();
     let lessor = h.inner().store.lessor();
     assert!(!lessor.is_primary());
@@ -291,8 +298,8 @@ async fn the_lessor_follows_the_role_each_batch_carries() {
     assert_eq!(h.inner().leader_changes.load(AtomicOrdering::Relaxed), 2);
 }
 
-#[tokio::test]
-async fn with_auth_on_a_write_needs_a_user_with_permission() {
+#[test]
+fn with_auth_on_a_write_needs_a_user_with_permission() {
     let mut h = Harness::new();
     h.apply_op(
         1,
@@ -345,8 +352,8 @@ async fn with_auth_on_a_write_needs_a_user_with_permission() {
 /// A downgrade asks for raft's log to go, and its batch commits durably so that the raft
 /// node drops the log at once (a member added next gets a snapshot, never the entry that
 /// raised the version).
-#[tokio::test]
-async fn a_downgrade_commits_durably_and_asks_for_the_log_to_go() {
+#[test]
+fn a_downgrade_commits_durably_and_asks_for_the_log_to_go() {
     let mut h = Harness::new();
     let apply = |h: &mut Harness, version: &str| {
         let data = crate::request::encode(

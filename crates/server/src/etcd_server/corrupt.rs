@@ -18,11 +18,11 @@ use std::time::Duration;
 use etcdrs_proto::etcdserverpb::alarm_request::AlarmAction;
 use etcdrs_proto::etcdserverpb::{AlarmRequest, AlarmType, HashKvResponse};
 use etcdrs_proto::rpctypes;
+use etcdrs_schema::membership::id_hex;
 use tokio_util::sync::CancellationToken;
 
-use crate::EtcdServer;
+use super::EtcdServer;
 use crate::error::{Result, ServerError};
-use crate::membership::id_hex;
 use crate::request::Op;
 
 /// How long a peer has to answer for its hash.

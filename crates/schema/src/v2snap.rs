@@ -13,7 +13,9 @@ use serde_json::{Map, Value, json};
 use etcdrs_backend::Bucket;
 use etcdrs_mvcc::KvStore;
 
+use crate::keys::{DOWNGRADE_PATH, META_CLUSTER_VERSION, META_DOWNGRADE};
 use crate::membership::Member;
+use crate::version::DowngradeInfo;
 
 /// etcd's `time.Time{}` in JSON: a node that never expires.
 const NEVER: &str = "0001-01-01T00:00:00Z";
@@ -107,11 +109,11 @@ pub fn store_json(
         );
     }
     if let Some(target) = downgrade {
-        let info = crate::version::DowngradeInfo::new(Some(target)).encode();
+        let info = DowngradeInfo::new(Some(target)).encode();
         zero.insert(
             "downgrade".into(),
             file(
-                crate::request::DOWNGRADE_PATH,
+                DOWNGRADE_PATH,
                 String::from_utf8_lossy(&info).into_owned(),
                 index,
             ),
@@ -150,11 +152,11 @@ pub fn from_store(store: &KvStore, index: u64) -> crate::Result<Vec<u8>> {
     .map_err(etcdrs_mvcc::Error::from)?;
     drop(read);
     let version = store
-        .meta(crate::etcd_server::META_CLUSTER_VERSION)?
+        .meta(META_CLUSTER_VERSION)?
         .and_then(|v| String::from_utf8(v).ok());
     let downgrade = store
-        .meta(crate::etcd_server::META_DOWNGRADE)?
-        .and_then(|v| crate::version::DowngradeInfo::decode(&v));
+        .meta(META_DOWNGRADE)?
+        .and_then(|v| DowngradeInfo::decode(&v));
     Ok(store_json(
         &members,
         &removed,

@@ -38,13 +38,16 @@ use etcdrs_bolt::Writer;
 use etcdrs_mvcc::LeaseRecord;
 use etcdrs_proto::etcdserverpb::AlarmMember;
 use etcdrs_proto::mvccpb::KeyValue;
-use etcdrs_raftnode::eraftpb::ConfState;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, ServerError};
-use crate::etcd_server::protobuf_free::{decode_conf_state, encode_conf_state};
-use crate::membership::Member;
+use crate::conf_state::{ConfState, decode_conf_state, encode_conf_state};
+use crate::error::{Error, Result};
+use crate::keys::{
+    AUTH_ENABLED, AUTH_REVISION, AUTH_ROLE_PREFIX, AUTH_USER_PREFIX, META_CLUSTER_VERSION,
+    META_DOWNGRADE, alarm_key,
+};
+use crate::membership::{Member, id_hex};
 
 /// etcd's bucket names as they appear in its file, in bbolt's (byte) order.
 mod names {
@@ -92,12 +95,12 @@ struct ConfStateJson {
     auto_leave: bool,
 }
 
-fn format_error(what: impl std::fmt::Display) -> ServerError {
-    ServerError::EtcdDb(what.to_string())
+fn format_error(what: impl std::fmt::Display) -> Error {
+    Error::EtcdDb(what.to_string())
 }
 
-fn backend_error(e: etcdrs_backend::Error) -> ServerError {
-    ServerError::Mvcc(e.into())
+fn backend_error(e: etcdrs_backend::Error) -> Error {
+    Error::Mvcc(e.into())
 }
 
 /// Our `key` bucket key as etcd's.
@@ -218,13 +221,13 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
 
     let (mut auth, mut users, mut roles) = (Vec::new(), Vec::new(), Vec::new());
     for (key, value) in collect(read, Bucket::AUTH)? {
-        if key == crate::auth::KEY_ENABLED {
+        if key == AUTH_ENABLED {
             auth.push((ETCD_AUTH_ENABLED.to_vec(), value));
-        } else if key == crate::auth::KEY_REVISION {
+        } else if key == AUTH_REVISION {
             auth.push((ETCD_AUTH_REVISION.to_vec(), value));
-        } else if let Some(name) = key.strip_prefix(crate::auth::USER_PREFIX) {
+        } else if let Some(name) = key.strip_prefix(AUTH_USER_PREFIX) {
             users.push((name.to_vec(), value));
-        } else if let Some(name) = key.strip_prefix(crate::auth::ROLE_PREFIX) {
+        } else if let Some(name) = key.strip_prefix(AUTH_ROLE_PREFIX) {
             roles.push((name.to_vec(), value));
         }
     }
@@ -235,13 +238,13 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
     // decided; a downgrade under way, as etcd 3.5 records it.
     let mut cluster = Vec::new();
     if let Some(version) = read
-        .get(Bucket::META, crate::etcd_server::META_CLUSTER_VERSION)
+        .get(Bucket::META, META_CLUSTER_VERSION)
         .map_err(|e| format_error(format!("read cluster version: {e}")))?
     {
         cluster.push((ETCD_CLUSTER_VERSION.to_vec(), version));
     }
     if let Some(info) = read
-        .get(Bucket::META, crate::etcd_server::META_DOWNGRADE)
+        .get(Bucket::META, META_DOWNGRADE)
         .map_err(|e| format_error(format!("read downgrade: {e}")))?
     {
         cluster.push((ETCD_DOWNGRADE.to_vec(), info));
@@ -286,13 +289,13 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
         // encoding again writes it in Go's field order whatever the stored bytes were.
         let member: Member = serde_json::from_slice(&value).map_err(format_error)?;
         let json = serde_json::to_vec(&member).map_err(format_error)?;
-        members.push((crate::membership::id_hex(member.id).into_bytes(), json));
+        members.push((id_hex(member.id).into_bytes(), json));
     }
     put_sorted(&mut out, names::MEMBERS, members)?;
     let mut removed = Vec::new();
     for (key, value) in collect(read, Bucket::MEMBERS_REMOVED)? {
         let id = be_u64(&key, "removed member id")?;
-        removed.push((crate::membership::id_hex(id).into_bytes(), value));
+        removed.push((id_hex(id).into_bytes(), value));
     }
     put_sorted(&mut out, names::MEMBERS_REMOVED, removed)?;
 
@@ -450,9 +453,9 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                 }
                 names::AUTH => {
                     if key == ETCD_AUTH_ENABLED {
-                        out.put(Bucket::AUTH, crate::auth::KEY_ENABLED, value)
+                        out.put(Bucket::AUTH, AUTH_ENABLED, value)
                     } else if key == ETCD_AUTH_REVISION {
-                        out.put(Bucket::AUTH, crate::auth::KEY_REVISION, value)
+                        out.put(Bucket::AUTH, AUTH_REVISION, value)
                     } else {
                         Err(format_error(format!(
                             "unknown key {} in bucket auth",
@@ -461,11 +464,11 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                     }
                 }
                 names::AUTH_USERS => {
-                    let key = [crate::auth::USER_PREFIX, key].concat();
+                    let key = [AUTH_USER_PREFIX, key].concat();
                     out.put(Bucket::AUTH, &key, value)
                 }
                 names::AUTH_ROLES => {
-                    let key = [crate::auth::ROLE_PREFIX, key].concat();
+                    let key = [AUTH_ROLE_PREFIX, key].concat();
                     out.put(Bucket::AUTH, &key, value)
                 }
                 names::MEMBERS => {
@@ -483,7 +486,7 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
                 names::ALARM => {
                     let alarm = AlarmMember::decode(key)
                         .map_err(|e| format_error(format!("bad alarm {key:?}: {e}")))?;
-                    let ours = crate::etcd_server::alarm_key(alarm.member_id, alarm.alarm);
+                    let ours = alarm_key(alarm.member_id, alarm.alarm);
                     out.put(Bucket::ALARM, &ours, key)
                 }
                 names::CLUSTER => {

@@ -2,7 +2,7 @@
 //! `lease/leasehttp/http.go`, the `hashKVHandler` of `corrupt.go`, 3.5's
 //! `downgradeEnabledHandler`): `/members` and `/members/promote/`, `/members/hashkv`,
 //! `/leases` and `/leases/internal`, and `/downgrade/enabled`, with the JSON and protobuf
-//! bodies etcd's members send (shared with `calls`, which makes the calls) and etcd's status
+//! bodies etcd's members send (`peer::wire`, shared with `peer::calls`, which makes the calls) and etcd's status
 //! codes and Go's `http.Error` bodies (`etcdrs_rafthttp::go_error`). The raft routes are the
 //! transport's (`etcdrs_rafthttp::routes`).
 
@@ -12,27 +12,32 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use etcdrs_proto::etcdserverpb::{
-    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveResponse,
 };
 use etcdrs_rafthttp::{go_error, method_not_allowed};
 use prost::Message as _;
-use serde::{Deserialize, Serialize};
 
 use crate::EtcdServer;
+use crate::peer::wire::{
+    HashKvRequestJson, HashKvResponseJson, HeaderJson, LeaseInternalRequest, LeaseInternalResponse,
+    MemberJson,
+};
 
 /// The largest request body a lease or hash call may carry.
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
-/// The member's peer routes (etcd's peer mux without rafthttp's).
-pub fn routes() -> Router<EtcdServer> {
-    Router::new()
+/// The peer port's routes (etcd's peer mux), `/version` aside: the transport's raft routes
+/// and the member's own.
+pub fn routes(server: &EtcdServer) -> Router<EtcdServer> {
+    let own = Router::new()
         .route("/members", any(members))
         .route("/members/hashkv", any(hash_kv))
         .route("/members/promote/", any(promote))
         .route("/members/promote/{*rest}", any(promote))
         .route("/leases", any(leases))
         .route("/leases/internal", any(leases))
-        .route("/downgrade/enabled", any(downgrade_enabled))
+        .route("/downgrade/enabled", any(downgrade_enabled));
+    etcdrs_rafthttp::routes(server.peer_link().clone()).merge(own)
 }
 
 /// `response` with the cluster id header, as every peer handler of etcd's answers.
@@ -62,10 +67,6 @@ async fn downgrade_enabled(State(server): State<EtcdServer>, request: Request) -
     };
     with_cluster_id(response, &server)
 }
-
-/// A member as etcd's `/members` lists it (Go's JSON of `membership.Member`), which is how
-/// `membership::Member` encodes.
-pub use crate::membership::Member as MemberJson;
 
 fn members_json(server: &EtcdServer) -> String {
     let mut members: Vec<MemberJson> = server.members();
@@ -138,47 +139,6 @@ async fn promote(State(server): State<EtcdServer>, request: Request) -> Response
     with_cluster_id(response, &server)
 }
 
-/// etcd's `pb.HashKVRequest` in Go's JSON.
-#[derive(Serialize, Deserialize, Default)]
-pub struct HashKvRequestJson {
-    /// The revision to hash at (0: the current one).
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
-    pub revision: i64,
-}
-
-/// etcd's `pb.HashKVResponse` in Go's JSON (`omitempty` everywhere).
-#[derive(Serialize, Deserialize, Default)]
-pub struct HashKvResponseJson {
-    /// Only the revision is set, as etcd does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub header: Option<HeaderJson>,
-    /// The hash.
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
-    pub hash: u32,
-    /// The compacted revision when hashed.
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
-    pub compact_revision: i64,
-    /// The revision hashed at (etcd 3.5).
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
-    pub hash_revision: i64,
-}
-
-/// etcd's `pb.ResponseHeader` in Go's JSON, as the hash answer carries it.
-#[derive(Serialize, Deserialize, Default)]
-pub struct HeaderJson {
-    /// The store's revision.
-    #[serde(default, skip_serializing_if = "is_zero_i64")]
-    pub revision: i64,
-}
-
-fn is_zero_i64(v: &i64) -> bool {
-    *v == 0
-}
-
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
-}
-
 /// `GET /members/hashkv` with a JSON `HashKVRequest` body (etcd's `hashKVHandler`).
 async fn hash_kv(State(server): State<EtcdServer>, request: Request) -> Response {
     if request.method() != Method::GET {
@@ -191,7 +151,7 @@ async fn hash_kv(State(server): State<EtcdServer>, request: Request) -> Response
         tracing::warn!("failed to unmarshal request");
         return go_error(StatusCode::BAD_REQUEST, "error unmarshalling request");
     };
-    let hashed = match crate::corrupt::local_hash(&server, req.revision).await {
+    let hashed = match crate::etcd_server::corrupt::local_hash(&server, req.revision).await {
         Ok(hashed) => hashed,
         Err(e) => {
             tracing::warn!(requested_revision = req.revision, error = %e, "failed to get hashKV");
@@ -211,22 +171,6 @@ async fn hash_kv(State(server): State<EtcdServer>, request: Request) -> Response
         ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         &server,
     )
-}
-
-/// etcd's `leasepb.LeaseInternalRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseInternalRequest {
-    /// The request forwarded.
-    #[prost(message, optional, tag = "1")]
-    pub lease_time_to_live_request: Option<LeaseTimeToLiveRequest>,
-}
-
-/// etcd's `leasepb.LeaseInternalResponse`.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseInternalResponse {
-    /// The leader's answer.
-    #[prost(message, optional, tag = "1")]
-    pub lease_time_to_live_response: Option<LeaseTimeToLiveResponse>,
 }
 
 fn protobuf(bytes: Vec<u8>) -> Response {
@@ -250,7 +194,7 @@ async fn leases(State(server): State<EtcdServer>, request: Request) -> Response 
         if !server.raft_status().is_leader {
             return go_error(StatusCode::BAD_REQUEST, "not a primary lessor");
         }
-        return match crate::rpc::lease::renew(&server, req.id).await {
+        return match server.lease_renew(req.id).await {
             Ok(0) => go_error(StatusCode::NOT_FOUND, "lease not found"),
             Ok(ttl) => protobuf(
                 LeaseKeepAliveResponse {
@@ -267,7 +211,7 @@ async fn leases(State(server): State<EtcdServer>, request: Request) -> Response 
         return go_error(StatusCode::BAD_REQUEST, "error unmarshalling request");
     };
     let req = req.lease_time_to_live_request.unwrap_or_default();
-    match crate::rpc::lease::time_to_live_local(&server, req).await {
+    match server.lease_time_to_live_local(req).await {
         Ok(resp) if resp.ttl == -1 => go_error(StatusCode::NOT_FOUND, "lease not found"),
         Ok(resp) => protobuf(
             LeaseInternalResponse {
@@ -279,25 +223,5 @@ async fn leases(State(server): State<EtcdServer>, request: Request) -> Response 
             .encode_to_vec(),
         ),
         Err(e) => go_error(StatusCode::BAD_REQUEST, &e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn members_json_has_gos_field_names_and_omissions() {
-        let m = MemberJson {
-            id: 10,
-            peer_urls: vec!["http://a:2380".into()],
-            is_learner: false,
-            name: String::new(),
-            client_urls: Vec::new(),
-        };
-        assert_eq!(
-            serde_json::to_string(&m).expect("json"),
-            r#"{"id":10,"peerURLs":["http://a:2380"]}"#
-        );
     }
 }
