@@ -296,20 +296,24 @@ const RULES: &[Rule] = &[
 /// Network crates: what a crate that only stores or relays bytes must not link.
 const NETWORK: &[&str] = &["tonic", "tonic-prost", "hyper", "h2", "axum", "tower"];
 
+/// What a storage crate must not link: the network crates, and sockets at all (`mio`, which
+/// tokio brings with its `net` feature; the store uses tokio's channels only).
+const NO_SOCKETS: &[&str] = &["tonic", "tonic-prost", "hyper", "h2", "axum", "tower", "mio"];
+
 /// Rules checked on a crate's own resolution, with the features it asks of its dependencies
 /// (the workspace's unified graph shows more: tonic in proto as the server wants it).
 const ALONE_RULES: &[Rule] = &[
     Rule {
         krate: "etcdrs-schema",
         reach: Reach::Transitive,
-        forbid: Forbid::Crates(NETWORK),
+        forbid: Forbid::Crates(NO_SOCKETS),
         why: "schema links no network crate: proto's messages without `grpc`, mvcc and backend",
     },
     Rule {
         krate: "etcdrs-mvcc",
         reach: Reach::Transitive,
-        forbid: Forbid::Crates(NETWORK),
-        why: "mvcc has no network code: proto's messages without `grpc`",
+        forbid: Forbid::Crates(NO_SOCKETS),
+        why: "mvcc has no network code: proto's messages without `grpc`, tokio's channels only",
     },
     Rule {
         krate: "etcdrs-etcddir",
