@@ -298,7 +298,15 @@ const NETWORK: &[&str] = &["tonic", "tonic-prost", "hyper", "h2", "axum", "tower
 
 /// What a storage crate must not link: the network crates, and sockets at all (`mio`, which
 /// tokio brings with its `net` feature; the store uses tokio's channels only).
-const NO_SOCKETS: &[&str] = &["tonic", "tonic-prost", "hyper", "h2", "axum", "tower", "mio"];
+const NO_SOCKETS: &[&str] = &[
+    "tonic",
+    "tonic-prost",
+    "hyper",
+    "h2",
+    "axum",
+    "tower",
+    "mio",
+];
 
 /// Rules checked on a crate's own resolution, with the features it asks of its dependencies
 /// (the workspace's unified graph shows more: tonic in proto as the server wants it).
