@@ -2,6 +2,7 @@
 //! This file holds the configuration, the report, the state and the event loop; by seam:
 //! `members` (starts, crashes, faults), `membership` (membership changes at run time),
 //! `network`, `ready` (each member's Ready step and the checks after it), `leases`,
+//! `checkpoints` (lease checkpoints across leader changes),
 //! `clients`, `invariants` and `storage` (what stands for the disk, the clock and the
 //! network).
 //!
@@ -22,8 +23,10 @@
 //!   does, read back on restart as the WAL replays), the network and the snapshot images it
 //!   carries, the clients and the server's request side they stand for (a waiter registered
 //!   before a proposal, a ReadIndex read served once the apply reaches its index, a
-//!   keep-alive renewed on the leader's lessor), and the lease-expiry loop (the server's
-//!   `run_lease_expiry`: expired leases revoked through raft).
+//!   keep-alive renewed on the leader's lessor, and with checkpoints its clear of a
+//!   checkpointed remainder), and the lease loops (the server's `run_lease_expiry`: expired
+//!   leases revoked through raft; `run_lease_checkpoints`: remainders checkpointed through
+//!   raft).
 //!
 //! # Time and durability
 //!
@@ -47,6 +50,9 @@
 //! - raft's configuration and the applier's membership name the same members;
 //! - no lease is revoked before its TTL has run since its grant and every renewal its leader
 //!   knew of;
+//! - no lease on a leader's lessor expires later than its last keep-alive or grant there plus
+//!   its TTL, or, from the promotion, the extension plus the last checkpoint that member applied
+//!   (`checkpoints`);
 //! - at the end, with the faults over: every member converges to the same applied index,
 //!   revision, `HashKV` and backend hash, and the clients' history is linearizable.
 
@@ -195,6 +201,11 @@ pub struct Config {
     /// A new leader restarts every lease from its full TTL, as if no checkpoint stood: a
     /// planted bug, for tests that the lease checks catch one.
     pub ignore_lease_checkpoints: bool,
+    /// A keep-alive on a lessor holding a checkpointed remainder does not clear it through
+    /// raft (the server's `clear_lease_checkpoint` left out), so a later leader restarts the
+    /// lease from the stale
+    /// remainder: a planted bug, for tests that the revocation check catches one.
+    pub renewal_keeps_checkpoint: bool,
     /// Whether auth is set up and the clients' permission revoked and granted again as they
     /// run.
     pub auth: bool,
@@ -247,6 +258,7 @@ impl Config {
             lease_checkpoint_ms,
             lease_checkpoint_persist: lease_checkpoint_persist && lease_checkpoint_ms.is_some(),
             ignore_lease_checkpoints: false,
+            renewal_keeps_checkpoint: false,
             auth,
             read_after_revoke: false,
         }

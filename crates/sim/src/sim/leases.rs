@@ -141,6 +141,9 @@ impl Sim {
         let checkpointed = lessor.get(id).is_some_and(|l| l.remaining_ttl > 0);
         if let Renewal::Renewed(ttl) = lessor.renew(id, vnow) {
             let clear = checkpointed && self.cfg.lease_checkpoint_ms.is_some();
+            // The planted bug believes the renewal stands everywhere, and clears nothing.
+            let planted = clear && self.cfg.renewal_keeps_checkpoint;
+            let clear = clear && !planted;
             let now = self.now;
             self.members[at]
                 .lease_allowance
