@@ -512,6 +512,9 @@ struct Member {
     /// The checkpoints its lessor holds are those of the entries it applied after this index
     /// (since its start, or since a snapshot's install, unless checkpoints persist).
     checkpoint_floor: u64,
+    /// Its applied index when it last started: checkpoints at or below it came back from
+    /// its backend (when they persist).
+    started_at: u64,
     /// Stalled until then (virtual ms): its events wait.
     paused_until: u64,
     /// Its disk writes nothing until then (virtual ms).
@@ -553,6 +556,7 @@ impl Member {
             promoted_at: None,
             lease_allowance: BTreeMap::new(),
             checkpoint_floor: 0,
+            started_at: 0,
             paused_until: 0,
             disk_stalled_until: 0,
             disk_write_scheduled: false,

@@ -145,6 +145,7 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         l.promotions_with_leases += r.promotions_with_leases;
         l.leases_at_promotion.0 += r.leases_at_promotion.0;
         l.leases_at_promotion.1 += r.leases_at_promotion.1;
+        l.from_persisted += r.from_persisted;
         l.checked += r.checked;
         l.renewals_undone += r.renewals_undone;
         let r = report.auth;
@@ -206,13 +207,14 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     println!(
         "lease checkpoints in {checkpoint_seeds} seeds ({persist_seeds} persisted): {} applied \
          ({} clears by a keep-alive); {} leader changes with live leases, {} leases checked at \
-         them ({} restarted from a checkpoint); {} lease states checked on leaders; {} \
+         them ({} restarted from a checkpoint, {} of those persisted before a restart); {} lease states checked on leaders; {} \
          keep-alives undone by an older checkpoint applied after them",
         l.checkpoints.0,
         l.checkpoints.1,
         l.promotions_with_leases,
         l.leases_at_promotion.0,
         l.leases_at_promotion.1,
+        l.from_persisted,
         l.checked,
         l.renewals_undone
     );

@@ -32,6 +32,9 @@ pub struct LeaseStats {
     pub promotions_with_leases: u32,
     /// Leases checked at those promotions, and of them those restarted from a checkpoint.
     pub leases_at_promotion: (u32, u32),
+    /// Of those restarted from a checkpoint, the ones whose checkpoint the member's lessor
+    /// read back from its backend at its last start (persisted checkpoints).
+    pub from_persisted: u32,
     /// Lease states checked on leaders, step by step.
     pub checked: u64,
     /// Keep-alives that an older checkpoint applied after them undid for a later leader (a
@@ -148,17 +151,20 @@ impl Sim {
     }
 
     /// The remainder member `i`'s lessor holds for lease `id`: the last checkpoint of it among
-    /// the entries it applied after its floor (0: none, or cleared).
-    fn checkpointed(&self, i: usize, id: i64) -> i64 {
+    /// the entries it applied after its floor (0: none, or cleared), and that entry's index.
+    fn checkpointed(&self, i: usize, id: i64) -> (i64, u64) {
         let member = &self.members[i];
         if member.checkpoint_floor >= member.applied {
-            return 0;
+            return (0, 0);
         }
         self.checkpoint_log
             .range(member.checkpoint_floor + 1..=member.applied)
             .rev()
-            .find_map(|(_, pairs)| pairs.iter().rev().find(|(l, _)| *l == id))
-            .map_or(0, |(_, remaining)| *remaining)
+            .find_map(|(index, pairs)| {
+                let (_, remaining) = pairs.iter().rev().find(|(l, _)| *l == id)?;
+                Some((*remaining, *index))
+            })
+            .unwrap_or((0, 0))
     }
 
     /// Member `i`'s lessor has just been promoted: each lease may live until the extension
@@ -182,8 +188,11 @@ impl Sim {
             let Some(ttl) = lessor.ttl(id) else {
                 continue;
             };
-            let remaining = self.checkpointed(i, id);
+            let (remaining, index) = self.checkpointed(i, id);
             from_checkpoint += u32::from(remaining > 0);
+            if remaining > 0 && index <= self.members[i].started_at {
+                self.lease_stats.from_persisted += 1;
+            }
             let lives = if remaining > 0 { remaining } else { ttl };
             allowance.insert(id, self.now + LEASE_EXTEND_MS + lives as u64 * 1000);
         }
@@ -238,7 +247,7 @@ impl Sim {
                         "leader {} holds lease {id} (TTL {} s) until {expiry_ms} ms, beyond the {allowed} ms its grant, last keep-alive or last applied checkpoint allows (checkpoint it applied: {} s, promoted at {:?})",
                         self.members[i].id,
                         lease.ttl,
-                        self.checkpointed(i, id),
+                        self.checkpointed(i, id).0,
                         self.members[i].promoted_at
                     ));
                 }

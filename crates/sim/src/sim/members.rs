@@ -100,6 +100,7 @@ impl Sim {
         member.state = Some(state);
         member.applied = applied;
         member.promoted_at = None;
+        member.started_at = applied;
         // Without persistence, a restarted lessor holds only the checkpoints it applies again.
         if !self.cfg.lease_checkpoint_persist {
             member.checkpoint_floor = applied;
