@@ -169,6 +169,9 @@ impl Sim {
                 }
                 // Entries up to the image's consistent index are skipped by the applier.
                 self.members[i].applied = index;
+                // The applier demotes a lessor that installs a snapshot.
+                self.members[i].promoted_at = None;
+                self.members[i].lease_allowance.clear();
                 // The image's lessor holds no checkpoint unless they persist.
                 if !self.cfg.lease_checkpoint_persist {
                     self.members[i].checkpoint_floor = consistent;
