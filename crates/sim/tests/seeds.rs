@@ -518,3 +518,15 @@ fn a_keep_alive_that_keeps_a_stale_checkpoint_is_caught() {
     println!("{failure}");
     assert!(failure.message.contains("expires lease"), "{failure}");
 }
+
+/// Seeds beyond the CI range in which a deposed leader installed the new leader's snapshot and
+/// led again before it applied a batch: its lessor, still primary, was never promoted afresh
+/// and held a lease past its allowance, until the install demoted it.
+#[test]
+fn a_leader_again_after_a_snapshot_install_is_promoted_afresh() {
+    let seeds = [3767, 3801, 4157];
+    for (seed, outcome) in seeds.iter().zip(run_all(&seeds)) {
+        let report = outcome.unwrap_or_else(|f| panic!("{f}"));
+        assert!(report.snapshots > 0, "seed {seed} installed no snapshot");
+    }
+}
