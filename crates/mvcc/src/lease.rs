@@ -335,7 +335,12 @@ impl Lessor {
     }
 
     /// What the leader checkpoints (at most `limit` leases, soonest expiry first): each lease
-    /// with a running clock and the seconds it has left. Empty unless primary.
+    /// with a running clock and the seconds it has left, rounded up as etcd's
+    /// `findDueScheduledCheckpoints` does (`math.Ceil`), and none for a lease with at least its
+    /// TTL left. Rounded down, a new leader would restart a lease up to a second short of what
+    /// its last keep-alive promised, which the promotion's extension (the election timeout)
+    /// covers only when it is a second or more (the simulator's lease checks found it, seed 15
+    /// with a 100 ms election timeout). Empty unless primary.
     pub fn checkpoints(&self, now: Instant, limit: usize) -> Vec<(LeaseId, i64)> {
         let inner = self.inner.lock();
         if !inner.primary {
@@ -346,7 +351,12 @@ impl Lessor {
             .values()
             .filter_map(|lease| {
                 let expiry = lease.expiry?;
-                (expiry > now).then(|| (expiry, lease.id, lease.remaining(now).max(1)))
+                if expiry <= now {
+                    return None;
+                }
+                let left = expiry - now;
+                let remaining = secs(left).saturating_add(i64::from(left.subsec_nanos() > 0));
+                (remaining < lease.ttl).then_some((expiry, lease.id, remaining))
             })
             .collect();
         due.sort_unstable();
@@ -610,6 +620,24 @@ mod tests {
         assert_eq!(lessor.expired(retry, 10), vec![1]);
         // A keep-alive (even one that was there first) still does not resurrect it.
         assert_eq!(lessor.renew(1, retry), Renewal::Expired);
+    }
+
+    #[test]
+    fn checkpoints_round_the_remainder_up_and_skip_a_full_ttl() {
+        let lessor = primary(1);
+        let t0 = Instant::now();
+        lessor.insert(1, 10, t0);
+        lessor.insert(2, 3, t0);
+        // 9.5 s left of 10: rounds up to the TTL, nothing to checkpoint; 2.5 s left of 3: 3.
+        let soon = t0 + Duration::from_millis(500);
+        assert!(lessor.checkpoints(soon, 10).is_empty());
+        // 7.5 s left rounds up to 8 (etcd's math.Ceil), 0.5 s left to 1, soonest first.
+        let later = t0 + Duration::from_millis(2500);
+        assert_eq!(lessor.checkpoints(later, 10), vec![(2, 1), (1, 8)]);
+        assert_eq!(lessor.checkpoints(later, 1), vec![(2, 1)]);
+        // Exactly 7 s left is 7; an expired lease is not checkpointed.
+        let whole = t0 + Duration::from_secs(3);
+        assert_eq!(lessor.checkpoints(whole, 10), vec![(1, 7)]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! This file holds the configuration, the report, the state and the event loop; by seam:
 //! `members` (starts, crashes, faults), `membership` (membership changes at run time),
 //! `network`, `ready` (each member's Ready step and the checks after it), `leases`,
+//! `checkpoints` (lease checkpoints across leader changes),
 //! `clients`, `invariants` and `storage` (what stands for the disk, the clock and the
 //! network).
 //!
@@ -22,8 +23,10 @@
 //!   does, read back on restart as the WAL replays), the network and the snapshot images it
 //!   carries, the clients and the server's request side they stand for (a waiter registered
 //!   before a proposal, a ReadIndex read served once the apply reaches its index, a
-//!   keep-alive renewed on the leader's lessor), and the lease-expiry loop (the server's
-//!   `run_lease_expiry`: expired leases revoked through raft).
+//!   keep-alive renewed on the leader's lessor, and with checkpoints its clear of a
+//!   checkpointed remainder), and the lease loops (the server's `run_lease_expiry`: expired
+//!   leases revoked through raft; `run_lease_checkpoints`: remainders checkpointed through
+//!   raft).
 //!
 //! # Time and durability
 //!
@@ -47,6 +50,9 @@
 //! - raft's configuration and the applier's membership name the same members;
 //! - no lease is revoked before its TTL has run since its grant and every renewal its leader
 //!   knew of;
+//! - no lease on a leader's lessor expires later than its last keep-alive or grant there plus
+//!   its TTL, or, from the promotion, the extension plus the last checkpoint that member applied
+//!   (`checkpoints`);
 //! - at the end, with the faults over: every member converges to the same applied index,
 //!   revision, `HashKV` and backend hash, and the clients' history is linearizable.
 
@@ -84,6 +90,7 @@ use tokio::sync::oneshot;
 use crate::checker::{Checker, Kind, Operation};
 
 mod auth;
+mod checkpoints;
 mod clients;
 mod invariants;
 mod leases;
@@ -95,6 +102,7 @@ mod storage;
 mod watches;
 
 pub use auth::AuthStats;
+pub use checkpoints::LeaseStats;
 pub use watches::{WatchFault, WatchStats};
 
 use storage::{Observations, Observed, Outbox, Recorder, SimLog, VirtualClock, lock};
@@ -112,6 +120,9 @@ pub const CLIENT_TIMEOUT_MS: u64 = 1500;
 pub const HASH_EVERY: u64 = 4;
 /// The leader looks for expired leases this often (the server's lease-expiry loop).
 pub const LEASE_EXPIRY_MS: u64 = 500;
+/// A new leader's lessor restarts every lease's clock this far ahead (the election timeout,
+/// as the applier's promotion passes it).
+pub const LEASE_EXTEND_MS: u64 = ELECTION_TICK as u64 * TICK_MS;
 /// Events kept for a failure's report.
 const TRACE_TAIL: usize = 80;
 /// The simulated cluster's id.
@@ -180,6 +191,21 @@ pub struct Config {
     /// A planted bug in the watchers' delivery path (none by default), for tests that the
     /// watch checks catch one.
     pub watch_fault: Option<WatchFault>,
+    /// Lease checkpoints (etcd's `--experimental-enable-lease-checkpoint`): the leader
+    /// checkpoints every lease's remaining TTL through raft this often, virtual ms (`None`:
+    /// off).
+    pub lease_checkpoint_ms: Option<u64>,
+    /// Checkpoints are kept in the backend too (etcd 3.6's
+    /// `--experimental-enable-lease-checkpoint-persist`), so a restart keeps them.
+    pub lease_checkpoint_persist: bool,
+    /// A new leader restarts every lease from its full TTL, as if no checkpoint stood: a
+    /// planted bug, for tests that the lease checks catch one.
+    pub ignore_lease_checkpoints: bool,
+    /// A keep-alive on a lessor holding a checkpointed remainder does not clear it through
+    /// raft (the server's `clear_lease_checkpoint` left out), so a later leader restarts the
+    /// lease from the stale
+    /// remainder: a planted bug, for tests that the revocation check catches one.
+    pub renewal_keeps_checkpoint: bool,
     /// Whether auth is set up and the clients' permission revoked and granted again as they
     /// run.
     pub auth: bool,
@@ -198,6 +224,11 @@ impl Config {
         let slow_disks = StdRng::seed_from_u64(seed ^ 0x5eed_d15c_0041_0001).random_bool(0.5);
         let watches = StdRng::seed_from_u64(seed ^ 0x5eed_3a7c_0041_0002).random_bool(0.75);
         let auth = StdRng::seed_from_u64(seed ^ 0x5eed_a074_0041_0003).random_bool(0.5);
+        let mut checkpoints = StdRng::seed_from_u64(seed ^ 0x5eed_1ea5_0041_0004);
+        let lease_checkpoint_ms = checkpoints
+            .random_bool(0.5)
+            .then(|| checkpoints.random_range(200..=800));
+        let lease_checkpoint_persist = checkpoints.random_bool(0.5);
         let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
@@ -224,6 +255,10 @@ impl Config {
             slow_disks,
             watches,
             watch_fault: None,
+            lease_checkpoint_ms,
+            lease_checkpoint_persist: lease_checkpoint_persist && lease_checkpoint_ms.is_some(),
+            ignore_lease_checkpoints: false,
+            renewal_keeps_checkpoint: false,
             auth,
             read_after_revoke: false,
         }
@@ -291,6 +326,8 @@ pub struct Report {
     pub watches: WatchStats,
     /// What auth did.
     pub auth: AuthStats,
+    /// What the lease checks saw of checkpoints and leader changes.
+    pub lease_checks: LeaseStats,
 }
 
 /// A run that broke an invariant (or could not run).
@@ -382,6 +419,8 @@ enum Event {
     WatchSync(usize),
     /// The administrator sets auth up, or revokes or grants the clients' permission.
     AuthAdmin,
+    /// A member's lease-checkpoint loop takes a turn.
+    LeaseCheckpoint(usize),
 }
 
 struct Scheduled {
@@ -466,6 +505,16 @@ struct Member {
     compactions: Vec<(i64, oneshot::Receiver<etcdrs_server::Result<ApplyOutput>>)>,
     /// When its lessor last became primary (virtual ms), while it is.
     promoted_at: Option<u64>,
+    /// While it leads: the latest expiry (virtual ms) each lease may have on its lessor, from
+    /// its promotion (the checkpoint it applied, else the full TTL, plus the extension), the
+    /// keep-alives it renewed, and the grants it applied.
+    lease_allowance: BTreeMap<i64, u64>,
+    /// The checkpoints its lessor holds are those of the entries it applied after this index
+    /// (since its start, or since a snapshot's install, unless checkpoints persist).
+    checkpoint_floor: u64,
+    /// Its applied index when it last started: checkpoints at or below it came back from
+    /// its backend (when they persist).
+    started_at: u64,
     /// Stalled until then (virtual ms): its events wait.
     paused_until: u64,
     /// Its disk writes nothing until then (virtual ms).
@@ -505,6 +554,9 @@ impl Member {
             read_waits: Vec::new(),
             compactions: Vec::new(),
             promoted_at: None,
+            lease_allowance: BTreeMap::new(),
+            checkpoint_floor: 0,
+            started_at: 0,
             paused_until: 0,
             disk_stalled_until: 0,
             disk_write_scheduled: false,
@@ -526,6 +578,7 @@ impl Member {
         lock(&self.outbox.0).clear();
         lock(&self.observed).clear();
         self.promoted_at = None;
+        self.lease_allowance.clear();
         self.disk_write_scheduled = false;
     }
 
@@ -543,8 +596,17 @@ impl Member {
 struct LeaseLog {
     ttl: i64,
     granted_at: u64,
-    /// Successful renewals: when, and on which member.
-    renewals: Vec<(u64, usize)>,
+    /// Successful renewals: when, on which member, and from when a later leader knows of it
+    /// (at once without checkpoints; with them, once the checkpoint it cleared is cleared
+    /// everywhere, and never if an older checkpoint lands after it).
+    renewals: Vec<Renewed>,
+}
+
+/// A keep-alive the leader's lessor renewed.
+struct Renewed {
+    at: u64,
+    on: usize,
+    known_from: Option<u64>,
 }
 
 /// How an operation completed.
@@ -617,6 +679,12 @@ struct Sim {
     now_ms: Arc<AtomicU64>,
     leases: BTreeMap<i64, LeaseLog>,
     next_lease: i64,
+    /// The lease checkpoints of every entry applied anywhere that holds some, by index: (lease,
+    /// remaining TTL, 0 clearing it).
+    checkpoint_log: BTreeMap<u64, Vec<(i64, i64)>>,
+    /// Checkpoint requests proposed, by request id: what each was for.
+    checkpoint_requests: BTreeMap<u64, checkpoints::Proposed>,
+    lease_stats: LeaseStats,
     lease_revokes: u32,
     replayed: u64,
     /// The last value a client put (or deleted: `None`) on each key, for compare-and-sets.
@@ -735,6 +803,9 @@ impl Sim {
             now_ms: Arc::default(),
             leases: BTreeMap::new(),
             next_lease: 1,
+            checkpoint_log: BTreeMap::new(),
+            checkpoint_requests: BTreeMap::new(),
+            lease_stats: LeaseStats::default(),
             lease_revokes: 0,
             replayed: 0,
             last_put: BTreeMap::new(),
@@ -761,6 +832,10 @@ impl Sim {
             sim.schedule(phase, Event::Tick(i));
             let phase = sim.rng.random_range(1..=LEASE_EXPIRY_MS);
             sim.schedule(phase, Event::LeaseExpiry(i));
+            if let Some(interval) = sim.cfg.lease_checkpoint_ms {
+                let phase = sim.rng.random_range(1..=interval);
+                sim.schedule(phase, Event::LeaseCheckpoint(i));
+            }
         }
         for client in 0..sim.clients.len() {
             let at = sim.rng.random_range(0..20);
@@ -837,6 +912,7 @@ impl Sim {
             self.start_added()?;
             self.check_membership()?;
             self.check_leaders()?;
+            self.check_lease_allowances()?;
             if !self.faults && self.converged() {
                 return self.finish();
             }
@@ -847,7 +923,10 @@ impl Sim {
     /// The member an event is for, if it is stalled now.
     fn stalled(&self, event: &Event) -> Option<u64> {
         let i = match event {
-            Event::Tick(i) | Event::LeaseExpiry(i) | Event::WatchSync(i) => *i,
+            Event::Tick(i)
+            | Event::LeaseExpiry(i)
+            | Event::WatchSync(i)
+            | Event::LeaseCheckpoint(i) => *i,
             Event::Deliver { msg, .. } => (msg.to as usize).checked_sub(1)?,
             Event::SnapshotReport { leader, .. } => *leader,
             _ => return None,
@@ -874,6 +953,12 @@ impl Sim {
             Event::LeaseExpiry(i) => {
                 self.expire_leases(i)?;
                 self.schedule(LEASE_EXPIRY_MS, Event::LeaseExpiry(i));
+            }
+            Event::LeaseCheckpoint(i) => {
+                self.checkpoint_leases(i);
+                if let Some(interval) = self.cfg.lease_checkpoint_ms {
+                    self.schedule(interval, Event::LeaseCheckpoint(i));
+                }
             }
             Event::Deliver { from, msg, image } => self.deliver(from, *msg, image),
             Event::SnapshotReport { leader, to, ok } => {

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use etcdrs_sim::sim::{AuthStats, WatchStats};
+use etcdrs_sim::sim::{AuthStats, LeaseStats, WatchStats};
 use etcdrs_sim::{Config, Failure, Report, WatchFault, run};
 
 const DEFAULT_SEEDS: u64 = 2000;
@@ -95,6 +95,8 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
     let mut watch_seeds = 0;
     let mut a = AuthStats::default();
     let mut auth_seeds = 0;
+    let mut l = LeaseStats::default();
+    let (mut checkpoint_seeds, mut persist_seeds) = (0, 0);
     for report in results.into_iter().flatten() {
         let seed = report.seed;
         ops += report.history;
@@ -133,6 +135,19 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         w.history_reads.2 += r.history_reads.2;
         w.history.0 += r.history.0;
         w.history.1 += r.history.1;
+        let r = report.lease_checks;
+        if r.checkpoints.0 > 0 {
+            checkpoint_seeds += 1;
+            persist_seeds += u32::from(Config::from_seed(seed).lease_checkpoint_persist);
+        }
+        l.checkpoints.0 += r.checkpoints.0;
+        l.checkpoints.1 += r.checkpoints.1;
+        l.promotions_with_leases += r.promotions_with_leases;
+        l.leases_at_promotion.0 += r.leases_at_promotion.0;
+        l.leases_at_promotion.1 += r.leases_at_promotion.1;
+        l.from_persisted += r.from_persisted;
+        l.checked += r.checked;
+        l.renewals_undone += r.renewals_undone;
         let r = report.auth;
         auth_seeds += u32::from(r.changes > 0);
         a.changes += r.changes;
@@ -189,6 +204,20 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
          auth revision; reads: {} served, {} refused",
         a.changes, a.writes_allowed, a.writes_denied, a.writes_stale, a.reads.0, a.reads.1
     );
+    println!(
+        "lease checkpoints in {checkpoint_seeds} seeds ({persist_seeds} persisted): {} applied \
+         ({} clears by a keep-alive); {} leader changes with live leases, {} leases checked at \
+         them ({} restarted from a checkpoint, {} of those persisted before a restart); {} lease states checked on leaders; {} \
+         keep-alives undone by an older checkpoint applied after them",
+        l.checkpoints.0,
+        l.checkpoints.1,
+        l.promotions_with_leases,
+        l.leases_at_promotion.0,
+        l.leases_at_promotion.1,
+        l.from_persisted,
+        l.checked,
+        l.renewals_undone
+    );
     println!("longest history: {longest:?}");
     println!("seeds with a late leader of an earlier term: {late_leaders:?}");
     // The runs did what they are for: clients completed operations through the faults.
@@ -215,6 +244,10 @@ fn seeds_keep_every_invariant_and_stay_linearizable() {
         assert!(
             w.compacted_cancels > 0 && w.history_reads.1 > 0 && w.history_reads.2 > 0,
             "compaction went unexercised: {w:?}"
+        );
+        assert!(
+            l.checkpoints.1 > 0 && l.leases_at_promotion.1 > 0 && persist_seeds > 0,
+            "lease checkpoints went unexercised: {l:?}"
         );
         assert!(
             a.writes_allowed > 0 && a.writes_denied > 0 && a.writes_stale > 0 && a.reads.1 > 0,
@@ -397,6 +430,10 @@ fn a_progress_notification_ahead_of_an_undelivered_event_is_caught() {
         let config = Config {
             watches: true,
             watch_fault: Some(WatchFault::EarlyProgress),
+            // As the seeds ran before lease checkpoints came: with them, seed 0 shows this bug
+            // as a progress notification behind a delivered revision instead (on a member
+            // that lags), which this test does not look for.
+            lease_checkpoint_ms: None,
             ..Config::from_seed(seed)
         };
         let Err(failure) = run(&config) else {
@@ -444,4 +481,52 @@ fn a_read_allowed_after_its_permission_was_revoked_is_caught() {
             .contains("a read allowed after its permission was revoked"),
         "{failure}"
     );
+}
+
+/// Runs seeds with lease checkpoints and the planted lease bug `plant` until one fails;
+/// returns that failure.
+fn first_lease_failure(plant: impl Fn(&mut Config)) -> Failure {
+    for seed in 0..60 {
+        let mut config = Config::from_seed(seed);
+        config.lease_checkpoint_ms = Some(300);
+        plant(&mut config);
+        if let Err(failure) = run(&config) {
+            return failure;
+        }
+    }
+    panic!("no seed of 0..60 caught the planted lease bug");
+}
+
+/// The checkpoint check is not vacuous: a new leader that restarts every lease from its full
+/// TTL, ignoring the checkpoints it applied, holds a lease beyond what its checkpoint allows.
+#[test]
+fn a_new_leader_ignoring_lease_checkpoints_is_caught() {
+    let failure = first_lease_failure(|c| c.ignore_lease_checkpoints = true);
+    println!("{failure}");
+    assert!(
+        failure.message.contains("last applied checkpoint allows")
+            && !failure.message.contains("checkpoint it applied: 0 s"),
+        "{failure}"
+    );
+}
+
+/// A keep-alive that leaves a checkpointed remainder standing lets a later leader restart the
+/// lease from it, and expire it before its TTL since the keep-alive.
+#[test]
+fn a_keep_alive_that_keeps_a_stale_checkpoint_is_caught() {
+    let failure = first_lease_failure(|c| c.renewal_keeps_checkpoint = true);
+    println!("{failure}");
+    assert!(failure.message.contains("expires lease"), "{failure}");
+}
+
+/// Seeds beyond the CI range in which a deposed leader installed the new leader's snapshot and
+/// led again before it applied a batch: its lessor, still primary, was never promoted afresh
+/// and held a lease past its allowance, until the install demoted it.
+#[test]
+fn a_leader_again_after_a_snapshot_install_is_promoted_afresh() {
+    let seeds = [3767, 3801, 4157];
+    for (seed, outcome) in seeds.iter().zip(run_all(&seeds)) {
+        let report = outcome.unwrap_or_else(|f| panic!("{f}"));
+        assert!(report.snapshots > 0, "seed {seed} installed no snapshot");
+    }
 }

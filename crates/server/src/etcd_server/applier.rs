@@ -185,6 +185,12 @@ impl Applier {
             AtomicOrdering::Release,
         );
         self.inner.auth.reload(store)?;
+        // Only a follower installs a leader's snapshot: its lessor stops being primary, as
+        // etcd's demotes on losing leadership. Kept primary (the install restarts every lease
+        // at its full TTL), a member leading again before it applied a batch was not
+        // promoted afresh, and held leases past their checkpoints and its keep-alives (the
+        // simulator's lease checks, seed 3767).
+        store.lessor().demote();
         // The install finished the image's compactions: a physical Compact waiting on a
         // compaction the image covers is answered.
         self.inner.note_compacted(store.finished_compact_rev());

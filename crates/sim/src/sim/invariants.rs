@@ -181,6 +181,7 @@ impl Sim {
             added_voters: self.added_voters,
             watches: self.watch_stats,
             auth: self.auth_stats,
+            lease_checks: self.lease_stats,
         })
     }
 }

@@ -11,7 +11,8 @@ impl Sim {
     /// revoked through raft. Checks first that each has outlived its TTL since its grant and
     /// every renewal this leader knew of (those made on it, and any made anywhere before it
     /// took over: renewals are the leader's own, so one made on another member meanwhile is
-    /// not its to honour, as in etcd).
+    /// not its to honour, as in etcd; with checkpoints, one whose clearing of a checkpoint had
+    /// not applied, or that an older checkpoint undid, is not either).
     pub(super) fn expire_leases(&mut self, i: usize) -> Step {
         let vnow = self.vnow() + Duration::from_millis(self.cfg.lease_clock_ahead_ms);
         let member = &self.members[i];
@@ -38,16 +39,23 @@ impl Sim {
             let known = log
                 .renewals
                 .iter()
-                .filter(|(at, on)| *at <= promoted || *on == i)
-                .map(|(at, _)| *at)
+                .filter(|r| r.on == i || r.known_from.is_some_and(|k| k <= promoted))
+                .map(|r| r.at)
                 .max()
                 .unwrap_or(0)
                 .max(log.granted_at);
             let due = known + log.ttl as u64 * 1000;
             if self.now < due {
                 return Err(format!(
-                    "member {} expires lease {id} (TTL {} s) at {} ms, before {due} ms: granted at {}, renewed at {:?}, promoted at {promoted}",
-                    self.members[i].id, log.ttl, self.now, log.granted_at, log.renewals
+                    "member {} expires lease {id} (TTL {} s) at {} ms, before {due} ms: granted at {}, renewed at (ms, member index, known to later leaders from) {:?}, promoted at {promoted}",
+                    self.members[i].id,
+                    log.ttl,
+                    self.now,
+                    log.granted_at,
+                    log.renewals
+                        .iter()
+                        .map(|r| (r.at, r.on, r.known_from))
+                        .collect::<Vec<_>>()
                 ));
             }
             let request = InternalRaftRequest {
@@ -72,7 +80,13 @@ impl Sim {
         if renewable.is_empty() || self.rng.random_bool(0.3) {
             let id = self.next_lease;
             self.next_lease += 1;
-            let ttl = self.rng.random_range(1..=2);
+            // With checkpoints, TTLs long enough for a remainder below the TTL to be
+            // checkpointed (etcd skips one that rounds up to the TTL).
+            let ttl = if self.cfg.lease_checkpoint_ms.is_some() {
+                self.rng.random_range(2..=4)
+            } else {
+                self.rng.random_range(1..=2)
+            };
             let grant = InternalRaftRequest {
                 header: Some(self.admin_header(self.next_request, i)),
                 lease_grant: Some(LeaseGrantRequest { ttl, id }),
@@ -123,11 +137,30 @@ impl Sim {
         let Some(kv) = self.members[at].store() else {
             return;
         };
-        if let Renewal::Renewed(_) = kv.lessor().renew(id, vnow) {
-            if let Some(log) = self.leases.get_mut(&id) {
-                log.renewals.push((self.now, at));
+        let lessor = kv.lessor();
+        let checkpointed = lessor.get(id).is_some_and(|l| l.remaining_ttl > 0);
+        if let Renewal::Renewed(ttl) = lessor.renew(id, vnow) {
+            let clear = checkpointed && self.cfg.lease_checkpoint_ms.is_some();
+            // The planted bug believes the renewal stands everywhere, and clears nothing.
+            let planted = clear && self.cfg.renewal_keeps_checkpoint;
+            let clear = clear && !planted;
+            let now = self.now;
+            self.members[at]
+                .lease_allowance
+                .insert(id, now + ttl as u64 * 1000);
+            let Some(log) = self.leases.get_mut(&id) else {
+                return;
+            };
+            log.renewals.push(Renewed {
+                at: now,
+                on: at,
+                known_from: (!clear).then_some(now),
+            });
+            let renewal = log.renewals.len() - 1;
+            if clear {
+                self.clear_checkpoint(at, id, renewal);
             }
-            self.note("lease-renew", leader, id as u64, 0);
+            self.note("lease-renew", leader, id as u64, u64::from(clear));
         }
     }
 }

@@ -28,7 +28,12 @@ impl Sim {
         self.replayed += member.applied.saturating_sub(applied);
         let mut config = etcdrs_server::ServerConfig::with_defaults();
         config.data_dir = member.db.with_extension("dir");
-        config.election_timeout = Duration::from_millis(ELECTION_TICK as u64 * TICK_MS);
+        config.election_timeout = Duration::from_millis(LEASE_EXTEND_MS);
+        if let Some(interval) = self.cfg.lease_checkpoint_ms {
+            config.lease_checkpoint = true;
+            config.lease_checkpoint_persist = self.cfg.lease_checkpoint_persist;
+            config.lease_checkpoint_interval = Duration::from_millis(interval);
+        }
         let (state, machine) = StandaloneMember::open(config, id, CLUSTER_ID, store.clone())
             .map_err(|e| format!("load member state: {e}"))?;
         let (start, recovered) = match member.log.recovered() {
@@ -95,6 +100,11 @@ impl Sim {
         member.state = Some(state);
         member.applied = applied;
         member.promoted_at = None;
+        member.started_at = applied;
+        // Without persistence, a restarted lessor holds only the checkpoints it applies again.
+        if !self.cfg.lease_checkpoint_persist {
+            member.checkpoint_floor = applied;
+        }
         self.note("start", id, applied, 0);
         // raft drew the new node's election timeout from the thread's RNG.
         self.pin_election_timeouts();

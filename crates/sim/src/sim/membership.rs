@@ -107,6 +107,9 @@ impl Sim {
             self.start_member(i)?;
             self.schedule(TICK_MS, Event::Tick(i));
             self.schedule(LEASE_EXPIRY_MS, Event::LeaseExpiry(i));
+            if let Some(interval) = self.cfg.lease_checkpoint_ms {
+                self.schedule(interval, Event::LeaseCheckpoint(i));
+            }
         }
         Ok(())
     }

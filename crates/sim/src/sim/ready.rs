@@ -79,6 +79,7 @@ impl Sim {
                 events,
                 compact_rev,
                 auth_verdicts,
+                checkpoints,
             } => {
                 for (request_id, verdict) in auth_verdicts {
                     self.auth_verdicts.entry(request_id).or_insert(verdict);
@@ -136,10 +137,17 @@ impl Sim {
                         "member {id} has HashKV {hash:08x} at applied index {index}, another member had {first:08x}"
                     ));
                 }
+                self.checkpoints_applied(checkpoints);
                 let member = &mut self.members[i];
                 match (primary, member.promoted_at) {
-                    (true, None) => member.promoted_at = Some(self.now),
-                    (false, _) => member.promoted_at = None,
+                    (true, None) => {
+                        member.promoted_at = Some(self.now);
+                        self.promoted(i)?;
+                    }
+                    (false, _) => {
+                        member.promoted_at = None;
+                        member.lease_allowance.clear();
+                    }
                     (true, Some(_)) => {}
                 }
                 self.note("apply", id, index, revision as u64);
@@ -161,6 +169,13 @@ impl Sim {
                 }
                 // Entries up to the image's consistent index are skipped by the applier.
                 self.members[i].applied = index;
+                // The applier demotes a lessor that installs a snapshot.
+                self.members[i].promoted_at = None;
+                self.members[i].lease_allowance.clear();
+                // The image's lessor holds no checkpoint unless they persist.
+                if !self.cfg.lease_checkpoint_persist {
+                    self.members[i].checkpoint_floor = consistent;
+                }
                 self.snapshots += 1;
                 self.note("snapshot-installed", id, index, consistent);
             }

@@ -87,6 +87,9 @@ impl Transport for Outbox {
     }
 }
 
+/// A `LeaseCheckpoint` entry: its index, its request id, and its (lease, remaining TTL) pairs.
+pub(super) type Checkpointed = (u64, u64, Vec<(i64, i64)>);
+
 /// What a member's state machine and log reported, in order, since the simulator last looked.
 pub(super) type Observations = Arc<Mutex<Vec<Observed>>>;
 
@@ -115,6 +118,9 @@ pub(super) enum Observed {
         events: Vec<etcdrs_proto::mvccpb::Event>,
         /// The store's compacted revision after it.
         compact_rev: i64,
+        /// The lease checkpoints among its entries: index, request id, and (lease, remaining
+        /// TTL) of each.
+        checkpoints: Vec<Checkpointed>,
         /// The clients' user's writes in it, by request id: whether their permission held
         /// (`None`: the batch changed it).
         auth_verdicts: Vec<(u64, Option<bool>)>,
@@ -170,6 +176,22 @@ impl StateMachine for Recorder {
             .filter_map(|e| InternalRaftRequest::decode(e.data.as_ref()).ok())
             .filter_map(|r| r.lease_revoke.map(|revoke| revoke.id))
             .filter(|id| lessor.contains(*id))
+            .collect();
+        let checkpoints: Vec<Checkpointed> = batch
+            .entries
+            .iter()
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty())
+            .filter_map(|e| Some((e.index, InternalRaftRequest::decode(e.data.as_ref()).ok()?)))
+            .filter_map(|(index, r)| {
+                let request = r.lease_checkpoint?;
+                let id = r.header.map_or(0, |h| h.id);
+                let pairs = request
+                    .checkpoints
+                    .iter()
+                    .map(|c| (c.id, c.remaining_ttl))
+                    .collect();
+                Some((index, id, pairs))
+            })
             .collect();
         let raft_term = batch.raft.term;
         let before = self.store.current_rev();
@@ -237,6 +259,7 @@ impl StateMachine for Recorder {
             events,
             compact_rev: store.compact_rev(),
             auth_verdicts,
+            checkpoints,
         });
         Ok(applied)
     }
