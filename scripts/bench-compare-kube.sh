@@ -9,7 +9,7 @@
 # Knobs: BENCH_KUBE_NODES (5000), BENCH_KUBE_PODS_PER_NODE (30), BENCH_KUBE_DURATION (120),
 # BENCH_KUBE_CLIENTS (100) over BENCH_KUBE_CONNS (10), BENCH_KUBE_RATE_SCALE (1: multiplies the
 # paced rates, which default to one real cluster's at 5,000 nodes, scaled by nodes/5000),
-# BENCH_KUBE_COMPACT (30: seconds between compactions; kube-apiserver's 300 would never compact
+# BENCH_KUBE_PACED (1: 0 skips the paced run), BENCH_KUBE_COMPACT (30: seconds between compactions; kube-apiserver's 300 would never compact
 # in a run this short, as its first turn only records the revision), BENCH_KUBE_MAX (1),
 # BENCH_KUBE_ARGS (more `bench kube` flags), BENCH_KUBE_QUOTA (8589934592: both members'
 # --quota-backend-bytes, the 8 GiB kube clusters use; at the 2 GiB default a server that keeps up
@@ -23,6 +23,7 @@ KB_CONNS=${BENCH_KUBE_CONNS:-10}
 KB_RATE_SCALE=${BENCH_KUBE_RATE_SCALE:-1}
 KB_COMPACT=${BENCH_KUBE_COMPACT:-30}
 KB_MAX=${BENCH_KUBE_MAX:-1}
+KB_PACED=${BENCH_KUBE_PACED:-1}
 read -r -a KB_ARGS <<<"${BENCH_KUBE_ARGS:-}"
 MEMBER_FLAGS=(--quota-backend-bytes "${BENCH_KUBE_QUOTA:-8589934592}")
 
@@ -60,7 +61,7 @@ kb_run() {
 }
 
 for sys in etcd ours; do
-  kb_run "$sys" kube --rate-scale "$KB_RATE_SCALE"
+  [ "$KB_PACED" = 1 ] && kb_run "$sys" kube --rate-scale "$KB_RATE_SCALE"
   [ "$KB_MAX" = 1 ] && kb_run "$sys" kube-max --unpaced
 done
 
