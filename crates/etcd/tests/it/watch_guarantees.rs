@@ -38,6 +38,9 @@ const PREFIX: &str = "wg/";
 const KEYS: usize = 5;
 /// Deadline for every state the test waits for.
 const WAIT: Duration = Duration::from_secs(20);
+/// Writes acknowledged in each phase of the fault schedule (before, during and after each
+/// fault).
+const PHASE_WRITES: usize = 40;
 
 fn key(i: usize) -> String {
     format!("{PREFIX}k{i}")
@@ -180,7 +183,11 @@ async fn watch_loop(
 
 /// The writer: puts, deletes and two-key transactions over the test's keys, each retried on
 /// the next member until one answers; returns how many were answered.
-async fn write_loop(endpoints: Vec<String>, stop: Arc<std::sync::atomic::AtomicBool>) -> usize {
+async fn write_loop(
+    endpoints: Vec<String>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    acked: Arc<std::sync::atomic::AtomicUsize>,
+) -> usize {
     use std::sync::atomic::Ordering;
     let mut clients: Vec<Option<Client>> = vec![None; endpoints.len()];
     let mut at = 0;
@@ -225,6 +232,7 @@ async fn write_loop(endpoints: Vec<String>, stop: Arc<std::sync::atomic::AtomicB
             match tokio::time::timeout(Duration::from_secs(2), op).await {
                 Ok(Ok(())) => {
                     done += 1;
+                    acked.fetch_add(1, Ordering::SeqCst);
                     break;
                 }
                 // No answer: its outcome is unknown (the history read at the end says); go
@@ -306,35 +314,61 @@ async fn watchers_on_every_member_keep_the_guarantees_through_kills_and_a_partit
             )));
         }
     }
-    let writer = tokio::spawn(write_loop(endpoints.clone(), stop_writer.clone()));
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = tokio::spawn(write_loop(
+        endpoints.clone(),
+        stop_writer.clone(),
+        acked.clone(),
+    ));
 
-    // The faults, one after another, each while the writer runs.
-    let pause = |ms| tokio::time::sleep(Duration::from_millis(ms));
-    pause(1500).await;
+    // The faults, one after another; each phase lasts until the writer has had another
+    // PHASE_WRITES writes acknowledged (within the deadline), so that no phase passes empty
+    // on a slow machine.
+    let phase = || {
+        let from = acked.load(Ordering::SeqCst);
+        let acked = acked.clone();
+        async move {
+            poll_until(WAIT, || {
+                let n = acked.load(Ordering::SeqCst) - from;
+                async move {
+                    if n >= PHASE_WRITES {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "{n} of {PHASE_WRITES} writes acknowledged in this phase"
+                        ))
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    };
+    phase().await;
     let mut kills = 0;
     let victim = (c.leader().await.expect("leader") + 1) % 3;
     c.member_mut(victim).kill9().expect("SIGKILL a follower");
     kills += 1;
-    pause(1500).await;
+    phase().await;
     c.member_mut(victim)
         .restart()
         .await
         .unwrap_or_else(|e| panic!("restart m{victim}: {e:#}\n{}", c.log_tails()));
-    pause(1000).await;
+    phase().await;
     let cut = c.leader().await.expect("leader");
     c.isolate(cut).expect("isolate the leader");
-    pause(2500).await;
+    phase().await;
     c.heal();
-    pause(1000).await;
+    phase().await;
     let leader = c.leader().await.expect("leader");
     c.member_mut(leader).kill9().expect("SIGKILL the leader");
     kills += 1;
-    pause(1500).await;
+    phase().await;
     c.member_mut(leader)
         .restart()
         .await
         .unwrap_or_else(|e| panic!("restart m{leader}: {e:#}\n{}", c.log_tails()));
-    pause(1000).await;
+    phase().await;
     stop_writer.store(true, Ordering::SeqCst);
     let writes = writer.await.expect("writer");
 
