@@ -232,9 +232,13 @@ impl Backend {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(std::path::Path::new("."));
         crate::sync_dir(parent).map_err(Error::Io)?;
-        // Everything committed so far is durable in the new file (set while no commit can
-        // come: the old file's writer is held, and the new one is not in use yet).
-        self.pending_writes.store(0, Ordering::Relaxed);
+        // Everything committed to the file so far is durable in the new file (set while no
+        // commit can come: the old file's writer is held, and the new one is not in use yet);
+        // the batches published since wait for the next flush.
+        let waiting: u64 = self.published().iter().map(|l| l.writes).sum();
+        self.pending_writes.store(waiting, Ordering::Relaxed);
+        let flushed = self.flushed_generation.load(Ordering::Acquire);
+        self.durable_generation.fetch_max(flushed, Ordering::AcqRel);
         *lock(&self.last_durable) = self.now();
         *self
             .db

@@ -40,6 +40,7 @@
 
 /// CRC-32C, re-exported for the backend's users (mvcc's hashes).
 pub use etcdrs_crc32c as crc32c;
+mod batch;
 mod defrag;
 mod dirsync;
 mod error;
@@ -58,6 +59,7 @@ use redb::{
     TableHandle,
 };
 
+pub use batch::{BatchTx, HARD_LIMIT_BYTES, SOFT_LIMIT_BYTES};
 pub use dirsync::{create_dir_all_synced, sync_dir, write_file_synced};
 pub use error::{Error, Result};
 pub use snapshot::{HashCheck, ImageDigest, SHA256_LEN, Snapshot, restore_image};
@@ -161,7 +163,32 @@ pub struct Backend {
     clock: std::sync::Arc<dyn Clock>,
     /// The open found the newest commit damaged and opened the one before it.
     opened_previous_commit: bool,
+    /// Batches committed but not yet in the file, oldest first (`batch`): readers take the
+    /// list with their read transaction of the file, under this lock.
+    layers: RwLock<Arc<Vec<Arc<batch::Layer>>>>,
+    /// Held by the one [`BatchTx`] at a time.
+    batch_writer: Mutex<()>,
+    /// Held by a [`WriteTx`] from its beginning (when it takes in the published layers) to its
+    /// end: one flush at a time.
+    flush_lock: Mutex<()>,
+    /// The generation the next published layer gets.
+    next_generation: AtomicU64,
+    /// The newest generation the file holds (committed, maybe not durably).
+    flushed_generation: AtomicU64,
+    /// The newest generation a durable commit holds.
+    durable_generation: AtomicU64,
+    /// Bytes of keys and values in the published layers.
+    layer_bytes: AtomicU64,
+    /// Whether flushes are left to the owner's task (`set_background_flush`).
+    background_flush: AtomicBool,
+    /// A flush was asked for and has not begun.
+    flush_requested: AtomicBool,
+    /// Called when a flush is asked for (the owner's task wakes).
+    flush_waker: Mutex<Option<FlushWaker>>,
 }
+
+/// What wakes the task that flushes in the background.
+pub type FlushWaker = Box<dyn Fn() + Send + Sync>;
 
 /// A repair callback for redb that sets `fell_back` when the repair falls back to the
 /// previous commit. redb 4.6 (`Database::do_repair`) calls the callback at progress 0.0 when
@@ -262,6 +289,16 @@ impl Backend {
             logical_bytes: AtomicU64::new(0),
             clock: std::sync::Arc::new(SystemClock),
             opened_previous_commit,
+            layers: RwLock::new(Arc::new(Vec::new())),
+            batch_writer: Mutex::new(()),
+            flush_lock: Mutex::new(()),
+            next_generation: AtomicU64::new(1),
+            flushed_generation: AtomicU64::new(0),
+            durable_generation: AtomicU64::new(0),
+            layer_bytes: AtomicU64::new(0),
+            background_flush: AtomicBool::new(false),
+            flush_requested: AtomicBool::new(false),
+            flush_waker: Mutex::new(None),
         };
         let tx = backend.write()?;
         for bucket in Bucket::ALL {
@@ -308,21 +345,96 @@ impl Backend {
         self.pending_writes.load(Ordering::Relaxed)
     }
 
-    /// etcd's periodic batch commit for a backend that went quiet: when writes wait and the
-    /// last durable commit is a batch interval old (so no commit came since to be made
-    /// durable itself), commit durably now. While writes keep coming, their own commits are
-    /// the durable ones, and the caller that reports durability (the applier) sees them.
-    /// Returns whether it committed.
+    /// etcd's periodic batch commit: when writes wait and the last durable commit is a batch
+    /// interval old, or a flush was asked for (the batch limit, or the layers' memory), flush
+    /// every published batch to the file and commit durably. Returns whether it committed.
     pub fn commit_if_due(&self) -> Result<bool> {
+        let requested = self.flush_requested.swap(false, Ordering::AcqRel);
         let due = self.pending_writes() > 0
-            && self
-                .now()
-                .saturating_duration_since(*lock(&self.last_durable))
-                >= self.batch_interval;
+            && (requested
+                || self
+                    .now()
+                    .saturating_duration_since(*lock(&self.last_durable))
+                    >= self.batch_interval);
         if due {
             self.write()?.commit(true)?;
         }
         Ok(due)
+    }
+
+    /// Leave flushes to the owner (a task calling [`Backend::commit_if_due`] every batch
+    /// interval, and when `waker` is called): a [`BatchTx`] commit then never writes the file
+    /// itself, unless asked to be durable or the layers outgrow [`HARD_LIMIT_BYTES`].
+    pub fn set_background_flush(&self, waker: FlushWaker) {
+        *lock(&self.flush_waker) = Some(waker);
+        self.background_flush.store(true, Ordering::Release);
+    }
+
+    /// Asks the owner's task for a flush (once until it begins).
+    fn request_flush(&self) {
+        if !self.flush_requested.swap(true, Ordering::AcqRel)
+            && let Some(wake) = lock(&self.flush_waker).as_ref()
+        {
+            wake();
+        }
+    }
+
+    /// The generation of the newest batch committed (published) so far: it is durable once
+    /// [`Backend::durable_generation`] reaches it.
+    pub fn published_generation(&self) -> u64 {
+        self.next_generation.load(Ordering::Acquire) - 1
+    }
+
+    /// The newest batch generation a durable commit holds.
+    pub fn durable_generation(&self) -> u64 {
+        self.durable_generation.load(Ordering::Acquire)
+    }
+
+    /// Bytes of keys and values committed in batches and not yet in the file.
+    pub fn unflushed_bytes(&self) -> u64 {
+        self.layer_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Makes `layer` visible to every reader (the commit of a [`BatchTx`]).
+    fn publish(&self, mut layer: batch::Layer) {
+        let mut layers = self
+            .layers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        layer.generation = self.next_generation.fetch_add(1, Ordering::AcqRel);
+        self.layer_bytes.fetch_add(layer.bytes, Ordering::Relaxed);
+        let mut next = Vec::with_capacity(layers.len() + 1);
+        next.extend(layers.iter().cloned());
+        next.push(Arc::new(layer));
+        *layers = Arc::new(next);
+    }
+
+    /// The published layers, oldest first.
+    fn published(&self) -> Arc<Vec<Arc<batch::Layer>>> {
+        self.layers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Forgets the layers up to generation `through` (the file holds them now, or they were
+    /// replaced); returns the writes the remaining ones hold.
+    fn drop_layers_through(&self, through: u64) -> u64 {
+        let mut layers = self
+            .layers
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let keep = layers.partition_point(|l| l.generation <= through);
+        let gone: u64 = layers[..keep].iter().map(|l| l.bytes).sum();
+        let _ = self
+            .layer_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(gone))
+            });
+        let rest: Vec<_> = layers[keep..].to_vec();
+        let writes = rest.iter().map(|l| l.writes).sum();
+        *layers = Arc::new(rest);
+        writes
     }
 
     /// The interval at which commits become durable (`--backend-batch-interval`).
@@ -343,9 +455,11 @@ impl Backend {
             .clone()
     }
 
-    /// Begin the (single) write transaction.
+    /// Begin the (single) write transaction of the file. It begins by taking in every
+    /// batch published so far (a flush: see [`BatchTx`]), so it sees what readers see.
     pub fn write(&self) -> Result<WriteTx<'_>> {
-        loop {
+        let flush = lock(&self.flush_lock);
+        let (db, tx) = loop {
             let db = self.current();
             let tx = db.begin_write().map_err(Error::storage)?;
             // A defragmentation may have swapped the file while this waited for the writer:
@@ -353,24 +467,41 @@ impl Backend {
             if !Arc::ptr_eq(&db, &self.current()) {
                 continue;
             }
-            return Ok(WriteTx {
-                tx,
-                _db: db,
-                backend: self,
-                delta: std::cell::Cell::new(0),
-                writes: std::cell::Cell::new(0),
-                puts: std::cell::RefCell::new(Puts::default()),
-                changed: self.tracker.active().then(std::cell::RefCell::default),
-            });
-        }
+            break (db, tx);
+        };
+        let mut write = WriteTx {
+            tx,
+            _db: db,
+            backend: self,
+            delta: std::cell::Cell::new(0),
+            writes: std::cell::Cell::new(0),
+            puts: std::cell::RefCell::new(Puts::default()),
+            changed: self.tracker.active().then(std::cell::RefCell::default),
+            absorbed: 0,
+            _flush: flush,
+        };
+        write.absorb()?;
+        Ok(write)
     }
 
-    /// Begin a read transaction: a consistent point-in-time view.
+    /// Begin a batch of writes held in memory until a flush (see [`BatchTx`]): the store's
+    /// apply step. One at a time.
+    pub fn batch(&self) -> BatchTx<'_> {
+        BatchTx::begin(self)
+    }
+
+    /// Begin a read transaction: a consistent point-in-time view of every committed batch.
     pub fn read(&self) -> Result<ReadTx> {
+        let layers = self
+            .layers
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let db = self.current();
         let tx = db.begin_read().map_err(Error::storage)?;
+        let layers = layers.clone();
         Ok(ReadTx {
             tx,
+            layers,
             _db: db,
             _open: metrics::OpenRead::begin(),
         })
@@ -407,6 +538,20 @@ impl Backend {
     }
 }
 
+impl Drop for Backend {
+    /// A backend closed in order keeps every batch it committed, as a file whose last
+    /// commits were not durable does when it is closed: they are flushed durably now (a crash
+    /// loses them instead, and raft replays them).
+    fn drop(&mut self) {
+        if self.published().is_empty() {
+            return;
+        }
+        if let Err(e) = self.write().and_then(|tx| tx.commit(true)) {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not commit the last batches when closing the database");
+        }
+    }
+}
+
 impl Backend {
     /// Replace the contents of every bucket with those of the database image at `image` (a
     /// redb file, as [`Backend::snapshot`] writes), in one durable transaction, keeping the
@@ -436,19 +581,13 @@ impl Backend {
                 reason: e.to_string(),
             })?;
         // The writer held from here to the swap: no commit lands in the old file meanwhile.
-        let old = self.current();
-        let writer = old.begin_write().map_err(Error::storage)?;
+        // It takes in the batches published so far, so the kept keys are their newest values;
+        // the rest of them the image replaces.
+        let writer = self.write()?;
+        let old = writer._db.clone();
         let mut kept = Vec::with_capacity(keep_meta.len());
-        {
-            let meta = writer
-                .open_table(Bucket::META.table())
-                .map_err(Error::storage)?;
-            for key in keep_meta {
-                let value = redb::ReadableTable::get(&meta, *key)
-                    .map_err(Error::storage)?
-                    .map(|v| v.value().to_vec());
-                kept.push((*key, value));
-            }
+        for key in keep_meta {
+            kept.push((*key, writer.get(Bucket::META, key)?));
         }
         let mut tx = new.begin_write().map_err(Error::storage)?;
         tx.set_durability(redb::Durability::Immediate)
@@ -482,13 +621,12 @@ impl Backend {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         sync_dir(parent).map_err(Error::Io)?;
-        self.pending_writes.store(0, Ordering::Relaxed);
         *lock(&self.last_durable) = self.now();
         *self
             .db
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
-        writer.abort().map_err(Error::storage)?;
+        writer.abandon()?;
         defrag::close_retired(old);
         self.recount_logical_bytes()
     }
@@ -561,6 +699,10 @@ pub struct WriteTx<'a> {
     puts: std::cell::RefCell<Puts>,
     /// Keys it changed, kept while a defragmentation copies the file.
     changed: Option<std::cell::RefCell<defrag::Changes>>,
+    /// The newest batch generation it took in.
+    absorbed: u64,
+    /// One flush at a time (dropped after `tx`).
+    _flush: std::sync::MutexGuard<'a, ()>,
 }
 
 /// Consecutive puts into one bucket, held until another operation (or the commit) needs the
@@ -582,6 +724,44 @@ struct Puts {
 const PUTS_FLUSH_BYTES: usize = 4 << 20;
 
 impl WriteTx<'_> {
+    /// Takes in every published batch, oldest first (their writes were counted when they
+    /// were published).
+    fn absorb(&mut self) -> Result<()> {
+        let layers = self.backend.published();
+        for layer in layers.iter() {
+            for bucket in &layer.buckets {
+                if bucket.cleared {
+                    self.clear(bucket.bucket)?;
+                }
+                let mut removed = Vec::new();
+                for (key, value) in &bucket.entries {
+                    match value {
+                        Some(value) => self.put(bucket.bucket, key, value)?,
+                        None => removed.push(key.as_slice()),
+                    }
+                }
+                if !removed.is_empty() {
+                    self.delete_all(bucket.bucket, removed)?;
+                }
+            }
+            self.absorbed = layer.generation;
+        }
+        self.flush_puts()?;
+        self.writes.set(0);
+        Ok(())
+    }
+
+    /// Abort, and forget the batches it took in: the file is being replaced whole
+    /// (`Backend::replace_with_file`).
+    fn abandon(self) -> Result<()> {
+        let absorbed = self.absorbed;
+        let backend = self.backend;
+        self.tx.abort().map_err(Error::storage)?;
+        let left = backend.drop_layers_through(absorbed);
+        backend.pending_writes.store(left, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Insert or overwrite `key` in `bucket`.
     pub fn put(&self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
         let held = {
@@ -755,13 +935,24 @@ impl WriteTx<'_> {
             metrics::COMMIT_SECONDS.observe(seconds);
             metrics::COMMIT_WRITE_SECONDS.observe(seconds);
         }
+        let backend = self.backend;
         if durable {
-            *lock(&self.backend.last_durable) = now;
+            *lock(&backend.last_durable) = now;
         }
-        let waiting = if durable { 0 } else { pending };
-        self.backend
-            .pending_writes
-            .store(waiting, Ordering::Relaxed);
+        if self.absorbed > 0 {
+            backend
+                .flushed_generation
+                .fetch_max(self.absorbed, Ordering::AcqRel);
+        }
+        let left = backend.drop_layers_through(self.absorbed);
+        if durable {
+            let flushed = backend.flushed_generation.load(Ordering::Acquire);
+            backend
+                .durable_generation
+                .fetch_max(flushed, Ordering::AcqRel);
+        }
+        let waiting = if durable { left } else { pending };
+        backend.pending_writes.store(waiting, Ordering::Relaxed);
         let delta = self.delta.get();
         let logical = &self.backend.logical_bytes;
         let _ = logical.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -771,19 +962,33 @@ impl WriteTx<'_> {
     }
 }
 
-/// A read transaction: a snapshot of the last commit at the time it began.
+/// A read transaction: a snapshot of every committed batch at the time it began (the file's
+/// last commit, with the batches published since over it).
 pub struct ReadTx {
     tx: redb::ReadTransaction,
+    /// Batches committed and not in `tx`'s commit of the file, oldest first.
+    layers: Arc<Vec<Arc<batch::Layer>>>,
     /// The file it reads (dropped after `tx`).
     _db: Arc<redb::Database>,
     /// Counted in `etcd_mvcc_db_open_read_transactions` while it lives.
     _open: metrics::OpenRead,
 }
 
+type Table = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
 impl ReadTx {
+    fn table(&self, bucket: Bucket) -> Result<Table> {
+        self.tx.open_table(bucket.table()).map_err(Error::storage)
+    }
+
     /// Read `key`.
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        match batch::lookup(&self.layers, bucket, key) {
+            batch::Seen::Value(value) => return Ok(Some(value.to_vec())),
+            batch::Seen::Gone => return Ok(None),
+            batch::Seen::Unknown => {}
+        }
+        let table = self.table(bucket)?;
         let value = table.get(key).map_err(Error::storage)?;
         Ok(value.map(|v| v.value().to_vec()))
     }
@@ -796,11 +1001,18 @@ impl ReadTx {
         keys: impl IntoIterator<Item = K>,
         mut visit: impl FnMut(&[u8], Option<&[u8]>) -> bool,
     ) -> Result<()> {
-        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let table = self.table(bucket)?;
         for key in keys {
             let key = key.as_ref();
-            let value = table.get(key).map_err(Error::storage)?;
-            if !visit(key, value.as_ref().map(|v| v.value())) {
+            let go_on = match batch::lookup(&self.layers, bucket, key) {
+                batch::Seen::Value(value) => visit(key, Some(value)),
+                batch::Seen::Gone => visit(key, None),
+                batch::Seen::Unknown => {
+                    let value = table.get(key).map_err(Error::storage)?;
+                    visit(key, value.as_ref().map(|v| v.value()))
+                }
+            };
+            if !go_on {
                 break;
             }
         }
@@ -816,15 +1028,41 @@ impl ReadTx {
         end: Option<&[u8]>,
         mut visit: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let iter = match end {
-            Some(end) => table.range(start..end),
-            None => table.range(start..),
+        let (newer, cleared) = batch::range(&self.layers, bucket, start, end);
+        let mut newer = newer.into_iter().peekable();
+        if !cleared {
+            let table = self.table(bucket)?;
+            let iter = match end {
+                Some(end) => table.range(start..end),
+                None => table.range(start..),
+            }
+            .map_err(Error::storage)?;
+            for item in iter {
+                let (key, value) = item.map_err(Error::storage)?;
+                let key = key.value();
+                // The batches' keys up to this one first; this one, when they wrote it, is
+                // theirs.
+                let mut theirs = false;
+                while let Some((newer_key, newer_value)) = newer.next_if(|(k, _)| *k <= key) {
+                    theirs |= newer_key == key;
+                    if let Some(newer_value) = newer_value
+                        && !visit(newer_key, newer_value)
+                    {
+                        return Ok(());
+                    }
+                }
+                if theirs {
+                    continue;
+                }
+                if !visit(key, value.value()) {
+                    return Ok(());
+                }
+            }
         }
-        .map_err(Error::storage)?;
-        for item in iter {
-            let (key, value) = item.map_err(Error::storage)?;
-            if !visit(key.value(), value.value()) {
+        for (key, value) in newer {
+            if let Some(value) = value
+                && !visit(key, value)
+            {
                 break;
             }
         }
@@ -833,15 +1071,48 @@ impl ReadTx {
 
     /// Number of pairs in `bucket`.
     pub fn len(&self, bucket: Bucket) -> Result<u64> {
-        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        table.len().map_err(Error::storage)
+        let (newer, cleared) = batch::range(&self.layers, bucket, &[], None);
+        if cleared {
+            return Ok(newer.values().filter(|v| v.is_some()).count() as u64);
+        }
+        let table = self.table(bucket)?;
+        let mut len = table.len().map_err(Error::storage)?;
+        for (key, value) in newer {
+            let on_file = table.get(key).map_err(Error::storage)?.is_some();
+            match (on_file, value.is_some()) {
+                (false, true) => len += 1,
+                (true, false) => len = len.saturating_sub(1),
+                _ => {}
+            }
+        }
+        Ok(len)
     }
 
     /// The last pair of `bucket` in key order.
     pub fn last(&self, bucket: Bucket) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let last = table.last().map_err(Error::storage)?;
-        Ok(last.map(|(k, v)| (k.value().to_vec(), v.value().to_vec())))
+        let (newer, cleared) = batch::range(&self.layers, bucket, &[], None);
+        let newest = newer
+            .iter()
+            .rev()
+            .find_map(|(k, v)| v.map(|v| (k.to_vec(), v.to_vec())));
+        if cleared {
+            return Ok(newest);
+        }
+        let table = self.table(bucket)?;
+        let mut on_file = None;
+        for item in table.iter().map_err(Error::storage)?.rev() {
+            let (key, value) = item.map_err(Error::storage)?;
+            // A key the batches wrote is theirs: `newest` has it if it still exists.
+            if newer.contains_key(key.value()) {
+                continue;
+            }
+            on_file = Some((key.value().to_vec(), value.value().to_vec()));
+            break;
+        }
+        Ok(match (newest, on_file) {
+            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        })
     }
 
     /// Names of every bucket in the database, sorted (bbolt's bucket order).
@@ -856,15 +1127,32 @@ impl ReadTx {
         Ok(names)
     }
 
+    /// Every bucket of the file with its name, in name order; `None` for a table that is not
+    /// one of ours (read as it is on the file).
+    fn buckets(&self) -> Result<Vec<(String, Option<Bucket>)>> {
+        Ok(self
+            .bucket_names()?
+            .into_iter()
+            .map(|name| {
+                let ours = Bucket::ALL.into_iter().find(|b| b.name() == name);
+                (name, ours)
+            })
+            .collect())
+    }
+
     /// Number of pairs over every bucket (etcd's "total keys" of a snapshot).
     pub fn total_len(&self) -> Result<u64> {
         let mut total = 0;
-        for name in self.bucket_names()? {
-            let table = self
-                .tx
-                .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
-                .map_err(Error::storage)?;
-            total += table.len().map_err(Error::storage)?;
+        for (name, ours) in self.buckets()? {
+            total += match ours {
+                Some(bucket) => self.len(bucket)?,
+                None => self
+                    .tx
+                    .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+                    .map_err(Error::storage)?
+                    .len()
+                    .map_err(Error::storage)?,
+            };
         }
         Ok(total)
     }
@@ -874,20 +1162,27 @@ impl ReadTx {
     /// pairs named in `ignore`.
     pub fn hash(&self, ignore: &[(Bucket, &[u8])]) -> Result<u32> {
         let mut crc = crc32c::Crc32c::new();
-        for name in self.bucket_names()? {
+        for (name, ours) in self.buckets()? {
             crc.update(name.as_bytes());
-            let table = self
-                .tx
-                .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
-                .map_err(Error::storage)?;
-            for item in table.iter().map_err(Error::storage)? {
-                let (key, value) = item.map_err(Error::storage)?;
-                let key = key.value();
-                if ignore.iter().any(|(b, k)| b.name() == name && *k == key) {
-                    continue;
+            let mut add = |key: &[u8], value: &[u8]| {
+                if !ignore.iter().any(|(b, k)| b.name() == name && *k == key) {
+                    crc.update(key);
+                    crc.update(value);
                 }
-                crc.update(key);
-                crc.update(value.value());
+                true
+            };
+            match ours {
+                Some(bucket) => self.for_each_in(bucket, &[], None, add)?,
+                None => {
+                    let table = self
+                        .tx
+                        .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+                        .map_err(Error::storage)?;
+                    for item in table.iter().map_err(Error::storage)? {
+                        let (key, value) = item.map_err(Error::storage)?;
+                        add(key.value(), value.value());
+                    }
+                }
             }
         }
         Ok(crc.sum())

@@ -240,6 +240,9 @@ impl Backend {
     pub fn snapshot(&self) -> Result<Snapshot> {
         // From here on the guard removes the file, also when the copy fails.
         let mut snapshot = self.snapshot_guard();
+        // The batches committed so far into the file first (durably, so that the file stays
+        // what its last durable commit holds): the copy is of the file alone.
+        self.write()?.commit(true)?;
         let read = self.read()?;
         {
             let copy = redb::Database::builder()

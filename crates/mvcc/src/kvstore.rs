@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::time::Instant;
 
-use etcdrs_backend::{Backend, Bucket, ReadTx, WriteTx};
+use etcdrs_backend::{Backend, BatchTx, Bucket, ReadTx};
 use etcdrs_proto::mvccpb::{Event, KeyValue, event::EventType};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use prost::Message;
@@ -623,7 +623,7 @@ impl KvStore {
     /// until it commits.
     pub fn write(&self) -> Result<WriteBatch<'_>> {
         let state = self.state.write();
-        let tx = self.backend.write()?;
+        let tx = self.backend.batch();
         Ok(WriteBatch {
             store: self,
             state,

@@ -166,9 +166,10 @@ pub struct Applied {
     pub index: u64,
     /// Its term.
     pub term: u64,
-    /// Whether everything up to `index` is durable in the state machine's own storage (the
-    /// WAL may then drop it).
-    pub durable: bool,
+    /// The newest applied entry (index and term) that is durable in the state machine's own
+    /// storage, when that moved with this batch: the WAL may drop everything up to it. It may
+    /// be behind `index`: the state machine makes its writes durable in the background.
+    pub durable: Option<(u64, u64)>,
     /// Whether the log up to here must go at the next durable point, keeping no catch-up
     /// entries: it holds entries that members joining later must not replay (a cluster
     /// version that etcd members of the lowered version refuse), so they get a snapshot.

@@ -478,7 +478,7 @@ impl NodeCore {
         self.status.write().applied = last_index;
         *self.node.raft.raft_log.store.applied.lock() = (applied.index, applied.term);
         self.compact_requested |= applied.compact_log;
-        self.on_applied(applied.index, applied.term, applied.durable)
+        self.on_applied(applied.durable)
     }
 
     /// A snapshot from the leader: the state machine installs its image first, then the WAL
@@ -523,11 +523,14 @@ impl NodeCore {
         self.node.report_snapshot(to, status);
     }
 
-    fn on_applied(&mut self, index: u64, term: u64, durable: bool) -> Result<()> {
+    fn on_applied(&mut self, durable: Option<(u64, u64)>) -> Result<()> {
+        let Some((index, term)) = durable else {
+            return Ok(());
+        };
         let forced = self.compact_requested;
         let due = index >= self.last_mark + self.config.snapshot_count
             || self.bytes_since_mark >= LOG_BYTES_BETWEEN_MARKS;
-        if !durable || (!forced && !due) {
+        if index <= self.last_mark || (!forced && !due) {
             return Ok(());
         }
         self.compact_requested = false;

@@ -57,7 +57,7 @@ impl StateMachine for Counter {
         Ok(Applied {
             index: last.0,
             term: last.1,
-            durable: false,
+            durable: None,
             compact_log: false,
         })
     }

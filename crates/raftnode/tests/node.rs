@@ -76,7 +76,7 @@ impl Recorder {
         Applied {
             index,
             term,
-            durable: true,
+            durable: Some((index, term)),
             compact_log: false,
         }
     }

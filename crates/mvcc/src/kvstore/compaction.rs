@@ -164,7 +164,7 @@ impl KvStore {
 
         // The oldest revisions held, in one backend transaction of their own.
         let deleting = Instant::now();
-        let tx = self.backend.write()?;
+        let tx = self.backend.batch();
         let (batch, finishing) = {
             let mut compaction = self.compaction.lock();
             if compaction.epoch != epoch {

@@ -12,7 +12,7 @@ use super::*;
 pub struct WriteBatch<'a> {
     pub(super) store: &'a KvStore,
     pub(super) state: RwLockWriteGuard<'a, State>,
-    pub(super) tx: WriteTx<'a>,
+    pub(super) tx: BatchTx<'a>,
     pub(super) changes: Vec<Change>,
 }
 

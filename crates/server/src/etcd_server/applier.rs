@@ -39,6 +39,9 @@ use crate::request::{Decoded, Op};
 pub(super) struct Applier {
     pub(super) inner: Arc<Inner>,
     pub(super) last_leader: u64,
+    /// Each applied batch's backend generation with its last entry, until a durable flush
+    /// of the backend holds it (`durable_through`).
+    pub(super) unflushed: std::collections::VecDeque<(u64, u64, u64)>,
 }
 
 /// The membership an etcd snapshot's v2 store holds (`/0/members`, `/0/removed_members`,
@@ -210,7 +213,8 @@ impl Applier {
     pub(super) fn apply_committed(&mut self, batch: Apply) -> Result<Applied> {
         tracing::debug!(entries = batch.entries.len(), "applying batch");
         let status = batch.raft;
-        let (index, term, durable) = self.apply_batch(batch)?;
+        let (index, term) = self.apply_batch(batch)?;
+        let durable = self.durable_through(index, term);
         // etcd promotes the lessor once the leader has applied an entry of its own term
         // (so every earlier term is applied): every lease restarts, extended by the
         // election timeout. A member that loses leadership stops expiring leases.
@@ -244,7 +248,26 @@ impl Applier {
         })
     }
 
-    pub(super) fn apply_batch(&self, apply: Apply) -> Result<(u64, u64, bool)> {
+    /// The newest applied entry the backend holds durably, when that moved: the backend
+    /// flushes its batches in the background, and each batch's generation waits here until
+    /// [`etcdrs_backend::Backend::durable_generation`] reaches it.
+    fn durable_through(&mut self, index: u64, term: u64) -> Option<(u64, u64)> {
+        let backend = self.inner.store.backend();
+        self.unflushed
+            .push_back((backend.published_generation(), index, term));
+        let durable = backend.durable_generation();
+        let mut reached = None;
+        while let Some(&(generation, index, term)) = self.unflushed.front() {
+            if generation > durable {
+                break;
+            }
+            reached = Some((index, term));
+            self.unflushed.pop_front();
+        }
+        reached
+    }
+
+    pub(super) fn apply_batch(&self, apply: Apply) -> Result<(u64, u64)> {
         let store = &self.inner.store;
         // Read before the batch takes the store's write lock.
         let skip_below = store.consistent_index();
@@ -357,8 +380,8 @@ impl Applier {
         // goes before the raft thread takes its next message: a member added after the
         // downgrade is applied gets a snapshot, never the entry that raised the version.
         let compact = self.inner.compact_log.load(AtomicOrdering::Acquire);
-        let (_, durable) = batch.commit(compact)?;
-        Ok((index, term, durable))
+        batch.commit(compact)?;
+        Ok((index, term))
     }
 
     /// Hands each proposer its entry's outcome (a proposer that gave up has left no waiter).
@@ -859,6 +882,8 @@ impl StateMachine for Applier {
     ) -> std::result::Result<(), String> {
         self.install_snapshot(index, conf_state, data)
             .map_err(|e| e.to_string())?;
+        // The batches before the image are gone with the store they wrote.
+        self.unflushed.clear();
         self.inner.set_applied_term(term);
         Ok(())
     }

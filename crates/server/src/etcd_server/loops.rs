@@ -40,26 +40,48 @@ impl EtcdServer {
         }
     }
 
-    /// etcd's backend loop: every `--backend-batch-interval`, the writes applied since the
-    /// last durable commit reach the disk, also when no new write comes to carry them (while
-    /// writes come, their own commits become durable on that schedule, and raft hears it
-    /// from the applier, which is what lets it release WAL segments and compact its log).
-    /// A commit that fails (a full disk, an I/O error) stops the member, as etcd's failed
-    /// batch commit does: the backend is not retried behind an error it did not survive.
+    /// etcd's backend loop: the applier's batches are held in memory (`etcdrs_backend`'s
+    /// `batch` module), and every `--backend-batch-interval`, or sooner when the backend asks
+    /// (`--backend-batch-limit` writes waiting, or their bytes), this task writes them to the
+    /// file and commits durably, off the raft thread: a slow disk under the database file
+    /// holds up neither raft's heartbeats nor the apply. Raft hears what is durable from the
+    /// applier, which is what lets it release WAL segments and compact its log. A commit that
+    /// fails (a full disk, an I/O error) stops the member, as etcd's failed batch commit does:
+    /// the backend is not retried behind an error it did not survive. At shutdown the last
+    /// batches are committed durably.
     pub(super) async fn run_backend_commit(
         &self,
         shutdown: CancellationToken,
     ) -> std::result::Result<(), String> {
-        let interval = self.inner.store.backend().batch_interval();
+        let backend = self.inner.store.backend();
+        let interval = backend.batch_interval();
+        let asked = std::sync::Arc::new(tokio::sync::Notify::new());
+        let waker = asked.clone();
+        backend.set_background_flush(Box::new(move || waker.notify_one()));
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = ticker.tick() => {}
-            }
+            let stopping = tokio::select! {
+                _ = shutdown.cancelled() => true,
+                _ = ticker.tick() => false,
+                _ = asked.notified() => false,
+            };
             let store = self.inner.store.clone();
-            let done = tokio::task::spawn_blocking(move || store.commit_pending()).await;
+            let done = tokio::task::spawn_blocking(move || {
+                if stopping {
+                    store.force_durable().map(|()| true)
+                } else {
+                    store.commit_pending()
+                }
+            })
+            .await;
+            if stopping {
+                return match done {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(format!("failed to commit the backend: {e}")),
+                    Err(e) => Err(format!("failed to commit the backend: {e}")),
+                };
+            }
             let failed = match done {
                 Ok(Ok(_)) => continue,
                 Ok(Err(e)) => e.to_string(),

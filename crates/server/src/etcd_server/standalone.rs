@@ -63,6 +63,7 @@ impl StandaloneMember {
         let applier = Applier {
             inner: inner.clone(),
             last_leader: 0,
+            unflushed: Default::default(),
         };
         let member = StandaloneMember {
             inner,

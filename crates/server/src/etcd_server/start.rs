@@ -222,6 +222,7 @@ impl Identity {
         let applier = Applier {
             inner: inner.clone(),
             last_leader: 0,
+            unflushed: Default::default(),
         };
         let raft = etcdrs_raftnode::start(
             node_config,

@@ -213,7 +213,7 @@ impl StateMachine for Recorder {
             Vec::new()
         };
         let applied = self.machine.apply(batch)?;
-        if applied.durable {
+        if applied.durable.is_some() {
             self.save_durable()?;
         }
         let store = &self.store;
@@ -253,7 +253,7 @@ impl StateMachine for Recorder {
             revision,
             at_index,
             hash,
-            durable: applied.durable,
+            durable: applied.durable.is_some(),
             revoked,
             primary: lessor.is_primary(),
             events,

@@ -57,6 +57,7 @@ impl Harness {
             applier: Applier {
                 inner: Arc::new(inner),
                 last_leader: 0,
+                unflushed: Default::default(),
             },
             index: 0,
             term: 2,
@@ -375,6 +376,6 @@ fn a_downgrade_commits_durably_and_asks_for_the_log_to_go() {
     assert!(!raised.compact_log);
     let lowered = apply(&mut h, "3.4.0");
     assert!(lowered.compact_log);
-    assert!(lowered.durable);
+    assert_eq!(lowered.durable, Some((lowered.index, lowered.term)));
     assert_eq!(h.inner().cluster_version.read().as_deref(), Some("3.4.0"));
 }
