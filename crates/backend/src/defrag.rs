@@ -131,6 +131,10 @@ impl Backend {
 
     pub(crate) fn rewrite_file(&self) -> Result<()> {
         let _one = lock(&self.defragmenting);
+        // The batches committed before the call are in the file that is copied (what they
+        // removed is not copied): a flush first, as etcd's defragment commits its batch
+        // transaction first.
+        self.write()?.commit(true)?;
         let copy_path = self.defrag_path();
         let result = (|| {
             for attempt in 1..=MAX_ATTEMPTS {

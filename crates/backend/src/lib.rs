@@ -7,10 +7,13 @@
 //!
 //! # Durability
 //!
-//! Like etcd's batched backend, most commits are made without an fsync
-//! ([`Durability::None`]); a commit is made durable on request, once the last durable one is
-//! `batch_interval` old, or once `batch_limit` writes wait for one (etcd's
-//! `--backend-batch-interval` and `--backend-batch-limit`, 100ms and 10000 by default).
+//! Like etcd's batched backend, the store's writes ([`BatchTx`]) are held in memory, where
+//! every reader sees them, and reach the file together in one commit (the `batch` module);
+//! that commit is durable, made once `batch_interval` has passed since the last durable one or
+//! once `batch_limit` writes wait (etcd's `--backend-batch-interval` and
+//! `--backend-batch-limit`, 100ms and 10000 by default), or on request. A [`WriteTx`] writes the
+//! file directly (the offline tools, imports), after taking in the batches waiting; its commits
+//! are durable on request or by the same schedule ([`Durability::None`] otherwise).
 //! That is safe because the raft WAL is the source of truth: on restart the server replays
 //! every entry after the consistent index recorded in the last durable commit.
 //!
