@@ -1,6 +1,7 @@
-//! A slow disk (issue 41, item 1): a member whose WAL fsyncs each take 1.5x the election
-//! timeout, made so by the power-loss layer's delay (`PowerLoss::delay_syncs`: the member's
-//! `member/wal/` files only; a stalled disk, not a failing one).
+//! A slow disk (issue 41, item 1): a member whose fsyncs each take 1.5x the election
+//! timeout, made so by the power-loss layer's delay (`PowerLoss::delay_syncs`: the slow
+//! leader's every file under `member/`, its WAL and its database file; the slow follower's
+//! WAL; a stalled disk, not a failing one).
 //!
 //! etcd's leader loses its leadership when its disk stalls (etcd#7617, #13587): its raft loop
 //! fsyncs the WAL before it sends the next heartbeat, so a 2.9 s fsync let the followers'
@@ -11,7 +12,9 @@
 //! followers go on at their own disks' pace, writes through the leader are answered once its
 //! own slow fsync is done (a member answers only what it has applied, and applies only what
 //! its own WAL holds), and a power cut of the slow leader in the middle of its stall loses
-//! nothing that was acknowledged. A follower with a slow disk does not slow the quorum.
+//! nothing that was acknowledged. The database file's durable commits are made on the
+//! server's backend task, not on the raft thread (`backend::batch`), so their stall holds up
+//! nothing either. A follower with a slow disk does not slow the quorum.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,16 +34,16 @@ const STALL: Duration = Duration::from_millis(FAST_ELECTION_MS * 3 / 2);
 /// Rounds of the slow-leader test, each ended by a power cut.
 const ROUNDS: u64 = 3;
 
-/// The part of a path that names `member`'s WAL files (its data dir is
+/// The part of a path that names `member`'s files under `member/<sub>` (its data dir is
 /// `<tmp>/etcdrs-member-XXXX/data`; the layer sees canonical paths, so the temp dir's own
 /// name is what is matched).
-fn wal_part(member: &Member) -> String {
+fn member_part(member: &Member, sub: &str) -> String {
     let data_dir = member.data_dir();
     let root = data_dir
         .parent()
         .and_then(|p| p.file_name())
         .expect("a member's data dir is <root>/data");
-    format!("{}/data/member/wal/", root.to_string_lossy())
+    format!("{}/data/member/{sub}", root.to_string_lossy())
 }
 
 /// A cluster of three under the power-loss layer, with fast timers (election 500 ms).
@@ -157,7 +160,8 @@ async fn check_acked(client: &mut Client, prefix: &str, acked: &[(usize, Duratio
 }
 
 #[tokio::test]
-async fn a_leader_whose_wal_fsyncs_outlast_the_election_timeout_keeps_leading_and_loses_nothing() {
+async fn a_leader_whose_wal_and_database_fsyncs_outlast_the_election_timeout_keeps_leading_and_loses_nothing()
+ {
     if !ours() {
         return;
     }
@@ -168,7 +172,7 @@ async fn a_leader_whose_wal_fsyncs_outlast_the_election_timeout_keeps_leading_an
         let leader = c.leader().await.expect("a leader");
         let followers: Vec<usize> = (0..3).filter(|m| *m != leader).collect();
         power
-            .delay_syncs(&wal_part(c.member(leader)), STALL)
+            .delay_syncs(&member_part(c.member(leader), ""), STALL)
             .expect("slow the leader's disk");
         let views = Views::watch(&c).await;
         let stop = Arc::new(AtomicBool::new(false));
@@ -300,7 +304,7 @@ async fn a_follower_with_a_slow_disk_does_not_slow_the_quorum() {
     let leader = c.leader().await.expect("a leader");
     let slow = (leader + 1) % 3;
     power
-        .delay_syncs(&wal_part(c.member(slow)), STALL)
+        .delay_syncs(&member_part(c.member(slow), "wal/"), STALL)
         .expect("slow a follower's disk");
     let views = Views::watch(&c).await;
     let mut client = c.member(leader).client().await.expect("client");
