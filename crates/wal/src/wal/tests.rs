@@ -725,3 +725,26 @@ fn preallocation_stops_at_the_segment_size() {
         "{tail:?}: {tail_len} bytes"
     );
 }
+
+#[test]
+fn a_hard_state_changing_only_the_commit_index_is_written_without_a_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wal = Wal::create(dir.path(), b"meta").unwrap();
+    wal.save(Some(hard_state(1, 1, 0)), &entries(1..=2, 1))
+        .unwrap();
+    let synced = wal.write_stats().syncs;
+    // The commit index alone: written, not synced.
+    wal.save(Some(hard_state(1, 1, 2)), &[]).unwrap();
+    assert_eq!(wal.write_stats().syncs, synced);
+    // Entries, a new term or a vote each need the sync.
+    wal.save(None, &entries(3..=3, 1)).unwrap();
+    assert_eq!(wal.write_stats().syncs, synced + 1);
+    wal.save(Some(hard_state(2, 1, 2)), &[]).unwrap();
+    assert_eq!(wal.write_stats().syncs, synced + 2);
+    wal.save(Some(hard_state(2, 3, 2)), &[]).unwrap();
+    assert_eq!(wal.write_stats().syncs, synced + 3);
+    drop(wal);
+    // Written all the same: a clean reopen reads the last commit index.
+    let (_, state) = Wal::open(dir.path()).unwrap();
+    assert_eq!(state.hard_state, hard_state(2, 3, 2));
+}
