@@ -111,11 +111,11 @@ for sys in $SC_SYSTEMS; do
   wait_healthy "$SC_EP" 60 "$SC_PID" || { log "scale: $sys did not start"; continue; }
 
   before=$(cpu_ticks "$SC_PID")
-  wbefore=$(write_bytes "$SC_PID")
+  wbefore=$(disk_bytes)
   etool_run scale-load "$sys" "$SC_EP" --clients 100 --conns 10 put --key-size 16 \
     --val-size "$SC_VAL" --sequential-keys --key-space-size "$SC_KEYS" --total "$SC_KEYS"
   echo $(($(cpu_ticks "$SC_PID") - before)) >"$OUT/scale.$sys.load.ticks"
-  per_request "$wbefore" "$(write_bytes "$SC_PID")" "$SC_KEYS" >"$OUT/scale.$sys.load.wbytes"
+  per_request "$wbefore" "$(disk_bytes)" "$SC_KEYS" >"$OUT/scale.$sys.load.wbytes"
   sleep 2
   rss_mib "$SC_PID" >"$OUT/scale.$sys.rss"
   sc_sizes "$sys" load
