@@ -36,7 +36,9 @@
 //! step the simulator redraws it from the seed wherever raft has just reset it). Each member's
 //! backend reads a virtual clock ([`etcdrs_backend::Clock`]), and so do its lessor and the
 //! applier's promotion: no wall-clock time decides anything. The backend commits durably once
-//! [`Config::backend_batch_ms`] have passed since its last durable commit; a crash is a clean
+//! [`Config::backend_batch_ms`] have passed since its last durable commit: in the batch that
+//! finds it due, or, with [`Config::background_flush`] (as in a member), at the next poll of
+//! its flush, so that raft hears of durability later than the apply; a crash is a clean
 //! stop or a power cut, which puts back the database as of its last durable commit (raft's log
 //! is durable at every Ready, as the WAL is), so raft replays what the backend lost.
 //!
@@ -128,6 +130,9 @@ pub const LEASE_EXPIRY_MS: u64 = 500;
 pub const LEASE_EXTEND_MS: u64 = ELECTION_TICK as u64 * TICK_MS;
 /// Events kept for a failure's report.
 const TRACE_TAIL: usize = 80;
+/// How often a member's background flush looks for batches due (with
+/// [`Config::background_flush`]), virtual ms.
+pub const FLUSH_POLL_MS: u64 = 20;
 /// The simulated cluster's id.
 const CLUSTER_ID: u64 = 0x5eed;
 
@@ -222,6 +227,8 @@ enum Event {
     AuthAdmin,
     /// A member's lease-checkpoint loop takes a turn.
     LeaseCheckpoint(usize),
+    /// A member's backend task flushes what is due ([`Config::background_flush`]).
+    BackendFlush(usize),
 }
 
 struct Scheduled {
@@ -637,6 +644,9 @@ impl Sim {
                 let phase = sim.rng.random_range(1..=interval);
                 sim.schedule(phase, Event::LeaseCheckpoint(i));
             }
+            if sim.cfg.background_flush {
+                sim.schedule(1 + i as u64, Event::BackendFlush(i));
+            }
         }
         for client in 0..sim.clients.len() {
             let at = sim.rng.random_range(0..20);
@@ -727,7 +737,8 @@ impl Sim {
             Event::Tick(i)
             | Event::LeaseExpiry(i)
             | Event::WatchSync(i)
-            | Event::LeaseCheckpoint(i) => *i,
+            | Event::LeaseCheckpoint(i)
+            | Event::BackendFlush(i) => *i,
             Event::Deliver { msg, .. } => (msg.to as usize).checked_sub(1)?,
             Event::SnapshotReport { leader, .. } => *leader,
             _ => return None,
@@ -760,6 +771,10 @@ impl Sim {
                 if let Some(interval) = self.cfg.lease_checkpoint_ms {
                     self.schedule(interval, Event::LeaseCheckpoint(i));
                 }
+            }
+            Event::BackendFlush(i) => {
+                self.flush_backend(i)?;
+                self.schedule(FLUSH_POLL_MS, Event::BackendFlush(i));
             }
             Event::Deliver { from, msg, image } => self.deliver(from, *msg, image),
             Event::SnapshotReport { leader, to, ok } => {

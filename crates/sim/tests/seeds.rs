@@ -434,6 +434,8 @@ fn a_progress_notification_ahead_of_an_undelivered_event_is_caught() {
             // as a progress notification behind a delivered revision instead (on a member
             // that lags), which this test does not look for.
             lease_checkpoint_ms: None,
+            // And before the background flush: its timing moves seed 0's runs as well.
+            background_flush: false,
             ..Config::from_seed(seed)
         };
         let Err(failure) = run(&config) else {
@@ -524,9 +526,13 @@ fn a_keep_alive_that_keeps_a_stale_checkpoint_is_caught() {
 /// and held a lease past its allowance, until the install demoted it.
 #[test]
 fn a_leader_again_after_a_snapshot_install_is_promoted_afresh() {
-    let seeds = [3767, 3801, 4157];
-    for (seed, outcome) in seeds.iter().zip(run_all(&seeds)) {
-        let report = outcome.unwrap_or_else(|f| panic!("{f}"));
+    for seed in [3767, 3801, 4157] {
+        // As the seeds ran before the background flush, whose timing moves them.
+        let config = Config {
+            background_flush: false,
+            ..Config::from_seed(seed)
+        };
+        let report = run(&config).unwrap_or_else(|f| panic!("{f}"));
         assert!(report.snapshots > 0, "seed {seed} installed no snapshot");
     }
 }

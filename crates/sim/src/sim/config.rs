@@ -90,6 +90,11 @@ pub struct Config {
     /// Reads are served without the member's permission check: a planted bug, for tests that
     /// the auth check catches a read allowed after its permission was revoked.
     pub read_after_revoke: bool,
+    /// Whether the members' backends flush in the background, as a member's do (its
+    /// `backend commit` task): a batch's commit only publishes it in memory, and a flush every
+    /// [`super::FLUSH_POLL_MS`] writes what is due to the file durably (none while its disk
+    /// stalls or its process is paused). Otherwise the batch that finds a flush due makes it.
+    pub background_flush: bool,
 }
 
 impl Config {
@@ -107,6 +112,7 @@ impl Config {
             .random_bool(0.5)
             .then(|| checkpoints.random_range(200..=800));
         let lease_checkpoint_persist = checkpoints.random_bool(0.5);
+        let background_flush = StdRng::seed_from_u64(seed ^ 0x5eed_f1a5_0041_0005).random_bool(0.5);
         let members = [3, 3, 5][rng.random_range(0..3)];
         Config {
             seed,
@@ -139,6 +145,7 @@ impl Config {
             renewal_keeps_checkpoint: false,
             auth,
             read_after_revoke: false,
+            background_flush,
         }
     }
 }

@@ -17,6 +17,10 @@ impl Sim {
             now_ms: self.now_ms.clone(),
         }));
         backend.set_batching(Duration::from_millis(self.cfg.backend_batch_ms), u64::MAX);
+        if self.cfg.background_flush {
+            // The flush polls (`Event::BackendFlush`); nothing to wake.
+            backend.set_background_flush(Box::new(|| {}));
+        }
         let store = Arc::new(KvStore::open(backend, 1).map_err(|e| format!("open store: {e}"))?);
         store
             .force_durable()
@@ -123,6 +127,27 @@ impl Sim {
         let after = stalled + self.rng.random_range(0..=3);
         self.members[i].disk_write_scheduled = true;
         self.schedule(after, Event::DiskWrite(i));
+    }
+
+    /// Member `i`'s backend task: flushes the batches due, durably, unless its disk stalls;
+    /// the file is then what a power cut leaves.
+    pub(super) fn flush_backend(&mut self, i: usize) -> Step {
+        let member = &self.members[i];
+        if member.disk_stalled_until > self.now {
+            return Ok(());
+        }
+        let Some(state) = member.state.as_ref() else {
+            return Ok(());
+        };
+        let flushed = state
+            .store()
+            .commit_pending()
+            .map_err(|e| format!("member {}: backend flush: {e}", i + 1))?;
+        if flushed {
+            std::fs::copy(&member.db, &member.durable_db)
+                .map_err(|e| format!("copy the durable backend: {e}"))?;
+        }
+        Ok(())
     }
 
     pub(super) fn crash(&mut self, i: usize) {

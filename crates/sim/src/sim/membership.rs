@@ -110,6 +110,9 @@ impl Sim {
             if let Some(interval) = self.cfg.lease_checkpoint_ms {
                 self.schedule(interval, Event::LeaseCheckpoint(i));
             }
+            if self.cfg.background_flush {
+                self.schedule(FLUSH_POLL_MS, Event::BackendFlush(i));
+            }
         }
         Ok(())
     }
