@@ -141,8 +141,58 @@ impl Layer {
     }
 }
 
+/// The published layers, oldest first, with the lowest key each bucket has in any of them:
+/// a read of a key below it (in the `key` bucket, any revision older than the oldest batch
+/// waiting) goes to the file without looking at each layer.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    layers: Vec<Arc<Layer>>,
+    /// Per bucket written: the lowest key written (empty when a layer cleared it).
+    lows: Vec<(Bucket, Vec<u8>)>,
+}
+
+impl std::ops::Deref for Published {
+    type Target = Vec<Arc<Layer>>;
+
+    fn deref(&self) -> &Vec<Arc<Layer>> {
+        &self.layers
+    }
+}
+
+impl Published {
+    pub(crate) fn new(layers: Vec<Arc<Layer>>) -> Published {
+        let mut lows: Vec<(Bucket, Vec<u8>)> = Vec::new();
+        for layer in &layers {
+            for written in &layer.buckets {
+                let low = if written.cleared {
+                    Some(&[][..])
+                } else {
+                    written.bounds.as_ref().map(|(first, _)| first.as_slice())
+                };
+                let Some(low) = low else {
+                    continue;
+                };
+                match lows.iter_mut().find(|(b, _)| *b == written.bucket) {
+                    Some((_, held)) if low < held.as_slice() => *held = low.to_vec(),
+                    Some(_) => {}
+                    None => lows.push((written.bucket, low.to_vec())),
+                }
+            }
+        }
+        Published { layers, lows }
+    }
+
+    /// What the layers say of `key` of `bucket`, newest first.
+    pub(crate) fn lookup(&self, bucket: Bucket, key: &[u8]) -> Seen<'_> {
+        match self.lows.iter().find(|(b, _)| *b == bucket) {
+            Some((_, low)) if key >= low.as_slice() => lookup(&self.layers, bucket, key),
+            _ => Seen::Unknown,
+        }
+    }
+}
+
 /// What published layers (oldest first) say of `key` of `bucket`, newest first.
-pub(crate) fn lookup<'l>(layers: &'l [Arc<Layer>], bucket: Bucket, key: &[u8]) -> Seen<'l> {
+fn lookup<'l>(layers: &'l [Arc<Layer>], bucket: Bucket, key: &[u8]) -> Seen<'l> {
     for layer in layers.iter().rev() {
         if let Some(found) = layer.bucket(bucket) {
             match found.lookup(key) {

@@ -168,7 +168,7 @@ pub struct Backend {
     opened_previous_commit: bool,
     /// Batches committed but not yet in the file, oldest first (`batch`): readers take the
     /// list with their read transaction of the file, under this lock.
-    layers: RwLock<Arc<Vec<Arc<batch::Layer>>>>,
+    layers: RwLock<Arc<batch::Published>>,
     /// Held by the one [`BatchTx`] at a time.
     batch_writer: Mutex<()>,
     /// Held by a [`WriteTx`] from its beginning (when it takes in the published layers) to its
@@ -292,7 +292,7 @@ impl Backend {
             logical_bytes: AtomicU64::new(0),
             clock: std::sync::Arc::new(SystemClock),
             opened_previous_commit,
-            layers: RwLock::new(Arc::new(Vec::new())),
+            layers: RwLock::new(Arc::new(batch::Published::default())),
             batch_writer: Mutex::new(()),
             flush_lock: Mutex::new(()),
             next_generation: AtomicU64::new(1),
@@ -409,11 +409,11 @@ impl Backend {
         let mut next = Vec::with_capacity(layers.len() + 1);
         next.extend(layers.iter().cloned());
         next.push(Arc::new(layer));
-        *layers = Arc::new(next);
+        *layers = Arc::new(batch::Published::new(next));
     }
 
     /// The published layers, oldest first.
-    fn published(&self) -> Arc<Vec<Arc<batch::Layer>>> {
+    fn published(&self) -> Arc<batch::Published> {
         self.layers
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -436,7 +436,7 @@ impl Backend {
             });
         let rest: Vec<_> = layers[keep..].to_vec();
         let writes = rest.iter().map(|l| l.writes).sum();
-        *layers = Arc::new(rest);
+        *layers = Arc::new(batch::Published::new(rest));
         writes
     }
 
@@ -970,7 +970,7 @@ impl WriteTx<'_> {
 pub struct ReadTx {
     tx: redb::ReadTransaction,
     /// Batches committed and not in `tx`'s commit of the file, oldest first.
-    layers: Arc<Vec<Arc<batch::Layer>>>,
+    layers: Arc<batch::Published>,
     /// The file it reads (dropped after `tx`).
     _db: Arc<redb::Database>,
     /// Counted in `etcd_mvcc_db_open_read_transactions` while it lives.
@@ -986,7 +986,7 @@ impl ReadTx {
 
     /// Read `key`.
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match batch::lookup(&self.layers, bucket, key) {
+        match self.layers.lookup(bucket, key) {
             batch::Seen::Value(value) => return Ok(Some(value.to_vec())),
             batch::Seen::Gone => return Ok(None),
             batch::Seen::Unknown => {}
@@ -1007,7 +1007,7 @@ impl ReadTx {
         let table = self.table(bucket)?;
         for key in keys {
             let key = key.as_ref();
-            let go_on = match batch::lookup(&self.layers, bucket, key) {
+            let go_on = match self.layers.lookup(bucket, key) {
                 batch::Seen::Value(value) => visit(key, Some(value)),
                 batch::Seen::Gone => visit(key, None),
                 batch::Seen::Unknown => {
