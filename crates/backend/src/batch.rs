@@ -331,9 +331,9 @@ impl<'a> BatchTx<'a> {
                     .now()
                     .saturating_duration_since(*crate::lock(&backend.last_durable))
                     >= backend.batch_interval
-                || held >= SOFT_LIMIT_BYTES);
+                || held >= backend.layer_limits.0);
         let background = backend.background_flush.load(Ordering::Relaxed);
-        if durable || held >= HARD_LIMIT_BYTES || (due && !background) {
+        if durable || held >= backend.layer_limits.1 || (due && !background) {
             drop(self._writer);
             backend.write()?.commit(true)?;
             return Ok(true);

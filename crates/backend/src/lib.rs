@@ -188,6 +188,9 @@ pub struct Backend {
     flush_requested: AtomicBool,
     /// Called when a flush is asked for (the owner's task wakes).
     flush_waker: Mutex<Option<FlushWaker>>,
+    /// Bytes waiting in layers past which a flush is asked for, and past which a batch flushes
+    /// itself ([`SOFT_LIMIT_BYTES`], [`HARD_LIMIT_BYTES`]; smaller in tests).
+    layer_limits: (u64, u64),
 }
 
 /// What wakes the task that flushes in the background.
@@ -302,6 +305,7 @@ impl Backend {
             background_flush: AtomicBool::new(false),
             flush_requested: AtomicBool::new(false),
             flush_waker: Mutex::new(None),
+            layer_limits: (SOFT_LIMIT_BYTES, HARD_LIMIT_BYTES),
         };
         let tx = backend.write()?;
         for bucket in Bucket::ALL {

@@ -239,3 +239,25 @@ fn in_the_background_mode_a_batch_asks_for_the_flush_and_the_owner_makes_it() {
     assert!(tx.commit(true).unwrap());
     assert_eq!(backend.durable_generation(), backend.published_generation());
 }
+
+#[test]
+fn when_no_flush_comes_the_batches_memory_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = Backend::open(&dir.path().join("db")).unwrap();
+    backend.set_batching(std::time::Duration::from_secs(3600), u64::MAX);
+    backend.layer_limits = (64 << 10, 256 << 10);
+    // The owner's task never flushes (a disk that stalls): the batches flush themselves
+    // once 256 KiB wait.
+    backend.set_background_flush(Box::new(|| {}));
+    let value = [7u8; 1000];
+    let mut most = 0;
+    for i in 0..2_000u32 {
+        let tx = backend.batch();
+        tx.put(Bucket::KEY, &i.to_be_bytes(), &value).unwrap();
+        tx.commit(false).unwrap();
+        most = most.max(backend.unflushed_bytes());
+    }
+    assert!(most < 256 << 10, "{most} bytes waited");
+    assert!(backend.durable_generation() > 0, "no batch flushed itself");
+    assert_eq!(backend.read().unwrap().len(Bucket::KEY).unwrap(), 2_000);
+}
