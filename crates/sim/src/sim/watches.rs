@@ -600,10 +600,11 @@ impl Sim {
             let Some(state) = self.members[i].state.as_ref() else {
                 continue;
             };
+            // Until nothing waits: a pass that finishes may leave a later compaction to do.
             loop {
                 match state.store().compaction_step(1000) {
-                    Ok(CompactionStep::Progress) => {}
-                    Ok(_) => break,
+                    Ok(CompactionStep::Progress | CompactionStep::Finished(_)) => {}
+                    Ok(CompactionStep::Idle) => break,
                     Err(e) => return Err(format!("member {}: compaction: {e}", i + 1)),
                 }
             }
