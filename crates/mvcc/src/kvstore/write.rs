@@ -1,5 +1,5 @@
 //! Writing to the store (etcd `server/storage/mvcc/kvstore_txn.go`): a [`WriteBatch`] is
-//! the apply loop's unit of work (one backend transaction over one or more raft entries:
+//! the apply loop's unit of work (one backend batch, `etcdrs_backend::BatchTx`, over one or more raft entries:
 //! compaction, leases, meta, other buckets), and a [`Txn`] within it is one revision, whose
 //! puts and deletes share that revision and whose reads see its own writes. Reading at a
 //! past revision and opening the store are the parent's.

@@ -1,4 +1,4 @@
-//! The applier: what the raft thread runs for each batch of committed entries (one backend transaction per batch; the proposers and the watch hub hear of it just before its commit), membership and alarm changes as they apply, snapshot installation, and the `StateMachine` the raft node calls.
+//! The applier: what the raft thread runs for each batch of committed entries (one backend batch per batch of entries, published in memory at its commit and flushed to the file by the backend commit task; the watch hub and the proposers hear of it just before that commit), membership and alarm changes as they apply, snapshot installation, and the `StateMachine` the raft node calls.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering as AtomicOrdering;
