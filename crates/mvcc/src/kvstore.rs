@@ -21,7 +21,7 @@ mod write;
 
 use self::compaction::Compaction;
 pub use self::compaction::CompactionStep;
-pub use self::load::{LoadedStore, StoreLoader};
+pub use self::load::{BuiltIndex, LoadedStore, StoreLoader};
 pub use self::write::{Txn, WriteBatch};
 
 /// `meta` key of the raft index of the last applied entry (etcd's `consistent_index`).

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use etcdrs_mvcc::{LoadedStore, StoreLoader};
+use etcdrs_mvcc::{BuiltIndex, LoadedStore, StoreLoader};
 
 /// An image waiting for raft to install it.
 pub(super) enum ReceivedImage {
@@ -103,7 +103,7 @@ fn import(
     std::thread::scope(|scope| {
         let indexer = std::thread::Builder::new()
             .name("snapshot-index".into())
-            .spawn_scoped(scope, move || -> etcdrs_mvcc::Result<StoreLoader> {
+            .spawn_scoped(scope, move || -> etcdrs_mvcc::Result<BuiltIndex> {
                 let mut loader = StoreLoader::new();
                 for batch in rx {
                     let mut at = 0;
@@ -114,7 +114,8 @@ fn import(
                         at += key_len + value_len;
                     }
                 }
-                Ok(loader)
+                // Sorted and built while the import makes its file durable.
+                Ok(loader.build())
             })
             .map_err(|e| crate::ServerError::Fatal(format!("start the indexing thread: {e}")))?;
         let mut batch = PairBatch::default();
