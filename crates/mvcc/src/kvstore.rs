@@ -2,7 +2,6 @@
 //! Layout: the store, its loading and its reads are here; `write` holds [`WriteBatch`] and
 //! [`Txn`], the write path.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::time::Instant;
 
@@ -12,16 +11,17 @@ use parking_lot::{RwLock, RwLockWriteGuard};
 use prost::Message;
 
 use self::index::Index;
-use crate::key_index::KeyIndex;
 use crate::lease::{LeaseId, LeaseRecord, Lessor, NO_LEASE};
 use crate::revision::Revision;
 use crate::{Error, Result};
 mod compaction;
 mod index;
+mod load;
 mod write;
 
 use self::compaction::Compaction;
 pub use self::compaction::CompactionStep;
+pub use self::load::{BuiltIndex, LoadedStore, StoreLoader};
 pub use self::write::{Txn, WriteBatch};
 
 /// `meta` key of the raft index of the last applied entry (etcd's `consistent_index`).
@@ -260,99 +260,6 @@ fn decode_kv(bytes: &[u8]) -> Result<KeyValue> {
     KeyValue::decode(bytes).map_err(|e| Error::Corrupt(format!("key-value: {e}")))
 }
 
-fn read_i64(bytes: Option<Vec<u8>>) -> i64 {
-    bytes
-        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-        .map(i64::from_be_bytes)
-        .unwrap_or(0)
-}
-
-/// Rebuild the in-memory state from `backend`, filling `lessor`. Returns the state and the
-/// revision of a compaction that was scheduled but may not have finished.
-fn load(backend: &Backend, lessor: &Lessor) -> Result<(State, i64)> {
-    let read = backend.read()?;
-    let consistent_index = read_i64(read.get(Bucket::META, META_CONSISTENT_INDEX)?) as u64;
-    let compact_rev = read_i64(read.get(Bucket::META, META_FINISHED_COMPACT)?);
-    let scheduled = read_i64(read.get(Bucket::META, META_SCHEDULED_COMPACT)?);
-
-    let mut index: BTreeMap<Vec<u8>, KeyIndex> = BTreeMap::new();
-    let mut leases_of_keys: BTreeMap<Vec<u8>, LeaseId> = BTreeMap::new();
-    let mut current_rev = 0;
-    let mut failure = None;
-    read.for_each_in(Bucket::KEY, &[], None, |key, value| {
-        let Some((rev, tombstone)) = Revision::from_key(key) else {
-            failure = Some(Error::Corrupt("bad revision key".into()));
-            return false;
-        };
-        let kv = match decode_kv(value) {
-            Ok(kv) => kv,
-            Err(e) => {
-                failure = Some(e);
-                return false;
-            }
-        };
-        current_rev = current_rev.max(rev.main);
-        let key_index = index.entry(kv.key.clone()).or_default();
-        if tombstone {
-            key_index.restore_tombstone(rev);
-            leases_of_keys.remove(&kv.key);
-        } else {
-            key_index.restore(rev, Revision::new(kv.create_revision, 0), kv.version);
-            if kv.lease != NO_LEASE {
-                leases_of_keys.insert(kv.key, kv.lease);
-            } else {
-                leases_of_keys.remove(&kv.key);
-            }
-        }
-        true
-    })?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    // A new store is at revision 1, so the first write is revision 2, as in etcd.
-    current_rev = current_rev.max(compact_rev).max(1);
-
-    let now = backend.now();
-    let mut lease_failure = None;
-    read.for_each_in(Bucket::LEASE, &[], None, |key, value| {
-        match LeaseRecord::decode_stored(key, value) {
-            Some(record) => {
-                lessor.insert(record.id, record.ttl, now);
-                // As etcd's lessor recovers it: a persisted checkpoint stands until renewed.
-                if record.remaining_ttl > 0 {
-                    lessor.checkpoint(record.id, record.remaining_ttl);
-                }
-                true
-            }
-            None => {
-                lease_failure = Some(Error::Corrupt("bad lease record".into()));
-                false
-            }
-        }
-    })?;
-    if let Some(e) = lease_failure {
-        return Err(e);
-    }
-    for (key, lease) in &leases_of_keys {
-        lessor.attach(*lease, key);
-    }
-    tracing::debug!(
-        current_rev,
-        compact_rev,
-        consistent_index,
-        "restored mvcc store"
-    );
-    Ok((
-        State {
-            index: Index::build(index, compact_rev),
-            current_rev,
-            compact_rev,
-            consistent_index,
-        },
-        scheduled,
-    ))
-}
-
 /// The MVCC store: one writer, many readers.
 pub struct KvStore {
     backend: Backend,
@@ -368,7 +275,9 @@ impl KvStore {
     /// Open the store over `backend`, rebuilding the index and the leases from it.
     pub fn open(backend: Backend, min_lease_ttl: i64) -> Result<KvStore> {
         let lessor = Lessor::new(min_lease_ttl);
-        let (mut state, scheduled) = load(&backend, &lessor)?;
+        let loaded = load::load_store(&backend)?;
+        loaded.fill(&lessor, backend.now());
+        let (mut state, scheduled) = (loaded.state, loaded.scheduled);
         let compaction = Compaction::new(state.compact_rev, scheduled);
         state.compact_rev = state.compact_rev.max(scheduled);
         let store = KvStore {
@@ -402,16 +311,41 @@ impl KvStore {
         self.install_with(|backend| backend.replace_with_file(image, keep_meta))
     }
 
+    /// As [`KvStore::install_snapshot_file`], with the state already read from `image`
+    /// ([`StoreLoader`], fed the image's `key` bucket while it was written): the install is a
+    /// swap, with no pass over the keys.
+    pub fn install_loaded(
+        &self,
+        image: &std::path::Path,
+        keep_meta: &[&[u8]],
+        loaded: LoadedStore,
+    ) -> Result<()> {
+        self.install_state(
+            |backend| backend.replace_with_file(image, keep_meta),
+            |_| Ok(loaded),
+        )
+    }
+
     fn install_with(
         &self,
         replace: impl FnOnce(&Backend) -> etcdrs_backend::Result<()>,
+    ) -> Result<()> {
+        self.install_state(replace, load::load_store)
+    }
+
+    fn install_state(
+        &self,
+        replace: impl FnOnce(&Backend) -> etcdrs_backend::Result<()>,
+        load: impl FnOnce(&Backend) -> Result<LoadedStore>,
     ) -> Result<()> {
         let mut state = self.state.write();
         // A pass in progress ends here: its steps delete nothing from the new contents.
         self.compaction.lock().reset(i64::MAX, i64::MAX);
         replace(&self.backend)?;
         self.lessor.clear();
-        let (mut loaded, scheduled) = load(&self.backend, &self.lessor)?;
+        let loaded = load(&self.backend)?;
+        loaded.fill(&self.lessor, self.backend.now());
+        let (mut loaded, scheduled) = (loaded.state, loaded.scheduled);
         self.compaction.lock().reset(loaded.compact_rev, scheduled);
         loaded.compact_rev = loaded.compact_rev.max(scheduled);
         *state = loaded;

@@ -27,9 +27,9 @@ pub mod watch;
 
 pub use error::{Error, Result};
 pub use kvstore::{
-    Change, CompactionStep, EncodedRange, KeyRange, KvStore, META_CONF_STATE,
-    META_CONSISTENT_INDEX, META_TERM, PageParams, RangePage, RangeParams, RangeResult, Txn,
-    WriteBatch,
+    BuiltIndex, Change, CompactionStep, EncodedRange, KeyRange, KvStore, LoadedStore,
+    META_CONF_STATE, META_CONSISTENT_INDEX, META_TERM, PageParams, RangePage, RangeParams,
+    RangeResult, StoreLoader, Txn, WriteBatch,
 };
 pub use lease::{Lease, LeaseId, LeaseRecord, Lessor, NO_LEASE};
 pub use revision::Revision;

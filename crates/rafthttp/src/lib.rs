@@ -110,7 +110,9 @@ pub trait Raft: Send + Sync + 'static {
     fn snapshot_image(&self, index: u64) -> std::result::Result<SnapshotImage, String>;
     /// Where a database image received for raft index `index` is written.
     fn snapshot_inbox(&self, index: u64) -> PathBuf;
-    /// The image for raft index `index` is whole at `path`; raft gets its message next.
+    /// The image for raft index `index` is whole at `path`; raft gets its message next, once
+    /// this returns. Called on a blocking thread: the member may make the image ready to
+    /// install here (etcd-rs reads etcd's layout into its own and indexes it).
     fn snapshot_received(&self, index: u64, path: PathBuf);
 }
 

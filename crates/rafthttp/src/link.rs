@@ -699,13 +699,19 @@ async fn send_snapshot<H: Raft>(shared: &Shared<H>, message: Message) {
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "failed to take a database snapshot");
-            false
+            None
         }
-        Err(_) => false,
+        Err(_) => None,
     };
     inflight.dec();
-    if ok {
-        tracing::info!(remote_peer_id = %shared.label, index, "sent database snapshot");
+    if let Some(bytes) = ok {
+        tracing::info!(
+            remote_peer_id = %shared.label,
+            index,
+            bytes,
+            took = ?started.elapsed(),
+            "sent database snapshot"
+        );
         crate::metrics::SNAPSHOT_SEND_SUCCESS
             .with_label_values(&[to])
             .inc();
@@ -717,40 +723,42 @@ async fn send_snapshot<H: Raft>(shared: &Shared<H>, message: Message) {
             .with_label_values(&[to])
             .inc();
     }
-    shared.host.report_snapshot(shared.to, ok).await;
+    shared.host.report_snapshot(shared.to, ok.is_some()).await;
 }
 
 async fn stream_snapshot<H: Raft>(
     shared: &Shared<H>,
     message: Message,
     mut image: Box<dyn std::io::Read + Send>,
-) -> bool {
+) -> Option<u64> {
     let mut first = Vec::new();
     if codec::encode_frame(&message, &mut first).is_err() {
-        return false;
+        return None;
     }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     // The body: the raft message as the `message` stream frames it, then the image (etcd's
-    // `createSnapBody`), read on a blocking thread.
-    let reader = tokio::task::spawn_blocking(move || -> bool {
+    // `createSnapBody`), read on a blocking thread; it answers the bytes it sent.
+    let reader = tokio::task::spawn_blocking(move || -> Option<u64> {
+        let mut sent = first.len() as u64;
         if tx.blocking_send(Ok(Bytes::from(first))).is_err() {
-            return false;
+            return None;
         }
         let mut buf = vec![0u8; SNAPSHOT_CHUNK];
         loop {
             match image.read(&mut buf) {
-                Ok(0) => return true,
+                Ok(0) => return Some(sent),
                 Ok(n) => {
+                    sent += n as u64;
                     if tx
                         .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
                         .is_err()
                     {
-                        return false;
+                        return None;
                     }
                 }
                 Err(e) => {
                     let _ = tx.blocking_send(Err(e));
-                    return false;
+                    return None;
                 }
             }
         }
@@ -763,20 +771,20 @@ async fn stream_snapshot<H: Raft>(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         ))
     else {
-        return false;
+        return None;
     };
     let sent = post_with_timeout(&shared.client, request, SNAPSHOT_TIMEOUT).await;
-    let read_ok = reader.await.unwrap_or(false);
+    let read = reader.await.unwrap_or(None);
     match sent {
-        Ok(()) => read_ok,
+        Ok(()) => read,
         Err(PostError::Removed) => {
             shared.removed();
-            false
+            None
         }
         Err(PostError::Refused(reason)) | Err(PostError::Failed(reason)) => {
             shared.unreachable(&url);
             tracing::warn!(remote_peer_id = %shared.label, error = %reason, "failed to send database snapshot");
-            false
+            None
         }
     }
 }

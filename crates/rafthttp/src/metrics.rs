@@ -31,7 +31,8 @@ pub static SNAP_DB_SAVE_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new
     ))
 });
 
-/// `etcd_snap_db_fsync_duration_seconds`: syncing a received database snapshot.
+/// `etcd_snap_db_fsync_duration_seconds`: syncing a received database snapshot. Registered
+/// for etcd's exposition but not observed: the received file is not synced (`receive`).
 pub static SNAP_DB_FSYNC_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     register(prometheus::Histogram::with_opts(
         HistogramOpts::new(

@@ -398,6 +398,17 @@ impl<'a> Importer<'a> {
 /// (module docs). Buckets etcd-rs has no use for (`cluster`) are read but not kept; a bucket
 /// this module does not know is an error, so nothing is silently lost.
 pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
+    import_with(db, backend, |_, _| Ok(()))
+}
+
+/// As [`import`], showing each pair of the `key` bucket to `on_key` as it is written (in our
+/// encoding, in key order): how a received snapshot's index is built in the same pass
+/// (`etcdrs_mvcc::StoreLoader`).
+pub fn import_with(
+    db: &Db,
+    backend: &Backend,
+    mut on_key: impl FnMut(&[u8], &[u8]) -> Result<()>,
+) -> Result<Imported> {
     let mut imported = Imported::default();
     let mut out = Importer {
         backend,
@@ -410,7 +421,9 @@ pub fn import(db: &Db, backend: &Backend) -> Result<Imported> {
             match name.as_slice() {
                 names::KEY => {
                     imported.revisions += 1;
-                    out.put(Bucket::KEY, &our_rev_key(key)?, value)
+                    let ours = our_rev_key(key)?;
+                    on_key(&ours, value)?;
+                    out.put(Bucket::KEY, &ours, value)
                 }
                 names::META => {
                     if key == META_FINISHED_COMPACT || key == META_SCHEDULED_COMPACT {

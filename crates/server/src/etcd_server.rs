@@ -51,6 +51,7 @@ mod loops;
 mod members;
 mod peer_host;
 mod propose;
+mod received;
 mod standalone;
 mod start;
 mod versions;
@@ -130,8 +131,9 @@ struct Inner {
     removed_notify: tokio::sync::Notify,
     watch_hub: WatchHub,
     transport: Arc<PeerTransport>,
-    /// A snapshot image received from the leader, waiting for raft to install it: (index, file).
-    pending_snapshot: Mutex<Option<(u64, std::path::PathBuf)>>,
+    /// A snapshot image received from the leader, waiting for raft to install it: its raft
+    /// index and the image, made ready (`received`).
+    pending_snapshot: Mutex<Option<(u64, received::ReceivedImage)>>,
     /// Wakes the watch sync task when a watcher falls behind or starts from history.
     watch_sync: tokio::sync::Notify,
     /// Wakes the compactor when a compaction is applied.
@@ -213,11 +215,14 @@ impl Inner {
             .with_file_name(format!("{index:016x}.snap.recv"))
     }
 
-    /// The image for raft index `index` has arrived (an older one waiting is dropped).
+    /// The image for raft index `index` has arrived: it is made ready to install here (read
+    /// into our backend's format and indexed; this takes as long as the database is big), then
+    /// waits for raft (an older one waiting is dropped).
     fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
-        let previous = self.pending_snapshot.lock().replace((index, path));
+        let image = received::prepare(index, path);
+        let previous = self.pending_snapshot.lock().replace((index, image));
         if let Some((_, old)) = previous {
-            let _ = std::fs::remove_file(old);
+            old.discard();
         }
     }
 

@@ -2,6 +2,7 @@
 //! leases attached and revoked in one revision.
 
 use super::*;
+use std::collections::BTreeMap;
 
 fn open(dir: &std::path::Path) -> KvStore {
     KvStore::open(Backend::open(&dir.join("db")).unwrap(), 2).unwrap()

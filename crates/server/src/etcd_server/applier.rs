@@ -28,6 +28,7 @@ use etcdrs_schema::load::{
 use etcdrs_schema::membership;
 use etcdrs_schema::membership::Member;
 
+use super::received::ReceivedImage;
 use super::{ApplyOutput, Inner};
 use crate::apply;
 use crate::error::{Result, ServerError};
@@ -80,38 +81,35 @@ impl Applier {
         conf_state: &etcdrs_raftnode::eraftpb::ConfState,
         data: &[u8],
     ) -> Result<()> {
-        let Some((received, path)) = self.inner.pending_snapshot.lock().take() else {
+        let Some((received, image)) = self.inner.pending_snapshot.lock().take() else {
             return Err(ServerError::Fatal(format!(
                 "no snapshot image received for index {index}"
             )));
         };
         if received != index {
-            let _ = std::fs::remove_file(&path);
+            image.discard();
             return Err(ServerError::Fatal(format!(
                 "snapshot image is for index {received}, raft installs {index}"
             )));
         }
         let store = &self.inner.store;
-        // An etcd leader sends its bbolt database: read it into an image of ours first.
-        let (image, cluster_version) = match etcdrs_schema::etcd_db::Db::open(&path) {
-            Ok(db) => {
-                let image = path.with_extension("from-etcd");
-                let _ = std::fs::remove_file(&image);
-                let imported = {
-                    let backend = etcdrs_backend::Backend::open(&image)?;
-                    etcdrs_schema::etcd_db::import(&db, &backend)?
-                };
-                drop(db);
-                let _ = std::fs::remove_file(&path);
-                tracing::info!(
-                    index,
-                    consistent_index = imported.consistent_index,
-                    revisions = imported.revisions,
-                    "read etcd's snapshot database"
-                );
-                (image, Some((imported.cluster_version, imported.downgrade)))
+        let started = Instant::now();
+        tracing::info!(index, "applying snapshot");
+        // An etcd leader sends its bbolt database (and so do we): it was read into an image
+        // of ours and indexed as it arrived (`received`).
+        let (image, cluster_version, loaded) = match image {
+            ReceivedImage::Imported {
+                path,
+                cluster_version,
+                downgrade,
+                loaded,
+            } => (path, Some((cluster_version, downgrade)), Some(loaded)),
+            ReceivedImage::Ours { path } => (path, None, None),
+            ReceivedImage::Failed(e) => {
+                return Err(ServerError::Fatal(format!(
+                    "cannot read the snapshot database for index {index}: {e}"
+                )));
             }
-            Err(_) => (path, None),
         };
         // etcd recovers the membership and the cluster version from the snapshot's v2 store
         // (3.4's and 3.5's `RaftCluster.Recover`), not from its database, and so does etcd-rs
@@ -130,11 +128,11 @@ impl Applier {
             (cluster_version, _) => cluster_version,
         };
         let keep = [META_MEMBER_ID, META_CLUSTER_ID];
-        if cluster_version.is_some() {
-            // The import is a backend file of ours, whole and closed: swapped in, not copied.
-            store.install_snapshot_file(&image, &keep)?;
-        } else {
-            store.install_snapshot(&image, &keep)?;
+        match loaded {
+            // The import is a backend file of ours, whole, closed and indexed: swapped in,
+            // not copied.
+            Some(loaded) => store.install_loaded(&image, &keep, loaded)?,
+            None => store.install_snapshot(&image, &keep)?,
         }
         let _ = std::fs::remove_file(&image);
         let from_db = match &v2 {
@@ -204,6 +202,7 @@ impl Applier {
         tracing::info!(
             index,
             revision = store.current_rev(),
+            took = ?started.elapsed(),
             "restored backend from the leader's snapshot"
         );
         Ok(())

@@ -134,9 +134,16 @@ impl Read for ImageReader {
 /// installs and so do we: the v2 store's JSON as the snapshot's data, and the database in
 /// bbolt's format.
 pub(crate) fn snapshot_image(store: &KvStore, index: u64) -> Result<SnapshotImage, String> {
+    let started = std::time::Instant::now();
     let data = etcdrs_schema::v2snap::from_store(store, index).map_err(|e| e.to_string())?;
     let image = etcdrs_schema::etcd_db::snapshot(store.backend()).map_err(|e| e.to_string())?;
     let file = image.open().map_err(|e| e.to_string())?;
+    tracing::info!(
+        index,
+        size_bytes = image.size(),
+        took = ?started.elapsed(),
+        "wrote database snapshot image in etcd's layout"
+    );
     Ok(SnapshotImage {
         data,
         body: Box::new(ImageReader {

@@ -1,0 +1,143 @@
+//! Snapshot images received from the leader, made ready to install as they arrive: a leader
+//! (etcd's or ours) sends its database in etcd's bbolt layout, which is read into a backend
+//! file of ours (`etcd_db::import`) while the store's key index is built from the same pairs
+//! (`mvcc::StoreLoader`, on a thread of its own fed batches of pairs), on the peer handler's
+//! blocking thread and before raft hears of the snapshot. Raft's thread then only swaps the file in (`Applier::install_snapshot`): it
+//! keeps answering the leader's heartbeats instead of spending the conversion and the
+//! index rebuild inside one `Ready`, which in a two-member cluster cost the leader its quorum
+//! and an election.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use etcdrs_mvcc::{BuiltIndex, LoadedStore, StoreLoader};
+
+/// An image waiting for raft to install it.
+pub(super) enum ReceivedImage {
+    /// etcd's bbolt file, imported into a backend file of ours at `path` and indexed.
+    Imported {
+        path: PathBuf,
+        /// The cluster version and the downgrade record (etcd's JSON) the file carries.
+        cluster_version: Option<String>,
+        downgrade: Option<Vec<u8>>,
+        loaded: LoadedStore,
+    },
+    /// A backend image of ours, installed as it is (the simulator's links send these).
+    Ours { path: PathBuf },
+    /// The image could not be read: installing it fails with this.
+    Failed(String),
+}
+
+impl ReceivedImage {
+    /// Remove its file (an image that will not be installed).
+    pub(super) fn discard(self) {
+        match self {
+            ReceivedImage::Imported { path, .. } | ReceivedImage::Ours { path } => {
+                let _ = std::fs::remove_file(path);
+            }
+            ReceivedImage::Failed(_) => {}
+        }
+    }
+}
+
+/// The image received at `path` for raft index `index`, made ready to install: an etcd
+/// bbolt file is imported beside it (`*.snap.from-etcd`) and indexed, and the received
+/// file removed; anything else is taken as a backend image of ours.
+pub(super) fn prepare(index: u64, path: PathBuf) -> ReceivedImage {
+    let db = match etcdrs_schema::etcd_db::Db::open(&path) {
+        Ok(db) => db,
+        Err(_) => return ReceivedImage::Ours { path },
+    };
+    let started = Instant::now();
+    let image = path.with_extension("from-etcd");
+    let _ = std::fs::remove_file(&image);
+    let result = import(&db, &image);
+    drop(db);
+    let _ = std::fs::remove_file(&path);
+    match result {
+        Ok((imported, loaded)) => {
+            tracing::info!(
+                index,
+                consistent_index = imported.consistent_index,
+                revisions = imported.revisions,
+                keys = loaded.key_count(),
+                revision = loaded.current_rev(),
+                took = ?started.elapsed(),
+                "read etcd's snapshot database and indexed it"
+            );
+            ReceivedImage::Imported {
+                path: image,
+                cluster_version: imported.cluster_version,
+                downgrade: imported.downgrade,
+                loaded,
+            }
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&image);
+            tracing::warn!(index, error = %e, "cannot read the snapshot database");
+            ReceivedImage::Failed(e.to_string())
+        }
+    }
+}
+
+/// Pairs handed to the indexing thread at a time.
+const INDEX_BATCH_PAIRS: usize = 4096;
+/// Batches in flight to it.
+const INDEX_BATCHES_QUEUED: usize = 8;
+
+/// Pairs of the `key` bucket end to end, with each key's and value's length.
+#[derive(Default)]
+struct PairBatch {
+    bytes: Vec<u8>,
+    lens: Vec<(usize, usize)>,
+}
+
+/// Import `db` into a new backend at `image`, indexing its `key` bucket on a second thread
+/// meanwhile (the import writes the pairs into redb, the indexer builds the key index).
+fn import(
+    db: &etcdrs_schema::etcd_db::Db,
+    image: &Path,
+) -> Result<(etcdrs_schema::etcd_db::Imported, LoadedStore), crate::ServerError> {
+    let backend = etcdrs_backend::Backend::open(image)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<PairBatch>(INDEX_BATCHES_QUEUED);
+    std::thread::scope(|scope| {
+        let indexer = std::thread::Builder::new()
+            .name("snapshot-index".into())
+            .spawn_scoped(scope, move || -> etcdrs_mvcc::Result<BuiltIndex> {
+                let mut loader = StoreLoader::new();
+                for batch in rx {
+                    let mut at = 0;
+                    for &(key_len, value_len) in &batch.lens {
+                        let key = &batch.bytes[at..at + key_len];
+                        let value = &batch.bytes[at + key_len..at + key_len + value_len];
+                        loader.push(key, value)?;
+                        at += key_len + value_len;
+                    }
+                }
+                // Sorted and built while the import makes its file durable.
+                Ok(loader.build())
+            })
+            .map_err(|e| crate::ServerError::Fatal(format!("start the indexing thread: {e}")))?;
+        let mut batch = PairBatch::default();
+        let imported = etcdrs_schema::etcd_db::import_with(db, &backend, |key, value| {
+            batch.bytes.extend_from_slice(key);
+            batch.bytes.extend_from_slice(value);
+            batch.lens.push((key.len(), value.len()));
+            if batch.lens.len() >= INDEX_BATCH_PAIRS {
+                // A closed channel means the indexer failed: its error is reported below.
+                let _ = tx.send(std::mem::take(&mut batch));
+            }
+            Ok(())
+        });
+        if !batch.lens.is_empty() {
+            let _ = tx.send(batch);
+        }
+        drop(tx);
+        let loader = indexer
+            .join()
+            .map_err(|_| crate::ServerError::Fatal("the indexing thread panicked".into()))?;
+        let imported = imported?;
+        let loaded = loader?.finish(&backend.read()?)?;
+        Ok((imported, loaded))
+    })
+}
