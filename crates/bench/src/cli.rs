@@ -263,6 +263,10 @@ pub struct ListOpts {
     /// Puts per second on filled keys while the LISTs run (0: none)
     #[arg(long, default_value_t = 0.0)]
     pub put_rate: f64,
+    /// Read every page serializable (no read index): not what kube-apiserver sends, but it
+    /// tells the time a page waits for its read index from the time it is read and sent
+    #[arg(long)]
+    pub serializable: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -92,6 +92,7 @@ async fn list_once(
             range_end: end.clone(),
             limit: opts.page_size,
             revision,
+            serializable: opts.serializable,
             ..Default::default()
         };
         let page_started = Instant::now();
