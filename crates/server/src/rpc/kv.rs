@@ -66,7 +66,7 @@ impl Rpc {
                 (body, header)
             }
         };
-        if let Some(next) = super::read_ahead::next_page(&req, &body) {
+        if let Some(next) = self.read_ahead.after(&req, &body) {
             self.read_ahead.start(server, next);
         }
         match body.framed(&header) {

@@ -16,6 +16,11 @@
 //! error), and the header is made then, with the store's revision then. Only requests equal
 //! to the predicted one in every field take a page read ahead, and each is taken once.
 //!
+//! Only LISTs are read ahead: a page at a pinned revision (page two on), or a page one of a
+//! range (its end and limit) whose pages were read ahead and taken recently (the last
+//! [`LISTS`] such ranges): a one-off read with a limit at the current revision does not make
+//! the member read a page no one asks for.
+//!
 //! Bounded: at most [`SLOTS`] pages are held, a page is read ahead only after one of at most
 //! [`MAX_PAGE`] bytes, and a page not taken within [`TTL`] is dropped.
 //!
@@ -36,11 +41,15 @@ pub const SLOTS: usize = 4;
 pub const MAX_PAGE: usize = 16 << 20;
 /// How long a page read ahead waits to be taken.
 pub const TTL: Duration = Duration::from_secs(5);
+/// Ranges remembered as paginated (their page one is followed by a read-ahead).
+pub const LISTS: usize = 16;
 
 /// Pages read ahead of the requests that will ask for them (module docs).
 #[derive(Default)]
 pub struct ReadAhead {
     slots: Mutex<Vec<Slot>>,
+    /// (range end, limit) of the ranges whose pages were taken, newest last.
+    lists: Mutex<std::collections::VecDeque<(Vec<u8>, i64)>>,
 }
 
 struct Slot {
@@ -82,13 +91,24 @@ fn same_page(a: &RangeRequest, b: &RangeRequest) -> bool {
         && a.max_create_revision == b.max_create_revision
 }
 
-fn lock(slots: &Mutex<Vec<Slot>>) -> std::sync::MutexGuard<'_, Vec<Slot>> {
-    slots
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl ReadAhead {
+    /// The request for the page after `answered`, the answer to `req`, when `req` is a page
+    /// of a LIST and there is a next page to read ahead (module docs).
+    pub fn after(&self, req: &RangeRequest, answered: &Body) -> Option<RangeRequest> {
+        let next = next_page(req, answered)?;
+        let paginated = req.revision > 0
+            || lock(&self.lists)
+                .iter()
+                .any(|(end, limit)| *end == req.range_end && *limit == req.limit);
+        paginated.then_some(next)
+    }
+
     /// Starts reading `next` on a blocking thread, making room for it.
     pub fn start(&self, server: &EtcdServer, next: RangeRequest) {
         let (tx, rx) = oneshot::channel();
@@ -127,6 +147,16 @@ impl ReadAhead {
                 .position(|slot| same_page(&slot.request, req))?;
             slots.remove(at)
         };
+        {
+            let mut lists = lock(&self.lists);
+            let list = (req.range_end.clone(), req.limit);
+            if !lists.contains(&list) {
+                if lists.len() >= LISTS {
+                    lists.pop_front();
+                }
+                lists.push_back(list);
+            }
+        }
         let page = slot.page.await.ok().flatten()?;
         (page.read_rev >= server.store().compact_rev()).then_some(page)
     }
@@ -197,5 +227,32 @@ mod tests {
             ..req.clone()
         };
         assert!(next_page(&sorted, &page(true, 10)).is_none());
+    }
+
+    #[test]
+    fn page_one_is_read_ahead_only_for_a_range_seen_paginated() {
+        let ahead = ReadAhead::default();
+        let req = RangeRequest {
+            key: b"a".to_vec(),
+            range_end: b"b".to_vec(),
+            limit: 500,
+            ..Default::default()
+        };
+        assert!(
+            ahead.after(&req, &page(true, 10)).is_none(),
+            "a one-off read with a limit"
+        );
+        let pinned = RangeRequest {
+            revision: 3,
+            ..req.clone()
+        };
+        assert!(ahead.after(&pinned, &page(true, 10)).is_some());
+        lock(&ahead.lists).push_back((req.range_end.clone(), 500));
+        assert!(ahead.after(&req, &page(true, 10)).is_some());
+        let other = RangeRequest {
+            limit: 10,
+            ..req.clone()
+        };
+        assert!(ahead.after(&other, &page(true, 10)).is_none());
     }
 }
