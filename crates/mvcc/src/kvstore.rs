@@ -125,8 +125,6 @@ pub struct EncodedRange {
     revs: Vec<Revision>,
     /// The store's current revision when read (the answer's header revision).
     pub rev: i64,
-    /// The revision the key-values are read at (the one asked for, or `rev`).
-    pub read_rev: i64,
     /// How many keys the range holds at the revision read, regardless of the limit.
     pub count: i64,
 }
@@ -548,7 +546,6 @@ impl KvStore {
                 read: None,
                 revs: Vec::new(),
                 rev: state.current_rev,
-                read_rev: rev,
                 count,
             });
         }
@@ -557,7 +554,6 @@ impl KvStore {
             read: Some(read),
             revs,
             rev: state.current_rev,
-            read_rev: rev,
             count,
         })
     }

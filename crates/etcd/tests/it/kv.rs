@@ -1115,10 +1115,9 @@ async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
 }
 
 /// kube-apiserver's paginated LIST: page one at the current revision, the others pinned to
-/// it, each from just after the last key. The member reads each next page ahead of its
-/// request (`server::rpc::read_ahead`); what it answers must be what a read at that moment
-/// gives: the pinned revision's key-values whatever was written since, the header revision
-/// of the moment the page is answered, and a refusal once the revision is compacted.
+/// it, each from just after the last key. Each page is what a read at that moment gives: the
+/// pinned revision's key-values whatever was written since, the header revision of the
+/// moment the page is answered, and a refusal once the revision is compacted.
 #[tokio::test]
 async fn paginated_list_pages_answer_as_reads_at_their_time() {
     let (_m, mut c) = start().await;
@@ -1160,7 +1159,7 @@ async fn paginated_list_pages_answer_as_reads_at_their_time() {
         20,
         "keys from l/09\\0 at the pinned revision"
     );
-    // The same page asked again (nothing read ahead for it any more) answers the same.
+    // The same page asked again answers the same.
     let again = get(&mut c, &key, opts).await;
     assert_eq!(meta(&again), meta(&second));
     let values = |r: &GetResponse| {
@@ -1175,8 +1174,7 @@ async fn paginated_list_pages_answer_as_reads_at_their_time() {
         (second.more(), second.count())
     );
 
-    // Page three was read ahead after page two; its revision is compacted before it is asked
-    // for: the answer is the refusal a read gives.
+    // Page three's revision is compacted before it is asked for: it is refused.
     c.compact(now, None).await.expect("compact");
     let (key, opts) = page("l/19", rev);
     assert_grpc_error(

@@ -7,9 +7,7 @@
 //! stored key-value is copied once, into chunks of [`CHUNK`] bytes that the connection sends
 //! and frees one after the other, so a reader holds at most the response's size, and less as
 //! it goes out. The bytes are the same as the general path's: prost writes a message's fields
-//! in field order and leaves out those at their default, and so do [`encode_body`] and
-//! [`Body::framed`] (the header, field 1, is put in front of the rest when the answer is sent,
-//! so that a page read ahead gets the header of the time it is sent: `read_ahead`).
+//! in field order and leaves out those at their default, and so does [`encode`].
 //!
 //! Only requests whose answer is the store's key order taken as it is go here
 //! ([`is_plain`]): no sort other than by key ascending, no revision filters, not keys-only
@@ -19,7 +17,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 use etcdrs_mvcc::{KeyRange, KvStore, RangeParams};
 use etcdrs_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
 use etcdrs_proto::etcdserverpb::{RangeRequest, ResponseHeader};
-use etcdrs_proto::mvccpb::KeyValue;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
@@ -44,51 +41,14 @@ pub fn is_plain(req: &RangeRequest) -> bool {
         && !req.count_only
 }
 
-/// A plain range's answer without its header: the `kvs`, `more` and `count` fields of a
-/// `RangeResponse`, encoded, in chunks; [`Body::framed`] puts the header and gRPC's prefix in
-/// front.
-#[derive(Debug)]
-pub struct Body {
-    chunks: Vec<Bytes>,
-    /// Bytes of `chunks`.
-    len: usize,
-    /// The store's current revision when read (the header of an answer read at revision 0).
-    pub rev: i64,
-    /// The revision the key-values were read at.
-    pub read_rev: i64,
-    /// Whether keys past the limit remain (the answer's `more`).
-    pub more: bool,
-    /// The key of the last key-value answered.
-    pub last_key: Option<Vec<u8>>,
-}
-
-impl Body {
-    /// Bytes of the key-values, `more` and `count`.
-    pub fn bytes(&self) -> usize {
-        self.len
-    }
-
-    /// The answer as one gRPC message (prefix included), in chunks, under `header`. `None`
-    /// when it does not fit one gRPC message (4 GiB).
-    pub fn framed(self, header: &ResponseHeader) -> Option<Vec<Bytes>> {
-        let header_len = header.encoded_len();
-        let field = 1 + encoded_len_varint(header_len as u64) + header_len;
-        let len = u32::try_from(field + self.len).ok()?;
-        let mut head = BytesMut::with_capacity(PREFIX + field);
-        head.put_u8(0);
-        head.put_u32(len);
-        encode_key(1, WireType::LengthDelimited, &mut head);
-        encode_varint(header_len as u64, &mut head);
-        header.encode_raw(&mut head);
-        let mut framed = Vec::with_capacity(self.chunks.len() + 1);
-        framed.push(head.freeze());
-        framed.extend(self.chunks);
-        Some(framed)
-    }
-}
-
-/// The key-values, `more` and `count` of the plain range `req`'s answer ([`Body`]).
-pub fn encode_body(store: &KvStore, req: &RangeRequest) -> Result<Body> {
+/// The answer to the plain range `req` as one gRPC message (prefix included), in chunks;
+/// `header` makes the response header for the revision read. `None` when the answer does not
+/// fit one gRPC message (4 GiB).
+pub fn encode(
+    store: &KvStore,
+    req: &RangeRequest,
+    header: impl FnOnce(i64) -> ResponseHeader,
+) -> Result<Option<Vec<Bytes>>> {
     debug_assert!(is_plain(req));
     // One extra key tells whether there are more.
     let limit = if req.limit <= 0 { 0 } else { req.limit + 1 };
@@ -108,66 +68,51 @@ pub fn encode_body(store: &KvStore, req: &RangeRequest) -> Result<Body> {
     let more = take < range.len();
 
     let mut chunks = Vec::new();
-    let mut current = BytesMut::new();
-    let mut len = 0;
-    let mut seen = 0;
-    let mut last_key = None;
+    let mut first = BytesMut::with_capacity(CHUNK);
+    first.put_bytes(0, PREFIX);
+    let header = header(range.rev);
+    encode_key(1, WireType::LengthDelimited, &mut first);
+    encode_varint(header.encoded_len() as u64, &mut first);
+    header.encode_raw(&mut first);
+    let mut current: Option<BytesMut> = None;
+    let mut total = first.len() - PREFIX;
     range.for_each(take, |kv| {
         let field = 1 + encoded_len_varint(kv.len() as u64) + kv.len();
-        len += field;
-        if current.len() + field > current.capacity() {
-            if !current.is_empty() {
-                chunks.push(std::mem::take(&mut current).freeze());
+        total += field;
+        let full = {
+            let buf = current.as_ref().unwrap_or(&first);
+            !buf.is_empty() && buf.len() + field > buf.capacity()
+        };
+        if full {
+            // The first chunk keeps its place at the front (its prefix is written last).
+            if let Some(full) = current.take() {
+                chunks.push(full.freeze());
             }
-            current = BytesMut::with_capacity(CHUNK.max(field));
+            current = Some(BytesMut::with_capacity(CHUNK.max(field)));
         }
-        write_kv(&mut current, kv);
-        seen += 1;
-        if seen == take {
-            // The stored key-value's key, for the page after this one.
-            last_key = KeyValue::decode(kv).ok().map(|kv| kv.key);
-        }
+        write_kv(current.as_mut().unwrap_or(&mut first), kv);
     })?;
+    let tail = current.as_mut().unwrap_or(&mut first);
     if more {
-        prost::encoding::bool::encode(3, &more, &mut current);
-        len += 2;
+        prost::encoding::bool::encode(3, &more, tail);
+        total += 2;
     }
     if range.count != 0 {
-        let before = current.len();
-        prost::encoding::int64::encode(4, &range.count, &mut current);
-        len += current.len() - before;
+        let before = tail.len();
+        prost::encoding::int64::encode(4, &range.count, tail);
+        total += tail.len() - before;
     }
-    if !current.is_empty() {
-        chunks.push(current.freeze());
+    let Ok(len) = u32::try_from(total) else {
+        return Ok(None);
+    };
+    first[1..PREFIX].copy_from_slice(&len.to_be_bytes());
+    let mut framed = Vec::with_capacity(chunks.len() + 2);
+    framed.push(first.freeze());
+    framed.extend(chunks);
+    if let Some(last) = current {
+        framed.push(last.freeze());
     }
-    Ok(Body {
-        chunks,
-        len,
-        rev: range.rev,
-        read_rev: range.read_rev,
-        more,
-        last_key,
-    })
-}
-
-#[cfg(test)]
-impl Body {
-    /// A body of `len` bytes (none of them real) with these fields.
-    pub(crate) fn for_test(
-        more: bool,
-        len: usize,
-        read_rev: i64,
-        last_key: Option<Vec<u8>>,
-    ) -> Body {
-        Body {
-            chunks: Vec::new(),
-            len,
-            rev: read_rev,
-            read_rev,
-            more,
-            last_key,
-        }
-    }
+    Ok(Some(framed))
 }
 
 /// `kvs` (field 2) holding the encoded key-value `kv`.

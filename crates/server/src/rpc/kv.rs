@@ -47,29 +47,15 @@ impl Rpc {
     }
 
     /// Range for the direct KV path: a plain range ([`encoded_range::is_plain`]) answered as
-    /// its framed gRPC message in chunks, from the key-values as stored. A page of a
-    /// paginated LIST may have been read ahead ([`read_ahead`](super::read_ahead)); a page
-    /// answered with more to come has the next one read ahead.
+    /// its framed gRPC message in chunks, from the key-values as stored; `None` for a request
+    /// that is not plain (the caller answers it with [`Kv::range`]).
     pub(crate) async fn range_framed(
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Vec<bytes::Bytes>, Status> {
         let req = self.range_allowed(request).await?;
         let server = &self.server;
-        let (body, header) = match self.read_ahead.take(server, &req).await {
-            // Read at a pinned revision: the header is the store's revision now, as a read
-            // now would give it.
-            Some(body) => (body, server.header(0)),
-            None => {
-                let body = encoded_range::encode_body(server.store(), &req)?;
-                let header = server.header(body.rev);
-                (body, header)
-            }
-        };
-        if let Some(next) = self.read_ahead.after(&req, &body) {
-            self.read_ahead.start(server, next);
-        }
-        match body.framed(&header) {
+        match encoded_range::encode(server.store(), &req, |rev| server.header(rev))? {
             Some(framed) => Ok(framed),
             None => Err(Status::resource_exhausted(
                 "answer too large for one gRPC message",

@@ -10,7 +10,6 @@ pub mod lease;
 pub mod lock;
 pub mod maintenance;
 pub mod range_stream;
-pub mod read_ahead;
 pub mod status;
 pub mod watch;
 
@@ -31,8 +30,6 @@ pub struct ClientIdentity {
 #[derive(Clone)]
 pub struct Rpc {
     pub(crate) server: EtcdServer,
-    /// Pages of paginated LISTs read ahead of their requests (`read_ahead`).
-    read_ahead: std::sync::Arc<read_ahead::ReadAhead>,
     /// The credentials of the client a service acts for when it calls other services itself
     /// (v3lock and v3election over KV, lease and watch, as etcd's run over a client that
     /// forwards the caller's token).
@@ -51,7 +48,6 @@ impl Rpc {
     pub fn new(server: EtcdServer) -> Self {
         Rpc {
             server,
-            read_ahead: Default::default(),
             caller: Caller::default(),
         }
     }
@@ -70,7 +66,6 @@ impl Rpc {
             .and_then(|id| id.common_name.clone());
         Rpc {
             server: self.server.clone(),
-            read_ahead: self.read_ahead.clone(),
             caller: Caller { token, common_name },
         }
     }
