@@ -139,34 +139,38 @@ pub async fn list(global: &GlobalOpts, opts: &ListOpts) -> Result<Value> {
     }
     let fill_s = filled_at.elapsed().as_secs_f64();
 
-    // The writer beside the LISTs, if any: puts paced at `--put-rate` on keys of the prefix.
+    // The writers beside the LISTs, if any: `--clients` of them on one connection, each
+    // paced at its share of `--put-rate`, so that the rate holds while a put waits for its
+    // fsync.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = if opts.put_rate > 0.0 && opts.fill > 0 {
+    let mut writers = tokio::task::JoinSet::new();
+    if opts.put_rate > 0.0 && opts.fill > 0 {
         let conn = Conn::connect(endpoint, global.dial_timeout).await?;
-        let mut put = conn.unary(KV_PUT)?;
-        let (opts, stop) = (opts.clone(), stop.clone());
-        let timeout = global.request_timeout;
-        Some(tokio::spawn(async move {
-            let mut rng = SmallRng::seed_from_u64(u64::MAX);
-            let interval = Duration::from_secs_f64(1.0 / opts.put_rate);
-            let mut next = Instant::now();
-            let mut done = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                next += interval;
-                tokio::time::sleep_until(next).await;
-                let req = PutRequest {
-                    key: key(&opts.prefix, rng.random_range(0..opts.fill)),
-                    value: value(&mut rng, &opts),
-                    ..Default::default()
-                };
-                let _: PutResponse = call(&mut put, &req, timeout).await?;
-                done += 1;
-            }
-            anyhow::Ok(done)
-        }))
-    } else {
-        None
-    };
+        let n = global.clients.max(1);
+        for w in 0..n {
+            let mut put = conn.unary(KV_PUT)?;
+            let (opts, stop) = (opts.clone(), stop.clone());
+            let timeout = global.request_timeout;
+            writers.spawn(async move {
+                let mut rng = SmallRng::seed_from_u64(u64::MAX - u64::from(w));
+                let interval = Duration::from_secs_f64(f64::from(n) / opts.put_rate);
+                let mut next = Instant::now();
+                let mut done = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    next += interval;
+                    tokio::time::sleep_until(next).await;
+                    let req = PutRequest {
+                        key: key(&opts.prefix, rng.random_range(0..opts.fill)),
+                        value: value(&mut rng, &opts),
+                        ..Default::default()
+                    };
+                    let _: PutResponse = call(&mut put, &req, timeout).await?;
+                    done += 1;
+                }
+                anyhow::Ok(done)
+            });
+        }
+    }
 
     let conn = Conn::connect(endpoint, global.dial_timeout).await?;
     let mut range = conn.unary(KV_RANGE)?;
@@ -186,10 +190,10 @@ pub async fn list(global: &GlobalOpts, opts: &ListOpts) -> Result<Value> {
     }
     let secs = started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let puts = match writer {
-        Some(w) => w.await.context("the writer")??,
-        None => 0,
-    };
+    let mut puts = 0;
+    while let Some(done) = writers.join_next().await {
+        puts += done.context("a writer")??;
+    }
     Ok(json!({
         "workload": "list",
         "fill_s": (fill_s * 1e3).round() / 1e3,
