@@ -206,3 +206,44 @@ pub async fn list(global: &GlobalOpts, opts: &ListOpts) -> Result<Value> {
         "page": percentiles(&mut pages),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank_in_milliseconds() {
+        let mut samples: Vec<Duration> = (1..=200).map(Duration::from_millis).collect();
+        samples.reverse();
+        let p = percentiles(&mut samples);
+        assert_eq!(p["p50_ms"], 100.0);
+        assert_eq!(p["p99_ms"], 198.0);
+        assert_eq!(p["max_ms"], 200.0);
+        assert_eq!(p["n"], 200);
+        assert_eq!(percentiles(&mut []), Value::Null);
+    }
+
+    #[test]
+    fn filled_keys_sort_in_creation_order_and_values_keep_their_bounds() {
+        assert_eq!(
+            key("/registry/minions/", 7),
+            b"/registry/minions/node-00007"
+        );
+        assert!(key("p/", 9) < key("p/", 10));
+        let mut rng = SmallRng::seed_from_u64(1);
+        let opts = ListOpts {
+            prefix: "p/".into(),
+            fill: 1,
+            value_min: 6 * 1024,
+            value_max: 10 * 1024,
+            rounds: 1,
+            page_size: 500,
+            put_rate: 0.0,
+            serializable: false,
+        };
+        for _ in 0..100 {
+            let v = value(&mut rng, &opts);
+            assert!((6 * 1024..=10 * 1024).contains(&v.len()), "{}", v.len());
+        }
+    }
+}
