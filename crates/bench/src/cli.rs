@@ -103,6 +103,9 @@ pub enum Command {
     Scan(ScanOpts),
     /// Watch from a past revision and time the catch-up over `--events` events
     Catchup(CatchupOpts),
+    /// Time `--rounds` paginated LISTs of one prefix (kube-apiserver's: pages pinned to page
+    /// one's revision) on one connection, after filling it with `--fill` large values
+    List(ListOpts),
     /// kube-apiserver's traffic: nodes and pods created, then heartbeats, pod churn, events
     /// with leases, paginated LISTs, count and keys-only ranges, one watch stream with progress
     /// requests and the compaction loop, for `--duration` seconds (default 60)
@@ -235,6 +238,35 @@ pub struct ScanOpts {
     /// Most keys read in all (0: every key)
     #[arg(long, default_value_t = 0)]
     pub limit: i64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ListOpts {
+    /// Prefix listed (and filled)
+    #[arg(long, default_value = "/registry/minions/")]
+    pub prefix: String,
+    /// Keys put under the prefix before the LISTs (`<prefix>node-NNNNN`), `--clients` at a time
+    #[arg(long, default_value_t = 0)]
+    pub fill: u64,
+    /// Smallest value filled, in bytes
+    #[arg(long, default_value_t = 6 * 1024)]
+    pub value_min: usize,
+    /// Largest value filled, in bytes
+    #[arg(long, default_value_t = 10 * 1024)]
+    pub value_max: usize,
+    /// LISTs, one after the other
+    #[arg(long, default_value_t = 200)]
+    pub rounds: u64,
+    /// Keys per page
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..))]
+    pub page_size: i64,
+    /// Puts per second on filled keys while the LISTs run (0: none)
+    #[arg(long, default_value_t = 0.0)]
+    pub put_rate: f64,
+    /// Read every page serializable (no read index): not what kube-apiserver sends, but it
+    /// tells the time a page waits for its read index from the time it is read and sent
+    #[arg(long)]
+    pub serializable: bool,
 }
 
 #[derive(Debug, Clone, Args)]

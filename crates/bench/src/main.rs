@@ -10,6 +10,7 @@ mod driver;
 mod grpc;
 mod keys;
 mod kube;
+mod list;
 mod report;
 mod scan;
 mod watch;
@@ -107,6 +108,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Catchup(o) => {
             let mut v = scan::catchup(g, o).await?;
+            add_cpu(&mut v, cpu0);
+            println!("{v}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::List(o) => {
+            let mut v = list::list(g, o).await?;
             add_cpu(&mut v, cpu0);
             println!("{v}");
             return Ok(ExitCode::SUCCESS);

@@ -1113,3 +1113,82 @@ async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
         assert_eq!(kv.value.len(), (n * 7) % 2048);
     }
 }
+
+/// kube-apiserver's paginated LIST: page one at the current revision, the others pinned to
+/// it, each from just after the last key. Each page is what a read at that moment gives: the
+/// pinned revision's key-values whatever was written since, the header revision of the
+/// moment the page is answered, and a refusal once the revision is compacted.
+#[tokio::test]
+async fn paginated_list_pages_answer_as_reads_at_their_time() {
+    let (_m, mut c) = start().await;
+    for n in 0..30 {
+        put(&mut c, &format!("l/{n:02}"), &format!("v{n}")).await;
+    }
+    let page = |after: &str, rev: i64| {
+        let opts = GetOptions::new().with_range("l0").with_limit(10);
+        (format!("{after}\0"), opts.with_revision(rev))
+    };
+    let first = get(
+        &mut c,
+        "l/",
+        GetOptions::new().with_range("l0").with_limit(10),
+    )
+    .await;
+    let rev = first.header().expect("header").revision();
+    assert!(first.more());
+    assert_eq!(first.count(), 30);
+
+    // Writes after page one: a key changed, one deleted, one added inside the next page.
+    put(&mut c, "l/15", "changed").await;
+    c.delete("l/16", None).await.expect("delete");
+    let now = put(&mut c, "l/155", "new").await;
+
+    let (key, opts) = page("l/09", rev);
+    let second = get(&mut c, &key, opts.clone()).await;
+    let want: Vec<String> = (10..20).map(|n| format!("l/{n:02}")).collect();
+    assert_eq!(keys(second.kvs()), want);
+    assert_eq!(
+        second.kvs()[5].value(),
+        b"v15",
+        "the pinned revision's value"
+    );
+    assert_eq!(second.header().expect("header").revision(), now);
+    assert!(second.more());
+    assert_eq!(
+        second.count(),
+        20,
+        "keys from l/09\\0 at the pinned revision"
+    );
+    // The same page asked again answers the same.
+    let again = get(&mut c, &key, opts).await;
+    assert_eq!(meta(&again), meta(&second));
+    let values = |r: &GetResponse| {
+        r.kvs()
+            .iter()
+            .map(|kv| kv.value().to_vec())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(values(&again), values(&second));
+    assert_eq!(
+        (again.more(), again.count()),
+        (second.more(), second.count())
+    );
+
+    // Page three's revision is compacted before it is asked for: it is refused.
+    c.compact(now, None).await.expect("compact");
+    let (key, opts) = page("l/19", rev);
+    assert_grpc_error(
+        c.get(key, Some(opts)).await,
+        Code::OutOfRange,
+        "etcdserver: mvcc: required revision has been compacted",
+    );
+    // At the current revision the last page holds what was written since.
+    let (key, opts) = page("l/09", now);
+    let current = get(&mut c, &key, opts).await;
+    let mut want: Vec<String> = (10..20)
+        .filter(|n| *n != 16)
+        .map(|n| format!("l/{n:02}"))
+        .collect();
+    want.insert(6, "l/155".to_owned());
+    assert_eq!(keys(current.kvs()), want);
+}
