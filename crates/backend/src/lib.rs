@@ -87,13 +87,15 @@ impl Clock for SystemClock {
 }
 
 /// Bytes of database pages redb keeps in memory. Pages past it are read from the OS page
-/// cache. The upper levels of the trees and the hot pages fit; a member's idle memory is what
-/// etcd operators compare, and etcd keeps its database out of its heap (mmap). Measured on a
-/// member with 100,000 keys after 120,000 puts, once freed pages went back: idle RSS 72-73 MiB
-/// against 99-100 MiB with 64 MiB (etcd 3.4: 111 MiB); the cost is a scan that no longer fits:
-/// `etcdctl get "" --from-key` over those keys (36 MB of JSON) took 0.50-0.66 s against
-/// 0.38-0.45 s warm with 64 MiB (etcd: 0.38-0.50 s).
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// cache (a `pread` and redb's own lookup per page: about 45% of the member's CPU in a LIST of
+/// 5,000 values of 6-10 KiB when they did not fit). etcd keeps its database out of its heap
+/// (mmap), and a member's idle memory is what operators compare, so the cache holds the upper
+/// levels of the trees and a hot working set, not the data. Measured (issue 38, `bench list`,
+/// 200 paginated LISTs of those 5,000 values beside puts at 390/s): p50 95-116 ms with 16 MiB,
+/// 41-68 ms with 64 MiB (etcd 3.4: 89-146 ms), member CPU down 40%; 128 MiB gained nothing
+/// more. The cost: about 40 MB more at peak there (etcd: 390-530 MB), and an idle member of
+/// 100,000 keys at 99-100 MiB instead of 72-73 MiB (etcd 3.4: 111 MiB).
+const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 /// A named table, etcd's bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
