@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# bench-put.sh BIN CLIENTS TOTAL VALSIZE [PORT] : one row of bench-compare's put rows on its own.
+# Starts BIN (an etcd or etcd-rs binary) as a fresh single member, runs etcd's own load generator
+# (../shared/tools/etcd-benchmark, or ETCD_BENCHMARK) with `put --key-size 8 --val-size VALSIZE
+# --key-space-size 100000 --total TOTAL`, and prints requests/s, p99 (s), the server's CPU per put
+# (/proc/PID/stat) and the bytes the block device under the data dir wrote per put during the run
+# (machine-wide: run it on a quiet machine). Run it for each binary in turn for a ratio.
+set -euo pipefail
+BIN=$1 CLIENTS=$2 TOTAL=$3 VALSIZE=$4 PORT=${5:-25379}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TOOL=${ETCD_BENCHMARK:-$ROOT/../shared/tools/etcd-benchmark}
+DIR=$(mktemp -d /tmp/bench-put.XXXXXX)
+trap 'kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; rm -rf "$DIR"' EXIT
+"$BIN" --name m --data-dir "$DIR/data" --listen-client-urls "http://127.0.0.1:$PORT" \
+  --advertise-client-urls "http://127.0.0.1:$PORT" --listen-peer-urls "http://127.0.0.1:$((PORT + 1))" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$((PORT + 1))" \
+  --initial-cluster "m=http://127.0.0.1:$((PORT + 1))" --quota-backend-bytes 8589934592 >"$DIR/log" 2>&1 &
+PID=$!
+for _ in $(seq 100); do
+  ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$PORT" endpoint health >/dev/null 2>&1 && break
+  sleep 0.2
+done
+dev=$(basename "$(df --output=source "$DIR" | tail -1)")
+disk() { awk '{ printf "%.0f\n", $7 * 512 }' "/sys/class/block/$dev/stat"; }
+cpu() { awk '{ print $14 + $15 }' "/proc/$PID/stat"; }
+c0=$(cpu) d0=$(disk)
+out=$("$TOOL" --endpoints "127.0.0.1:$PORT" --clients "$CLIENTS" --conns $((CLIENTS < 100 ? CLIENTS : 100)) \
+  put --key-size 8 --val-size "$VALSIZE" --key-space-size 100000 --total "$TOTAL" 2>&1)
+c1=$(cpu) d1=$(disk)
+awk -v rps="$(echo "$out" | awk '/Requests\/sec/ { print $2 }')" \
+  -v p99="$(echo "$out" | awk '$1 == "99%" && $2 == "in" { print $3 }')" \
+  -v cpu=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="$TOTAL" -v bytes=$((d1 - d0)) -v bin="$BIN" \
+  -v c="$CLIENTS" -v v="$VALSIZE" \
+  'BEGIN { printf "%s clients=%s value=%s requests/s=%s p99_s=%s server_cpu_us_per_put=%.1f disk_bytes_per_put=%.0f\n",
+           bin, c, v, rps, p99, cpu * 1e6 / hz / n, bytes / n }'
