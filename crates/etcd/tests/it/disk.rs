@@ -445,9 +445,10 @@ async fn a_damaged_newest_backend_commit_is_logged_and_the_wal_replays_it() {
     // (what a crash in the middle of a commit can leave too). That happened without a word:
     // the member started and the WAL replayed what the lost commit held. Now the backend
     // logs it, naming the file. Each put is its own durable commit here
-    // (`--backend-batch-limit 1`), the last put's value is in its commit's pages alone, and
-    // the member is killed right after it is acknowledged (a clean stop ends with a
-    // two-phase commit, after which redb refuses damage: the test above).
+    // (`--backend-batch-limit 1`: the backend task flushes once one write waits), the last
+    // put's value is in its commit's pages alone, and the member is killed once that commit
+    // is in the file (a clean stop ends with a two-phase commit, after which redb refuses
+    // damage: the test above).
     if !ours() {
         return;
     }
@@ -467,8 +468,22 @@ async fn a_damaged_newest_backend_commit_is_logged_and_the_wal_replays_it() {
         .put("fallback/last", newest, None)
         .await
         .expect("put");
-    member.kill9().expect("SIGKILL");
     let db = member.data_dir().join("member/snap/db");
+    // The put is answered once applied; its durable commit follows on the backend task.
+    etcdrs_testkit::poll_until(Duration::from_secs(10), || {
+        let db = db.clone();
+        async move {
+            let bytes = std::fs::read(&db).map_err(|e| e.to_string())?;
+            if bytes.windows(newest.len()).any(|w| w == newest.as_bytes()) {
+                Ok(())
+            } else {
+                Err("the newest value is not in the file yet".to_string())
+            }
+        }
+    })
+    .await
+    .expect("the last put's commit reaches the file");
+    member.kill9().expect("SIGKILL");
     assert!(
         flip_every(&db, newest.as_bytes()) > 0,
         "the newest commit's value is in the file"
