@@ -973,7 +973,7 @@ async fn v3_discovery_times_out_a_silent_service_and_recovers() {
     if !ours() {
         return; // etcd 3.4 members have no v3 discovery.
     }
-    let (_service, relay, token) = relayed_service("silent").await;
+    let (service, relay, token) = relayed_service("silent").await;
     let flags = [
         "--discovery-keepalive-time=1s",
         "--discovery-keepalive-timeout=1s",
@@ -981,6 +981,21 @@ async fn v3_discovery_times_out_a_silent_service_and_recovers() {
     ];
     let mut first = Member::spawn(relayed_v3(0, &relay, &token, &flags)).expect("spawn");
     wait_log(&first, "waiting for peers from discovery service").await;
+    // The watch is up (the service holds it) before the service goes silent: a stall that
+    // came before its creation was answered would end a watch that never settled, a failure
+    // retried after the back-off rather than an interruption.
+    poll_until(WAIT, || async {
+        let body = service.http_get("/metrics").await?.body;
+        let watchers = body
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        anyhow::ensure!(watchers >= 1.0, "the service holds {watchers} watchers");
+        Ok(())
+    })
+    .await
+    .expect("the member's watch reaches the service");
 
     relay.stall();
     let stalled = Instant::now();
