@@ -5,7 +5,10 @@
 # paginated LISTs, count-only and keys-only ranges, the watch stream with progress requests, the
 # compaction loop); the server's CPU over the whole run per request, its RSS at the end. Two runs
 # per server, each on a fresh member: the mix paced at its rates, then (BENCH_KUBE_MAX=1) the
-# same mix unpaced, its writers closed-loop: the highest write rate each sustains with it.
+# same mix unpaced, its writers closed-loop: the highest write rate each sustains with it; then
+# (BENCH_KUBE_MATCHED=1, with both others) the mix paced at the write rate etcd 3.4 sustained
+# unpaced, on each server: both servers' latencies and watch delay at one offered rate, the
+# highest etcd keeps up with (the unpaced rows compare each server at its own, different, rate).
 # Knobs: BENCH_KUBE_NODES (5000), BENCH_KUBE_PODS_PER_NODE (30), BENCH_KUBE_DURATION (120),
 # BENCH_KUBE_CLIENTS (100) over BENCH_KUBE_CONNS (10), BENCH_KUBE_RATE_SCALE (1: multiplies the
 # paced rates, which default to one real cluster's at 5,000 nodes, scaled by nodes/5000),
@@ -24,6 +27,7 @@ KB_RATE_SCALE=${BENCH_KUBE_RATE_SCALE:-1}
 KB_COMPACT=${BENCH_KUBE_COMPACT:-30}
 KB_MAX=${BENCH_KUBE_MAX:-1}
 KB_PACED=${BENCH_KUBE_PACED:-1}
+KB_MATCHED=${BENCH_KUBE_MATCHED:-1}
 read -r -a KB_ARGS <<<"${BENCH_KUBE_ARGS:-}"
 MEMBER_FLAGS=(--quota-backend-bytes "${BENCH_KUBE_QUOTA:-8589934592}")
 
@@ -64,6 +68,17 @@ for sys in etcd ours; do
   [ "$KB_PACED" = 1 ] && kb_run "$sys" kube --rate-scale "$KB_RATE_SCALE"
   [ "$KB_MAX" = 1 ] && kb_run "$sys" kube-max --unpaced
 done
+# The rate scale at which the paced mix offers etcd's unpaced write rate.
+KB_MATCHED_SCALE=$(awk -v max="$(jnum "$OUT/kube-max.etcd.json" writes_per_sec)" \
+  -v offered="$(jnum "$OUT/kube.etcd.json" offered_writes_per_sec)" -v scale="$KB_RATE_SCALE" \
+  'BEGIN { if (max ~ /^[0-9.]+$/ && offered ~ /^[0-9.]+$/ && offered > 0) printf "%.3f", scale * max / offered; else print "fail" }')
+if [ "$KB_MATCHED" = 1 ] && [ "$KB_PACED" = 1 ] && [ "$KB_MAX" = 1 ]; then
+  if [ "$KB_MATCHED_SCALE" = fail ]; then
+    log "kube-matched: no rate from etcd's runs, skipped"
+  else
+    for sys in etcd ours; do kb_run "$sys" kube-matched --rate-scale "$KB_MATCHED_SCALE"; done
+  fi
+fi
 
 # --- the kube rows -----------------------------------------------------------------------------
 kb() { fmt "$(jnum "$OUT/$1.$2.json" "$3")"; }
@@ -103,4 +118,18 @@ if [ "$KB_MAX" = 1 ]; then
     "$(kb_file kube-max ours cpu)" lower
   row "$L: unpaced: server RSS after the run, MiB" "$(kb_file kube-max etcd rss)" \
     "$(kb_file kube-max ours rss)" lower
+fi
+if [ "$KB_MATCHED" = 1 ] && [ -f "$OUT/kube-matched.etcd.json" ]; then
+  M="matched mix (rate scale $KB_MATCHED_SCALE: etcd's unpaced rate)"
+  kb_row kube-matched "$M: writes offered/s" offered_writes_per_sec -
+  kb_row kube-matched "$M: writes/s" writes_per_sec higher
+  kb_row kube-matched "$M: write p50 ms" write_p50_ms lower
+  kb_row kube-matched "$M: write p99 ms" write_p99_ms lower
+  kb_row kube-matched "$M: LIST of all pods, p99 ms" list_pods_p99_ms lower
+  kb_row kube-matched "$M: watch delay p50 ms" watch_delay_p50_ms lower
+  kb_row kube-matched "$M: watch delay p99 ms" watch_delay_p99_ms lower
+  kb_row kube-matched "$M: watch events missing" watch_missing -
+  kb_row kube-matched "$M: errors" errors -
+  row "$L: matched: server CPU us per request" "$(kb_file kube-matched etcd cpu)" \
+    "$(kb_file kube-matched ours cpu)" lower
 fi

@@ -13,7 +13,10 @@
 #   a second member added, timed until it has caught up (through a snapshot of the database).
 # Knobs: BENCH_SCALE_KEYS (1000000), BENCH_SCALE_VAL (1024), BENCH_SCALE_RANGE (200000),
 # BENCH_SCALE_QUOTA (17179869184: 16 GiB; etcd 3.4 warns above 8 GiB), BENCH_SCALE_JOIN (1),
-# BENCH_SCALE_SYSTEMS ("etcd ours": which servers run; one alone leaves the other's column failed).
+# BENCH_SCALE_SYSTEMS ("etcd ours": which servers run, in that order; one alone leaves the other's
+# column failed), BENCH_SCALE_STEP_MAX (0: none; seconds after which the scans and the catch-up
+# stop, their rows then saying how far they got: etcd 3.4's scan and catch-up grow faster than
+# linearly and take hours at 10,000,000 keys).
 
 SC_KEYS=${BENCH_SCALE_KEYS:-1000000}
 SC_VAL=${BENCH_SCALE_VAL:-1024}
@@ -21,6 +24,9 @@ SC_RANGE=${BENCH_SCALE_RANGE:-200000}
 SC_QUOTA=${BENCH_SCALE_QUOTA:-17179869184}
 SC_JOIN=${BENCH_SCALE_JOIN:-1}
 SC_SYSTEMS=${BENCH_SCALE_SYSTEMS:-etcd ours}
+SC_STEP_MAX=${BENCH_SCALE_STEP_MAX:-0}
+SC_CAP=()
+[ "$SC_STEP_MAX" != 0 ] && SC_CAP=(--duration "$SC_STEP_MAX")
 SC_HALF=$((SC_KEYS / 2))
 
 # sc_start SYS NAME DIR CPORT PPORT CLUSTER STATE : a member of the scale section.
@@ -123,9 +129,9 @@ for sys in $SC_SYSTEMS; do
   sc_restart "$sys" KILL >"$OUT/scale.$sys.restart.kill"
   sc_restart "$sys" TERM >"$OUT/scale.$sys.restart.term"
 
-  "$BENCH" --endpoints "$SC_EP" --output json --clients 1 --conns 1 scan --page-size 10000 \
+  "$BENCH" --endpoints "$SC_EP" --output json --clients 1 --conns 1 "${SC_CAP[@]}" scan --page-size 10000 \
     >"$OUT/scale.$sys.scan1.json" 2>"$OUT/scale.$sys.scan1.err" || log "scale: scan failed on $sys"
-  "$BENCH" --endpoints "$SC_EP" --output json --clients 4 --conns 4 scan --page-size 10000 \
+  "$BENCH" --endpoints "$SC_EP" --output json --clients 4 --conns 4 "${SC_CAP[@]}" scan --page-size 10000 \
     >"$OUT/scale.$sys.scan4.json" 2>"$OUT/scale.$sys.scan4.err" || log "scale: scan x4 failed on $sys"
   rss_before=$(awk '/^VmRSS:/ { print int($2 / 1024) }' "/proc/$SC_PID/status")
   echo "$rss_before" >"$OUT/scale.$sys.unpaged.peak"
@@ -141,7 +147,7 @@ for sys in $SC_SYSTEMS; do
   rev0=$(sc_status revision)
   etool_run scale-overwrite "$sys" "$SC_EP" --clients 100 --conns 10 put --key-size 16 \
     --val-size "$SC_VAL" --sequential-keys --key-space-size "$SC_HALF" --total "$SC_HALF"
-  "$BENCH" --endpoints "$SC_EP" --output json catchup --rev $((rev0 + 1)) --events "$SC_HALF" \
+  "$BENCH" --endpoints "$SC_EP" --output json "${SC_CAP[@]}" catchup --rev $((rev0 + 1)) --events "$SC_HALF" \
     >"$OUT/scale.$sys.catchup.json" 2>"$OUT/scale.$sys.catchup.err" || log "scale: catch-up failed on $sys"
   sc_sizes "$sys" overwrite
 
@@ -184,6 +190,19 @@ done
 sc_get() { cat "$OUT/scale.$1.$2" 2>/dev/null || echo fail; }
 sc_size() { awk -v i="$3" '{ print $i }' "$OUT/scale.$1.sizes.$2" 2>/dev/null || echo fail; }
 sc_w() { fmt "$(jnum "$OUT/scale.$1.$2.writer.json" "$3")"; }
+# sc_capped SYS STEP FIELD : STEP's FIELD, or "stopped at Ns (K keys or events)" when the cap
+# ended it.
+sc_capped() {
+  local f="$OUT/scale.$1.$2.json"
+  if grep -q '"stopped":true' "$f" 2>/dev/null; then
+    local n
+    n=$(jnum "$f" keys)
+    [ "$n" = fail ] && n="$(jnum "$f" events) events" || n="$n keys"
+    echo "stopped at $(jnum "$f" duration_s) s ($n)"
+  else
+    jnum "$f" "$3"
+  fi
+}
 L="scale, $SC_KEYS keys of $SC_VAL B"
 row "$L: load, puts/s (etcd's benchmark)" "$(etool "$OUT/etcd-tool.scale-load.etcd.txt" rps)" \
   "$(etool "$OUT/etcd-tool.scale-load.ours.txt" rps)" higher
@@ -208,16 +227,16 @@ row "$L: restart after SIGKILL to healthy, s" "$(sc_get etcd restart.kill)" "$(s
 row "$L: restart after SIGTERM to healthy, s" "$(sc_get etcd restart.term)" "$(sc_get ours restart.term)" lower
 row "$L: paginated full scan, 1 reader, keys/s" "$(jnum "$OUT/scale.etcd.scan1.json" keys_per_sec)" \
   "$(jnum "$OUT/scale.ours.scan1.json" keys_per_sec)" higher
-row "$L: paginated full scan, 4 readers, s" "$(jnum "$OUT/scale.etcd.scan4.json" duration_s)" \
-  "$(jnum "$OUT/scale.ours.scan4.json" duration_s)" lower
+row "$L: paginated full scan, 4 readers, s" "$(sc_capped etcd scan4 duration_s)" \
+  "$(sc_capped ours scan4 duration_s)" lower
 row "$L: 2 unpaginated ranges of $SC_RANGE keys, s" "$(jnum "$OUT/scale.etcd.unpaged.json" duration_s)" \
   "$(jnum "$OUT/scale.ours.unpaged.json" duration_s)" lower
 row "$L: 2 unpaginated ranges, member RSS growth MiB" "$(sc_get etcd unpaged.growth)" \
   "$(sc_get ours unpaged.growth)" lower
 row "$L: overwrite half, puts/s (etcd's benchmark)" "$(etool "$OUT/etcd-tool.scale-overwrite.etcd.txt" rps)" \
   "$(etool "$OUT/etcd-tool.scale-overwrite.ours.txt" rps)" higher
-row "$L: watch catch-up on $SC_HALF events, s" "$(jnum "$OUT/scale.etcd.catchup.json" duration_s)" \
-  "$(jnum "$OUT/scale.ours.catchup.json" duration_s)" lower
+row "$L: watch catch-up on $SC_HALF events, s" "$(sc_capped etcd catchup duration_s)" \
+  "$(sc_capped ours catchup duration_s)" lower
 for step in compact defrag; do
   row "$L: $step call, s" "$(sc_get etcd "$step.secs")" "$(sc_get ours "$step.secs")" lower
   row "$L: $step, writer p99 / max ms" "$(sc_w etcd "$step" p99) / $(sc_w etcd "$step" max)" \

@@ -99,9 +99,10 @@ pub enum Command {
     /// Benchmark lease keep-alive round trips
     LeaseKeepalive(LeaseKeepaliveOpts),
     /// Read a whole key range with `--clients` concurrent readers: in pages at one pinned
-    /// revision (kube-apiserver's LIST), or as one range (`--page-size 0`)
+    /// revision (kube-apiserver's LIST), or as one range (`--page-size 0`); `--duration` caps it
     Scan(ScanOpts),
-    /// Watch from a past revision and time the catch-up over `--events` events
+    /// Watch from a past revision and time the catch-up over `--events` events (`--duration`
+    /// caps it)
     Catchup(CatchupOpts),
     /// Time `--rounds` paginated LISTs of one prefix (kube-apiserver's: pages pinned to page
     /// one's revision) on one connection, after filling it with `--fill` large values

@@ -1,9 +1,11 @@
 //! Reads of large results, for the scale rows of `scripts/bench-compare`: whole key ranges
 //! read by concurrent readers, in pages pinned to the first page's revision (kube-apiserver's
 //! paginated LIST) or as one unpaginated range, and a watch catching up on past events. Each
-//! prints one JSON object.
+//! prints one JSON object. `--duration` caps either (a scan stops after the page that ends
+//! past it, a catch-up at it) and the object then says `"stopped": true`: a slow server's
+//! step at a scale that would take hours ends with what it did by then.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use etcd_client::{GetOptions, WatchOptions};
@@ -16,19 +18,22 @@ use crate::cli::{CatchupOpts, GlobalOpts, ScanOpts};
 pub async fn scan(global: &GlobalOpts, opts: &ScanOpts) -> Result<Value> {
     let clients = crate::driver::clients(global).await?;
     let started = Instant::now();
+    let deadline = cap(global.duration, started);
     let readers: Vec<_> = clients
         .into_iter()
         .map(|client| {
             let opts = opts.clone();
-            tokio::spawn(async move { read_range(client, &opts).await })
+            tokio::spawn(async move { read_range(client, &opts, deadline).await })
         })
         .collect();
     let mut keys = 0u64;
     let mut bytes = 0u64;
+    let mut stopped = false;
     for reader in readers {
-        let (k, b) = reader.await.context("a reader")??;
+        let (k, b, s) = reader.await.context("a reader")??;
         keys += k;
         bytes += b;
+        stopped |= s;
     }
     let secs = started.elapsed().as_secs_f64();
     Ok(json!({
@@ -38,11 +43,22 @@ pub async fn scan(global: &GlobalOpts, opts: &ScanOpts) -> Result<Value> {
         "bytes": bytes,
         "duration_s": (secs * 1e3).round() / 1e3,
         "keys_per_sec": (keys as f64 / secs).round(),
+        "stopped": stopped,
     }))
 }
 
-/// One reader's whole range: (keys, bytes of keys and values).
-async fn read_range(client: etcd_client::Client, opts: &ScanOpts) -> Result<(u64, u64)> {
+/// The instant `--duration` ends, if given.
+fn cap(duration: Option<Duration>, started: Instant) -> Option<tokio::time::Instant> {
+    duration.map(|d| tokio::time::Instant::from_std(started + d))
+}
+
+/// One reader's whole range (or as much as it read by `deadline`): (keys, bytes of keys and
+/// values, whether the deadline stopped it).
+async fn read_range(
+    client: etcd_client::Client,
+    opts: &ScanOpts,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<(u64, u64, bool)> {
     let mut kv = client.kv_client().max_decoding_message_size(usize::MAX);
     let end = if opts.range_end.is_empty() {
         vec![0]
@@ -83,10 +99,13 @@ async fn read_range(client: etcd_client::Client, opts: &ScanOpts) -> Result<(u64
         if opts.page_size == 0 || !resp.more() || (opts.limit > 0 && keys as i64 >= opts.limit) {
             break;
         }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return Ok((keys, bytes, true));
+        }
         key = last.key().to_vec();
         key.push(0);
     }
-    Ok((keys, bytes))
+    Ok((keys, bytes, false))
 }
 
 /// Watches `--prefix` from `--rev` until `--events` events arrived.
@@ -109,9 +128,21 @@ pub async fn catchup(global: &GlobalOpts, opts: &CatchupOpts) -> Result<Value> {
         opts.prefix.clone().into_bytes()
     };
     let mut stream = watch.watch(key, Some(options)).await?;
+    let deadline = cap(global.duration, started);
     let mut events = 0u64;
+    let mut stopped = false;
     while events < opts.events {
-        let Some(resp) = stream.message().await? else {
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, stream.message()).await {
+                Ok(next) => next?,
+                Err(_) => {
+                    stopped = true;
+                    break;
+                }
+            },
+            None => stream.message().await?,
+        };
+        let Some(resp) = next else {
             bail!("the watch ended after {events} events");
         };
         if resp.canceled() {
@@ -128,5 +159,6 @@ pub async fn catchup(global: &GlobalOpts, opts: &CatchupOpts) -> Result<Value> {
         "events": events,
         "duration_s": (secs * 1e3).round() / 1e3,
         "events_per_sec": (events as f64 / secs).round(),
+        "stopped": stopped,
     }))
 }
