@@ -1078,6 +1078,26 @@ impl ReadTx {
         Ok(())
     }
 
+    /// [`Self::for_each_in`] with a visitor that can fail: its first error ends the walk and
+    /// is returned (as is the backend's, converted); `Ok(false)` ends it without one.
+    pub fn try_for_each_in<E: From<Error>>(
+        &self,
+        bucket: Bucket,
+        start: &[u8],
+        end: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> std::result::Result<bool, E>,
+    ) -> std::result::Result<(), E> {
+        let mut failure = None;
+        self.for_each_in(bucket, start, end, |key, value| match visit(key, value) {
+            Ok(go_on) => go_on,
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        })?;
+        failure.map_or(Ok(()), Err)
+    }
+
     /// Number of pairs in `bucket`.
     pub fn len(&self, bucket: Bucket) -> Result<u64> {
         let (newer, cleared) = batch::range(&self.layers, bucket, &[], None);

@@ -322,6 +322,50 @@ fn readers_see_a_snapshot() {
 }
 
 #[test]
+fn a_failing_visitor_ends_the_walk_with_its_error() {
+    #[derive(Debug, PartialEq)]
+    enum Stop {
+        At(Vec<u8>),
+        Backend,
+    }
+    impl From<Error> for Stop {
+        fn from(_: Error) -> Stop {
+            Stop::Backend
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let tx = backend.write().unwrap();
+    for key in [b"a", b"b", b"c", b"d"] {
+        tx.put(Bucket::KEY, key, b"v").unwrap();
+    }
+    tx.commit(false).unwrap();
+    // One more held in a published batch: the walk goes over both.
+    let batch = backend.batch();
+    batch.put(Bucket::KEY, b"bb", b"v").unwrap();
+    batch.commit(false).unwrap();
+    let read = backend.read().unwrap();
+    let mut seen = Vec::new();
+    let failed = read.try_for_each_in(Bucket::KEY, b"b", None, |key, _| {
+        seen.push(key.to_vec());
+        if key == b"c" {
+            return Err(Stop::At(key.to_vec()));
+        }
+        Ok(true)
+    });
+    assert_eq!(failed, Err(Stop::At(b"c".to_vec())));
+    assert_eq!(seen, [&b"b"[..], b"bb", b"c"]);
+    // `Ok(false)` ends it without an error.
+    let mut seen = 0;
+    let ended = read.try_for_each_in(Bucket::KEY, &[], None, |_, _| {
+        seen += 1;
+        Ok::<_, Stop>(seen < 2)
+    });
+    assert_eq!(ended, Ok(()));
+    assert_eq!(seen, 2);
+}
+
+#[test]
 fn hash_last_total_and_clear() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::open(&dir.path().join("db")).unwrap();

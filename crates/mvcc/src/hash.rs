@@ -94,21 +94,11 @@ fn for_each_rev(
     mut visit: impl FnMut(Revision, bool, &[u8]) -> Result<()>,
 ) -> Result<()> {
     let end = Revision::new(upto.saturating_add(1), 0).to_bytes();
-    let mut failure = None;
-    read.for_each_in(Bucket::KEY, &[], Some(&end), |key, value| {
-        let result = match Revision::from_key(key) {
-            Some((rev, tombstone)) => visit(rev, tombstone, value),
-            None => Err(Error::Corrupt("bad revision key".into())),
-        };
-        match result {
-            Ok(()) => true,
-            Err(e) => {
-                failure = Some(e);
-                false
-            }
-        }
-    })?;
-    failure.map_or(Ok(()), Err)
+    read.try_for_each_in(Bucket::KEY, &[], Some(&end), |key, value| {
+        let (rev, tombstone) =
+            Revision::from_key(key).ok_or_else(|| Error::Corrupt("bad revision key".into()))?;
+        visit(rev, tombstone, value).map(|()| true)
+    })
 }
 
 /// The current and compacted revisions (0: never compacted) as of `read`, computed the way

@@ -517,40 +517,26 @@ impl KvStore {
         let start = Revision::new(from, 0).to_bytes();
         let end = Revision::new(to.saturating_add(1), 0).to_bytes();
         let mut events = Vec::new();
-        let mut failure = None;
-        read.for_each_in(Bucket::KEY, &start, Some(&end), |key, value| {
-            let Some((rev, tombstone)) = Revision::from_key(key) else {
-                failure = Some(Error::Corrupt("bad revision key".into()));
-                return false;
+        read.try_for_each_in(Bucket::KEY, &start, Some(&end), |key, value| {
+            let (rev, tombstone) =
+                Revision::from_key(key).ok_or_else(|| Error::Corrupt("bad revision key".into()))?;
+            let mut kv = decode_kv(value)?;
+            let kind = if tombstone {
+                // A tombstone is stored as etcd stores it, the key alone: the deletion's
+                // revision comes from the bucket key (etcd's `kvsToEvents`).
+                kv.mod_revision = rev.main;
+                EventType::Delete
+            } else {
+                EventType::Put
             };
-            match decode_kv(value) {
-                Ok(mut kv) => {
-                    let kind = if tombstone {
-                        // A tombstone is stored as etcd stores it, the key alone: the
-                        // deletion's revision comes from the bucket key (etcd's
-                        // `kvsToEvents`).
-                        kv.mod_revision = rev.main;
-                        EventType::Delete
-                    } else {
-                        EventType::Put
-                    };
-                    events.push(Event {
-                        r#type: kind as i32,
-                        kv: Some(kv),
-                        prev_kv: None,
-                    });
-                    true
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    false
-                }
-            }
+            events.push(Event {
+                r#type: kind as i32,
+                kv: Some(kv),
+                prev_kv: None,
+            });
+            Ok::<_, Error>(true)
         })?;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(events),
-        }
+        Ok(events)
     }
 
     /// Begin the write batch. Only the apply loop writes; a batch holds the index's write lock

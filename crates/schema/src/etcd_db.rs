@@ -99,10 +99,6 @@ fn format_error(what: impl std::fmt::Display) -> Error {
     Error::EtcdDb(what.to_string())
 }
 
-fn backend_error(e: etcdrs_backend::Error) -> Error {
-    Error::Mvcc(e.into())
-}
-
 /// Our `key` bucket key as etcd's.
 fn etcd_rev_key(ours: &[u8]) -> Result<Vec<u8>> {
     if ours.len() != 16 && !(ours.len() == 17 && ours[16] == b't') {
@@ -190,8 +186,7 @@ fn collect(read: &ReadTx, bucket: Bucket) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     read.for_each_in(bucket, &[], None, |k, v| {
         pairs.push((k.to_vec(), v.to_vec()));
         true
-    })
-    .map_err(backend_error)?;
+    })?;
     Ok(pairs)
 }
 
@@ -253,27 +248,15 @@ pub fn export<W: Write + Seek>(read: &ReadTx, out: W) -> Result<(W, u64)> {
 
     // The big one, streamed: the translation keeps the order.
     out.bucket(names::KEY)?;
-    let mut failure = None;
-    read.for_each_in(Bucket::KEY, &[], None, |k, v| {
-        let written = etcd_rev_key(k).and_then(|key| {
-            if key.len() == ETCD_REV_LEN + 1 {
-                Ok(out.put(&key, &etcd_tombstone(v)?)?)
-            } else {
-                Ok(out.put(&key, v)?)
-            }
-        });
-        match written {
-            Ok(()) => true,
-            Err(e) => {
-                failure = Some(e);
-                false
-            }
+    read.try_for_each_in(Bucket::KEY, &[], None, |k, v| {
+        let key = etcd_rev_key(k)?;
+        if key.len() == ETCD_REV_LEN + 1 {
+            out.put(&key, &etcd_tombstone(v)?)?;
+        } else {
+            out.put(&key, v)?;
         }
-    })
-    .map_err(backend_error)?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
+        Ok::<_, Error>(true)
+    })?;
 
     let mut leases = Vec::new();
     for (key, value) in collect(read, Bucket::LEASE)? {
@@ -367,10 +350,10 @@ struct Importer<'a> {
 impl<'a> Importer<'a> {
     fn put(&mut self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
         if self.tx.is_none() {
-            self.tx = Some(self.backend.write().map_err(backend_error)?);
+            self.tx = Some(self.backend.write()?);
         }
         if let Some(tx) = &self.tx {
-            tx.put(bucket, key, value).map_err(backend_error)?;
+            tx.put(bucket, key, value)?;
         }
         self.pending += (key.len() + value.len()) as u64;
         if self.pending >= IMPORT_COMMIT_BYTES {
@@ -382,13 +365,13 @@ impl<'a> Importer<'a> {
     fn commit(&mut self, durable: bool) -> Result<()> {
         self.pending = 0;
         match self.tx.take() {
-            Some(tx) => tx.commit(durable).map(|_| ()).map_err(backend_error),
+            Some(tx) => tx.commit(durable).map(|_| ()).map_err(Error::from),
             None if durable => self
                 .backend
                 .write()
                 .and_then(|tx| tx.commit(true))
                 .map(|_| ())
-                .map_err(backend_error),
+                .map_err(Error::from),
             None => Ok(()),
         }
     }

@@ -167,17 +167,9 @@ impl StoreLoader {
 
     /// Every pair of `read`'s `key` bucket.
     fn push_all(&mut self, read: &ReadTx) -> Result<()> {
-        let mut failure = None;
-        read.for_each_in(Bucket::KEY, &[], None, |key, value| {
-            match self.push(key, value) {
-                Ok(()) => true,
-                Err(e) => {
-                    failure = Some(e);
-                    false
-                }
-            }
-        })?;
-        failure.map_or(Ok(()), Err)
+        read.try_for_each_in(Bucket::KEY, &[], None, |key, value| {
+            self.push(key, value).map(|()| true)
+        })
     }
 
     /// The state, once every pair of the `key` bucket is in; `read` gives the rest (`meta`
@@ -205,25 +197,12 @@ impl BuiltIndex {
         // A new store is at revision 1, so the first write is revision 2, as in etcd.
         let current_rev = self.current_rev.max(compact_rev).max(1);
         let mut leases = Vec::new();
-        let mut failure = None;
-        read.for_each_in(
-            Bucket::LEASE,
-            &[],
-            None,
-            |key, value| match LeaseRecord::decode_stored(key, value) {
-                Some(record) => {
-                    leases.push(record);
-                    true
-                }
-                None => {
-                    failure = Some(Error::Corrupt("bad lease record".into()));
-                    false
-                }
-            },
-        )?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
+        read.try_for_each_in(Bucket::LEASE, &[], None, |key, value| {
+            let record = LeaseRecord::decode_stored(key, value)
+                .ok_or_else(|| Error::Corrupt("bad lease record".into()))?;
+            leases.push(record);
+            Ok::<_, Error>(true)
+        })?;
         tracing::debug!(
             current_rev,
             compact_rev,
