@@ -141,6 +141,18 @@ impl Bucket {
     }
 }
 
+/// The backend's own table (not a bucket: no hash, snapshot, copy or export sees it): the
+/// stored bytes of every bucket as of the commit that wrote it ([`STORED_BYTES`]), so that an
+/// open does not read every pair again to learn [`Backend::size_in_use`].
+const STATS: TableDefinition<'static, &'static [u8], &'static [u8]> =
+    TableDefinition::new("etcd-rs.stats");
+/// Under [`STATS`]: the stored bytes, then the number of pairs over every bucket when they
+/// were counted (two big-endian u64). The pair count is checked against the buckets' own on
+/// open (redb keeps each table's length, so the check reads nothing): a file changed by a
+/// writer that does not keep this record (an older etcd-rs) has other counts and is counted
+/// again.
+const STORED_BYTES: &[u8] = b"stored_bytes";
+
 /// etcd's default `--backend-batch-interval`.
 const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// etcd's default `--backend-batch-limit`.
@@ -313,8 +325,13 @@ impl Backend {
         for bucket in Bucket::ALL {
             tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
+        let stored = match tx.recorded_stored_bytes()? {
+            Some(bytes) => bytes,
+            None => tx.count_stored_bytes()?,
+        };
+        backend.logical_bytes.store(stored, Ordering::Relaxed);
+        // The count is recorded by this commit (and every one after it).
         tx.commit(true)?;
-        backend.recount_logical_bytes()?;
         Ok(backend)
     }
 
@@ -530,7 +547,9 @@ impl Backend {
 
     /// Bytes the stored data takes (etcd's `dbSizeInUse`): the keys and values of every bucket
     /// as of the last commit, without the engine's page overhead. Cheap: kept up to date by
-    /// the writer rather than measured.
+    /// the writer rather than measured, and recorded with each commit, so that an open reads
+    /// it rather than every pair (a file without the record, or whose record another writer
+    /// left behind, is counted on open).
     pub fn size_in_use(&self) -> u64 {
         self.logical_bytes.load(Ordering::Relaxed)
     }
@@ -641,16 +660,33 @@ impl Backend {
     }
 
     /// Counts the bytes of every key and value anew (after the contents were replaced).
+    /// The file is read as of a moment no flush is under way, and the count kept then: each
+    /// flush after it adds its own change to the count, so the walk's total replaces only
+    /// what the walk saw (the batches not yet flushed are counted by their flush).
     fn recount_logical_bytes(&self) -> Result<()> {
-        let read = self.read()?;
+        let (read, before) = {
+            let _flush = lock(&self.flush_lock);
+            let read = self.current().begin_read().map_err(Error::storage)?;
+            (read, self.logical_bytes.load(Ordering::Relaxed))
+        };
         let mut total = 0u64;
         for bucket in Bucket::ALL {
-            read.for_each_in(bucket, &[], None, |k, v| {
-                total += (k.len() + v.len()) as u64;
-                true
-            })?;
+            let table = match read.open_table(bucket.table()) {
+                Ok(table) => table,
+                Err(redb::TableError::TableDoesNotExist(_)) => continue,
+                Err(e) => return Err(Error::storage(e)),
+            };
+            for item in table.iter().map_err(Error::storage)? {
+                let (key, value) = item.map_err(Error::storage)?;
+                total += (key.value().len() + value.value().len()) as u64;
+            }
         }
-        self.logical_bytes.store(total, Ordering::Relaxed);
+        let _ = self
+            .logical_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                let counted = i128::from(now) - i128::from(before) + i128::from(total);
+                Some(u64::try_from(counted.max(0)).unwrap_or(u64::MAX))
+            });
         Ok(())
     }
 
@@ -791,6 +827,68 @@ impl WriteTx<'_> {
     }
 
     /// Applies the held puts to their table, in order.
+    /// The stored bytes recorded by the last commit ([`STATS`]), if its record is there and
+    /// its pair count is the buckets' own.
+    fn recorded_stored_bytes(&self) -> Result<Option<u64>> {
+        let record = {
+            let table = self.tx.open_table(STATS).map_err(Error::storage)?;
+            let stored = table.get(STORED_BYTES).map_err(Error::storage)?;
+            stored.map(|record| record.value().to_vec())
+        };
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let (Some(bytes), Some(pairs)) = (
+            record.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+            record.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        ) else {
+            return Ok(None);
+        };
+        Ok((u64::from_be_bytes(pairs) == self.pairs()?).then(|| u64::from_be_bytes(bytes)))
+    }
+
+    /// Records the stored bytes as of this transaction's commit, with the pair count.
+    fn record_stored_bytes(&self) -> Result<()> {
+        let bytes = self
+            .backend
+            .logical_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add_signed(self.delta.get());
+        let mut record = [0u8; 16];
+        record[..8].copy_from_slice(&bytes.to_be_bytes());
+        record[8..].copy_from_slice(&self.pairs()?.to_be_bytes());
+        let mut table = self.tx.open_table(STATS).map_err(Error::storage)?;
+        table
+            .insert(STORED_BYTES, record.as_slice())
+            .map_err(Error::storage)?;
+        Ok(())
+    }
+
+    /// Pairs over every bucket (redb keeps each table's length: nothing is read).
+    fn pairs(&self) -> Result<u64> {
+        let mut pairs = 0;
+        for bucket in Bucket::ALL {
+            let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+            pairs += table.len().map_err(Error::storage)?;
+        }
+        Ok(pairs)
+    }
+
+    /// The keys' and values' bytes over every bucket, counted (on open, when no record is
+    /// there to read).
+    fn count_stored_bytes(&self) -> Result<u64> {
+        self.flush_puts()?;
+        let mut total = 0u64;
+        for bucket in Bucket::ALL {
+            let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+            for item in table.iter().map_err(Error::storage)? {
+                let (key, value) = item.map_err(Error::storage)?;
+                total += (key.value().len() + value.value().len()) as u64;
+            }
+        }
+        Ok(total)
+    }
+
     fn flush_puts(&self) -> Result<()> {
         let mut puts = self.puts.borrow_mut();
         let Some(bucket) = puts.bucket.take() else {
@@ -935,6 +1033,7 @@ impl WriteTx<'_> {
         if let Some(changed) = self.changed.take() {
             self.backend.tracker.record(changed.into_inner());
         }
+        self.record_stored_bytes()?;
         let started = Instant::now();
         self.tx.commit().map_err(Error::storage)?;
         // etcd's commit is the periodic one that reaches the disk (every batch interval or
@@ -1144,13 +1243,15 @@ impl ReadTx {
         })
     }
 
-    /// Names of every bucket in the database, sorted (bbolt's bucket order).
+    /// Names of every bucket in the database, sorted (bbolt's bucket order): every table but
+    /// the backend's own [`STATS`].
     fn bucket_names(&self) -> Result<Vec<String>> {
         let mut names: Vec<String> = self
             .tx
             .list_tables()
             .map_err(Error::storage)?
             .map(|t| t.name().to_string())
+            .filter(|name| name != STATS.name())
             .collect();
         names.sort();
         Ok(names)

@@ -178,6 +178,67 @@ fn put_get_range_delete_and_reopen() {
     assert_eq!(backend.size_in_use(), 7 * 3 + 16 + 1);
 }
 
+/// The stored bytes are recorded with each commit and read back on open, not counted (a
+/// record whose pair count still matches is trusted as it is); a file whose buckets another
+/// writer changed (the pair count differs), or one without the record, is counted; a
+/// defragmented file and a hash leave the record out.
+#[test]
+fn the_stored_bytes_are_recorded_with_each_commit_and_read_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let expected = {
+        let backend = Backend::open(&path).unwrap();
+        let tx = backend.write().unwrap();
+        for i in 0u32..100 {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), &[1u8; 60]).unwrap();
+        }
+        tx.put(Bucket::META, b"m", b"v").unwrap();
+        tx.commit(false).unwrap();
+        // A published batch, flushed by the close.
+        let batch = backend.batch();
+        batch
+            .put(Bucket::KEY, &7u32.to_be_bytes(), &[2u8; 10])
+            .unwrap();
+        batch.commit(false).unwrap();
+        let hash = backend.read().unwrap().hash(&[]).unwrap();
+        backend.defragment().unwrap();
+        assert_eq!(backend.read().unwrap().hash(&[]).unwrap(), hash);
+        backend.size_in_use()
+    };
+    assert_eq!(expected, 99 * (4 + 60) + (4 + 10) + 2);
+    assert_eq!(Backend::open(&path).unwrap().size_in_use(), expected);
+
+    // A value shortened behind the backend's back, the pair count kept: the record is read,
+    // not the pairs.
+    type KeyTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
+    let raw = |change: &dyn Fn(&mut KeyTable<'_>)| {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        change(&mut tx.open_table(Bucket::KEY.table()).unwrap());
+        tx.commit().unwrap();
+    };
+    raw(&|table| {
+        table
+            .insert(&1u32.to_be_bytes()[..], &[3u8; 20][..])
+            .unwrap();
+    });
+    assert_eq!(Backend::open(&path).unwrap().size_in_use(), expected);
+    // One pair more: counted anew (the shortened value with it).
+    raw(&|table| {
+        table.insert(&b"another"[..], &b"pair"[..]).unwrap();
+    });
+    let recounted = expected - 40 + (7 + 4);
+    assert_eq!(Backend::open(&path).unwrap().size_in_use(), recounted);
+    // The record without its table: counted.
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        assert!(tx.delete_table(STATS).unwrap());
+        tx.commit().unwrap();
+    }
+    assert_eq!(Backend::open(&path).unwrap().size_in_use(), recounted);
+}
+
 #[test]
 fn defragment_shrinks_the_file() {
     let dir = tempfile::tempdir().unwrap();
