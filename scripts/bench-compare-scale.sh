@@ -59,12 +59,14 @@ sc_sizes() {
 $(sc_mib "$(sc_status dbSize)") $(sc_mib "$(sc_status dbSizeInUse)")" >"$OUT/scale.$1.sizes.$2"
 }
 
-# sc_secs COMMAND... : runs it, prints its wall time in seconds.
+# sc_secs COMMAND... : runs it, prints its wall time in seconds ("failed after N s" when it
+# failed, so that the row is not read as the time of a finished call).
 sc_secs() {
-  local t0
+  local t0 failed=""
   t0=$(date +%s.%N)
-  "$@" >/dev/null 2>&1 || log "scale: '$*' failed"
-  awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'
+  "$@" >/dev/null 2>&1 || { log "scale: '$*' failed"; failed=1; }
+  awk -v a="$t0" -v b="$(date +%s.%N)" -v f="$failed" \
+    'BEGIN { if (f) printf "failed after %.2f s", b - a; else printf "%.2f", b - a }'
 }
 
 # sc_restart SYS SIGNAL : stops the member with SIGNAL, starts it again, prints the seconds

@@ -153,6 +153,16 @@ const STATS: TableDefinition<'static, &'static [u8], &'static [u8]> =
 /// again.
 const STORED_BYTES: &[u8] = b"stored_bytes";
 
+/// The bytes of every key and value in `table`, read one by one.
+fn table_bytes(table: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Result<u64> {
+    let mut total = 0u64;
+    for item in table.iter().map_err(Error::storage)? {
+        let (key, value) = item.map_err(Error::storage)?;
+        total += (key.value().len() + value.value().len()) as u64;
+    }
+    Ok(total)
+}
+
 /// etcd's default `--backend-batch-interval`.
 const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// etcd's default `--backend-batch-limit`.
@@ -676,10 +686,7 @@ impl Backend {
                 Err(redb::TableError::TableDoesNotExist(_)) => continue,
                 Err(e) => return Err(Error::storage(e)),
             };
-            for item in table.iter().map_err(Error::storage)? {
-                let (key, value) = item.map_err(Error::storage)?;
-                total += (key.value().len() + value.value().len()) as u64;
-            }
+            total += table_bytes(&table)?;
         }
         let _ = self
             .logical_bytes
@@ -826,7 +833,6 @@ impl WriteTx<'_> {
         Ok(())
     }
 
-    /// Applies the held puts to their table, in order.
     /// The stored bytes recorded by the last commit ([`STATS`]), if its record is there and
     /// its pair count is the buckets' own.
     fn recorded_stored_bytes(&self) -> Result<Option<u64>> {
@@ -881,14 +887,12 @@ impl WriteTx<'_> {
         let mut total = 0u64;
         for bucket in Bucket::ALL {
             let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-            for item in table.iter().map_err(Error::storage)? {
-                let (key, value) = item.map_err(Error::storage)?;
-                total += (key.value().len() + value.value().len()) as u64;
-            }
+            total += table_bytes(&table)?;
         }
         Ok(total)
     }
 
+    /// Applies the held puts to their table, in order.
     fn flush_puts(&self) -> Result<()> {
         let mut puts = self.puts.borrow_mut();
         let Some(bucket) = puts.bucket.take() else {
