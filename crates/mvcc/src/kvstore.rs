@@ -17,11 +17,13 @@ use crate::{Error, Result};
 mod compaction;
 mod index;
 mod load;
+mod recent;
 mod write;
 
 use self::compaction::Compaction;
 pub use self::compaction::CompactionStep;
 pub use self::load::{BuiltIndex, LoadedStore, StoreLoader};
+use self::recent::RecentValues;
 pub use self::write::{Txn, WriteBatch};
 
 /// `meta` key of the raft index of the last applied entry (etcd's `consistent_index`).
@@ -123,6 +125,8 @@ pub struct EncodedRange {
     /// Begun under the index's read lock: every revision listed is committed in it.
     read: Option<ReadTx>,
     revs: Vec<Revision>,
+    /// The value of each of `revs` the store keeps in memory (`recent`), `None` for the others.
+    kept: Vec<Option<bytes::Bytes>>,
     /// The store's current revision when read (the answer's header revision).
     pub rev: i64,
     /// How many keys the range holds at the revision read, regardless of the limit.
@@ -145,25 +149,43 @@ impl EncodedRange {
         let Some(read) = &self.read else {
             return Ok(());
         };
+        let take = take.min(self.revs.len());
+        // Those not kept in memory are read from the backend in one pass; the kept ones
+        // before each are handed over first, so that the order stays the key order.
+        let mut next = 0;
+        let missed: Vec<usize> = (0..take).filter(|&i| self.kept[i].is_none()).collect();
+        let mut misses = missed.iter();
         let mut missing = None;
         read.get_each(
             Bucket::KEY,
-            self.revs.iter().take(take).map(|rev| rev.to_bytes()),
-            |key, value| match value {
-                Some(value) => {
-                    visit(value);
-                    true
+            missed.iter().map(|&i| self.revs[i].to_bytes()),
+            |key, value| {
+                let Some(&at) = misses.next() else {
+                    return false;
+                };
+                for kept in self.kept[next..at].iter().flatten() {
+                    visit(kept);
                 }
-                None => {
-                    missing = Some(key.to_vec());
-                    false
+                next = at + 1;
+                match value {
+                    Some(value) => {
+                        visit(value);
+                        true
+                    }
+                    None => {
+                        missing = Some(key.to_vec());
+                        false
+                    }
                 }
             },
         )?;
-        match missing {
-            Some(key) => Err(Error::Corrupt(format!("revision {key:?} missing"))),
-            None => Ok(()),
+        if let Some(key) = missing {
+            return Err(Error::Corrupt(format!("revision {key:?} missing")));
         }
+        for kept in self.kept[next..take].iter().flatten() {
+            visit(kept);
+        }
+        Ok(())
     }
 }
 
@@ -269,6 +291,8 @@ pub struct KvStore {
     compaction: parking_lot::Mutex<Compaction>,
     /// Held by the one [`KvStore::compaction_step`] running.
     stepping: parking_lot::Mutex<()>,
+    /// Large values written lately, for the reads that follow (`recent`).
+    recent: RecentValues,
 }
 
 impl KvStore {
@@ -286,6 +310,7 @@ impl KvStore {
             lessor,
             compaction: parking_lot::Mutex::new(compaction),
             stepping: parking_lot::Mutex::new(()),
+            recent: RecentValues::default(),
         };
         // A compaction applied but not finished before a crash is finished now.
         store.finish_compactions()?;
@@ -341,6 +366,7 @@ impl KvStore {
         let mut state = self.state.write();
         // A pass in progress ends here: its steps delete nothing from the new contents.
         self.compaction.lock().reset(i64::MAX, i64::MAX);
+        self.recent.clear();
         replace(&self.backend)?;
         self.lessor.clear();
         let loaded = load(&self.backend)?;
@@ -407,8 +433,13 @@ impl KvStore {
         let read = self.backend.read()?;
         let current_rev = state.current_rev;
         drop(state);
+        let kept = self.recent.lookup(&revs);
         let mut kvs = Vec::with_capacity(revs.len());
-        for rev in revs {
+        for (rev, kept) in revs.into_iter().zip(kept) {
+            if let Some(bytes) = kept {
+                kvs.push(decode_kv(&bytes)?);
+                continue;
+            }
             let Some(bytes) = read.get(Bucket::KEY, &rev.to_bytes())? else {
                 return Err(Error::Corrupt(format!("revision {rev:?} missing")));
             };
@@ -479,15 +510,19 @@ impl KvStore {
             return Ok(EncodedRange {
                 read: None,
                 revs: Vec::new(),
+                kept: Vec::new(),
                 rev: state.current_rev,
                 count,
             });
         }
         let read = self.backend.read()?;
+        let current_rev = state.current_rev;
+        drop(state);
         Ok(EncodedRange {
             read: Some(read),
+            kept: self.recent.lookup(&revs),
             revs,
-            rev: state.current_rev,
+            rev: current_rev,
             count,
         })
     }
@@ -549,6 +584,7 @@ impl KvStore {
             state,
             tx,
             changes: Vec::new(),
+            large: Vec::new(),
         })
     }
 

@@ -769,3 +769,77 @@ fn a_tombstone_left_alone_by_a_stopped_compaction_is_dropped_on_open() {
     assert_eq!(get(&store, b"kept", 0).unwrap().value, b"1");
     assert_eq!(get(&store, b"gone", 0), None);
 }
+
+/// The key-values a plain range hands over, encoded, in order.
+fn encoded_kvs(store: &KvStore, rev: i64, limit: i64) -> Vec<Vec<u8>> {
+    let params = RangeParams {
+        rev,
+        limit,
+        count_only: false,
+    };
+    let range = store
+        .range_encoded(KeyRange::new(b"k", b"l"), params)
+        .unwrap();
+    let mut kvs = Vec::new();
+    range
+        .for_each(range.len(), |kv| kvs.push(kv.to_vec()))
+        .unwrap();
+    kvs
+}
+
+#[test]
+fn large_values_kept_in_memory_read_as_the_file_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Large and small values interleaved, so that a range mixes values kept in memory with
+    // values read from the backend; half of them overwritten, so that older revisions are
+    // read at an older revision.
+    let value = |i: usize, round: usize| {
+        vec![(i + round) as u8; if i.is_multiple_of(3) { 10 } else { 3000 + i }]
+    };
+    for round in 0..2 {
+        let mut batch = store.write().unwrap();
+        for i in 0..40 {
+            if round == 1 && i % 2 == 1 {
+                continue;
+            }
+            let mut txn = batch.txn();
+            txn.put(format!("k{i:03}").as_bytes(), &value(i, round), 0)
+                .unwrap();
+            txn.end();
+        }
+        batch.commit(false).unwrap();
+    }
+    let first_round = 41;
+    let now = store.current_rev();
+    // The first put (k000, small) is not kept, the second (k001, large) is.
+    assert_eq!(
+        store
+            .recent
+            .lookup(&[Revision::new(3, 0), Revision::new(2, 0)])
+            .iter()
+            .map(Option::is_some)
+            .collect::<Vec<_>>(),
+        vec![true, false]
+    );
+    let kept_now = encoded_kvs(&store, 0, 0);
+    let kept_then = encoded_kvs(&store, first_round, 0);
+    let kept_page = encoded_kvs(&store, 0, 7);
+    assert_eq!(kept_now.len(), 40);
+    assert_eq!(kept_page.len(), 7);
+    let decoded = store.range(KeyRange::new(b"k", b"l"), at(0)).unwrap();
+    assert_eq!(decoded.kvs.len(), 40);
+    for (kv, encoded) in decoded.kvs.iter().zip(&kept_now) {
+        assert_eq!(&kv.encode_to_vec(), encoded);
+    }
+    drop(decoded);
+    drop(store);
+
+    // Reopened, nothing is kept: every value comes from the file.
+    let store = open(dir.path());
+    assert_eq!(store.current_rev(), now);
+    assert_eq!(encoded_kvs(&store, 0, 0), kept_now);
+    assert_eq!(encoded_kvs(&store, first_round, 0), kept_then);
+    assert_eq!(encoded_kvs(&store, 0, 7), kept_page);
+    assert_ne!(kept_now, kept_then, "the overwrites changed nothing");
+}

@@ -14,6 +14,8 @@ pub struct WriteBatch<'a> {
     pub(super) state: RwLockWriteGuard<'a, State>,
     pub(super) tx: BatchTx<'a>,
     pub(super) changes: Vec<Change>,
+    /// The large key-values it stored, for the store's record of them (`recent`).
+    pub(super) large: Vec<(Revision, bytes::Bytes)>,
 }
 
 impl<'a> WriteBatch<'a> {
@@ -150,9 +152,14 @@ impl<'a> WriteBatch<'a> {
     /// Returns the batch's changes and whether the commit was durable.
     pub fn commit(self, durable: bool) -> Result<(Vec<Change>, bool)> {
         let WriteBatch {
-            state, tx, changes, ..
+            store,
+            state,
+            tx,
+            changes,
+            large,
         } = self;
         let durable = tx.commit(durable)?;
+        store.recent.record(large);
         // The index lock is released only now: readers never see uncommitted revisions.
         drop(state);
         Ok((changes, durable))
@@ -249,9 +256,11 @@ impl Txn<'_, '_> {
             value: value.to_vec(),
             lease,
         };
-        self.batch
-            .tx
-            .put(Bucket::KEY, &rev.to_bytes(), &kv.encode_to_vec())?;
+        let stored = kv.encode_to_vec();
+        self.batch.tx.put(Bucket::KEY, &rev.to_bytes(), &stored)?;
+        if stored.len() >= super::recent::LARGE {
+            self.batch.large.push((rev, bytes::Bytes::from(stored)));
+        }
         let lessor = &self.batch.store.lessor;
         let old_lease = lessor.lease_of(key);
         if old_lease != lease {
