@@ -95,6 +95,7 @@ kb_row kube "paced mix: write max ms" write_max_ms lower
 kb_row kube "paced mix: LISTs done" lists higher
 kb_row kube "paced mix: LIST of all pods, p50 ms" list_pods_p50_ms lower
 kb_row kube "paced mix: LIST of all pods, p99 ms" list_pods_p99_ms lower
+kb_row kube "paced mix: LIST of all nodes, p50 ms" list_nodes_p50_ms lower
 kb_row kube "paced mix: LIST of all nodes, p99 ms" list_nodes_p99_ms lower
 kb_row kube "paced mix: watch delay p50 ms" watch_delay_p50_ms lower
 kb_row kube "paced mix: watch delay p99 ms" watch_delay_p99_ms lower

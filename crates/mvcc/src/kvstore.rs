@@ -480,16 +480,20 @@ impl KvStore {
         // Begun under the read lock: every revision the index names is committed.
         let read = self.backend.read()?;
         drop(state);
+        let kept = self.recent.lookup(&revs);
         let mut bytes = 0usize;
-        for (taken, rev) in revs.iter().enumerate() {
+        for (taken, (rev, kept)) in revs.iter().zip(kept).enumerate() {
             if taken == max_keys || (taken > 0 && bytes >= params.max_bytes) {
                 page.more = true;
                 break;
             }
-            let Some(stored) = read.get(Bucket::KEY, &rev.to_bytes())? else {
-                return Err(Error::Corrupt(format!("revision {rev:?} missing")));
+            let mut kv = match kept {
+                Some(stored) => decode_kv(&stored)?,
+                None => match read.get(Bucket::KEY, &rev.to_bytes())? {
+                    Some(stored) => decode_kv(&stored)?,
+                    None => return Err(Error::Corrupt(format!("revision {rev:?} missing"))),
+                },
             };
-            let mut kv = decode_kv(&stored)?;
             if params.keys_only {
                 kv.value = Vec::new();
             }
