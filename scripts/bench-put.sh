@@ -3,8 +3,9 @@
 # Starts BIN (an etcd or etcd-rs binary) as a fresh single member, runs etcd's own load generator
 # (../shared/tools/etcd-benchmark, or ETCD_BENCHMARK) with `put --key-size 8 --val-size VALSIZE
 # --key-space-size 100000 --total TOTAL`, and prints requests/s, p99 (s), the server's CPU per put
-# (/proc/PID/stat) and the bytes the block device under the data dir wrote per put during the run
-# (machine-wide: run it on a quiet machine). Run it for each binary in turn for a ratio.
+# (/proc/PID/stat), the load generator's CPU per put (on two cores the two share the machine) and
+# the bytes the block device under the data dir wrote per put during the run (machine-wide: run it
+# on a quiet machine). Run it for each binary in turn for a ratio.
 set -euo pipefail
 BIN=$1 CLIENTS=$2 TOTAL=$3 VALSIZE=$4 PORT=${5:-25379}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,12 +25,15 @@ dev=$(basename "$(df --output=source "$DIR" | tail -1)")
 disk() { awk '{ printf "%.0f\n", $7 * 512 }' "/sys/class/block/$dev/stat"; }
 cpu() { awk '{ print $14 + $15 }' "/proc/$PID/stat"; }
 c0=$(cpu) d0=$(disk)
-out=$("$TOOL" --endpoints "127.0.0.1:$PORT" --clients "$CLIENTS" --conns $((CLIENTS < 100 ? CLIENTS : 100)) \
-  put --key-size 8 --val-size "$VALSIZE" --key-space-size 100000 --total "$TOTAL" 2>&1)
+# The load generator's own CPU (user + system seconds), from bash's `time`.
+TIMEFORMAT='%3U %3S'
+{ time "$TOOL" --endpoints "127.0.0.1:$PORT" --clients "$CLIENTS" --conns $((CLIENTS < 100 ? CLIENTS : 100)) \
+  put --key-size 8 --val-size "$VALSIZE" --key-space-size 100000 --total "$TOTAL" >"$DIR/out" 2>&1; } 2>"$DIR/toolcpu"
+out=$(cat "$DIR/out")
 c1=$(cpu) d1=$(disk)
 awk -v rps="$(echo "$out" | awk '/Requests\/sec/ { print $2 }')" \
   -v p99="$(echo "$out" | awk '$1 == "99%" && $2 == "in" { print $3 }')" \
   -v cpu=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="$TOTAL" -v bytes=$((d1 - d0)) -v bin="$BIN" \
-  -v c="$CLIENTS" -v v="$VALSIZE" \
-  'BEGIN { printf "%s clients=%s value=%s requests/s=%s p99_s=%s server_cpu_us_per_put=%.1f disk_bytes_per_put=%.0f\n",
-           bin, c, v, rps, p99, cpu * 1e6 / hz / n, bytes / n }'
+  -v c="$CLIENTS" -v v="$VALSIZE" -v tool="$(awk '{ print $1 + $2 }' "$DIR/toolcpu")" \
+  'BEGIN { printf "%s clients=%s value=%s requests/s=%s p99_s=%s server_cpu_us_per_put=%.1f tool_cpu_us_per_put=%.1f disk_bytes_per_put=%.0f\n",
+           bin, c, v, rps, p99, cpu * 1e6 / hz / n, tool * 1e6 / n, bytes / n }'
