@@ -16,10 +16,18 @@
 //! stale; the oldest go first once the budget is reached.
 //!
 //! Small values are not kept: several share a page, which the backend's cache serves well.
+//!
+//! Memory: the values are copied into chunks of [`CHUNK`] bytes, filled in revision order and
+//! freed whole once their last value is dropped (values go oldest first, so a chunk's go
+//! together): kept one allocation each among the writer's short-lived ones of the same size,
+//! they held twice their bytes in the allocator's partly used slabs. And a value goes after
+//! [`MAX_AGE`] whatever the budget, at the first commit after that, so that a member whose
+//! writes of large values have stopped gives the memory back.
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use parking_lot::RwLock;
 
 use crate::revision::Revision;
@@ -31,7 +39,11 @@ pub(crate) const LARGE: usize = 2048;
 /// 5,000 Kubernetes nodes (about 2 MB/s of large values) this holds the last half minute, one
 /// round of node status updates.
 pub(crate) const BUDGET: usize = 64 << 20;
-/// Bytes counted for an entry beside its value: the revision, the handle, the allocation.
+/// How long a value is kept at most.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(60);
+/// Bytes of one chunk of kept values; a value larger than a quarter of it is kept on its own.
+const CHUNK: usize = 1 << 20;
+/// Bytes counted for an entry beside its value: the revision, the handle, the time.
 const ENTRY_OVERHEAD: usize = 64;
 
 /// Large key-values by revision, the latest [`BUDGET`] bytes of them (module docs).
@@ -42,34 +54,66 @@ pub(crate) struct RecentValues {
 
 #[derive(Default)]
 struct Entries {
-    /// In revision order, oldest first.
-    values: VecDeque<(Revision, Bytes)>,
+    /// In revision order, oldest first, each with when it was kept.
+    values: VecDeque<(Revision, Bytes, Instant)>,
     /// Bytes counted for `values`.
     bytes: usize,
+    /// The chunk values are copied into: its free capacity, the chunk shared with the values
+    /// already in it.
+    chunk: BytesMut,
+}
+
+impl Entries {
+    /// `value` copied into the current chunk (a new one when it has no room).
+    fn copy(&mut self, value: &[u8]) -> Bytes {
+        if value.len() > CHUNK / 4 {
+            return Bytes::copy_from_slice(value);
+        }
+        if self.chunk.capacity() < value.len() {
+            self.chunk = BytesMut::with_capacity(CHUNK);
+        }
+        self.chunk.extend_from_slice(value);
+        self.chunk.split().freeze()
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((_, value, _)) = self.values.pop_front() {
+            self.bytes -= value.len() + ENTRY_OVERHEAD;
+        }
+    }
+
+    fn oldest_expired(&self, now: Instant) -> bool {
+        self.values
+            .front()
+            .is_some_and(|(_, _, kept)| now.saturating_duration_since(*kept) >= MAX_AGE)
+    }
 }
 
 impl RecentValues {
     /// Keeps `written` (in revision order, all after what is kept), dropping the oldest beyond
-    /// the budget.
-    pub(crate) fn record(&self, written: Vec<(Revision, Bytes)>) {
-        if written.is_empty() {
+    /// the budget and those kept longer than [`MAX_AGE`]. Called with each commit, also one
+    /// that wrote no large value.
+    pub(crate) fn record(&self, written: &[(Revision, Vec<u8>)]) {
+        self.record_at(written, Instant::now());
+    }
+
+    fn record_at(&self, written: &[(Revision, Vec<u8>)], now: Instant) {
+        if written.is_empty() && !self.inner.read().oldest_expired(now) {
             return;
         }
         let mut inner = self.inner.write();
         for (rev, value) in written {
             // Revisions only grow; a store replaced under us starts over.
-            if inner.values.back().is_some_and(|(last, _)| *last >= rev) {
+            if inner.values.back().is_some_and(|(last, _, _)| last >= rev) {
                 inner.values.clear();
                 inner.bytes = 0;
             }
+            let value = inner.copy(value);
             inner.bytes += value.len() + ENTRY_OVERHEAD;
-            inner.values.push_back((rev, value));
+            inner.values.push_back((*rev, value, now));
         }
-        while inner.bytes > BUDGET {
-            let Some((_, value)) = inner.values.pop_front() else {
-                break;
-            };
-            inner.bytes -= value.len() + ENTRY_OVERHEAD;
+        while inner.bytes > BUDGET || inner.oldest_expired(now) {
+            inner.pop_oldest();
         }
     }
 
@@ -77,7 +121,7 @@ impl RecentValues {
     pub(crate) fn lookup(&self, revs: &[Revision]) -> Vec<Option<Bytes>> {
         let inner = self.inner.read();
         let oldest = match inner.values.front() {
-            Some((rev, _)) => *rev,
+            Some((rev, _, _)) => *rev,
             None => return vec![None; revs.len()],
         };
         revs.iter()
@@ -87,7 +131,7 @@ impl RecentValues {
                 }
                 inner
                     .values
-                    .binary_search_by(|(kept, _)| kept.cmp(rev))
+                    .binary_search_by(|(kept, _, _)| kept.cmp(rev))
                     .ok()
                     .map(|at| inner.values[at].1.clone())
             })
@@ -99,6 +143,7 @@ impl RecentValues {
         let mut inner = self.inner.write();
         inner.values.clear();
         inner.bytes = 0;
+        inner.chunk = BytesMut::new();
     }
 
     #[cfg(test)]
@@ -111,14 +156,14 @@ impl RecentValues {
 mod tests {
     use super::*;
 
-    fn value(len: usize, fill: u8) -> Bytes {
-        Bytes::from(vec![fill; len])
+    fn value(len: usize, fill: u8) -> Vec<u8> {
+        vec![fill; len]
     }
 
     #[test]
     fn a_kept_value_is_found_by_its_revision_and_others_are_not() {
         let recent = RecentValues::default();
-        recent.record(vec![
+        recent.record(&[
             (Revision::new(5, 0), value(LARGE, 1)),
             (Revision::new(5, 1), value(LARGE, 2)),
             (Revision::new(7, 0), value(LARGE, 3)),
@@ -140,7 +185,7 @@ mod tests {
         let len = 1 << 20;
         let count = BUDGET / len + 8;
         for main in 1..=count as i64 {
-            recent.record(vec![(Revision::new(main, 0), value(len, main as u8))]);
+            recent.record(&[(Revision::new(main, 0), value(len, main as u8))]);
         }
         assert!(recent.bytes() <= BUDGET, "{} kept", recent.bytes());
         let found = recent.lookup(&[Revision::new(1, 0), Revision::new(count as i64, 0)]);
@@ -151,13 +196,55 @@ mod tests {
     #[test]
     fn a_revision_that_goes_back_starts_the_record_over() {
         let recent = RecentValues::default();
-        recent.record(vec![(Revision::new(9, 0), value(LARGE, 9))]);
-        recent.record(vec![(Revision::new(3, 0), value(LARGE, 3))]);
+        recent.record(&[(Revision::new(9, 0), value(LARGE, 9))]);
+        recent.record(&[(Revision::new(3, 0), value(LARGE, 3))]);
         let found = recent.lookup(&[Revision::new(9, 0), Revision::new(3, 0)]);
         assert!(found[0].is_none());
         assert_eq!(found[1].as_ref().map(|b| b[0]), Some(3));
         recent.clear();
         assert!(recent.lookup(&[Revision::new(3, 0)])[0].is_none());
         assert_eq!(recent.bytes(), 0);
+    }
+
+    #[test]
+    fn values_go_after_their_age_at_the_next_commit() {
+        let recent = RecentValues::default();
+        let start = Instant::now();
+        recent.record_at(&[(Revision::new(2, 0), value(LARGE, 2))], start);
+        recent.record_at(
+            &[(Revision::new(3, 0), value(LARGE, 3))],
+            start + MAX_AGE / 2,
+        );
+        // A commit without large values still lets the oldest go once it is old enough.
+        recent.record_at(&[], start + MAX_AGE - Duration::from_millis(1));
+        assert!(recent.lookup(&[Revision::new(2, 0)])[0].is_some());
+        recent.record_at(&[], start + MAX_AGE);
+        let found = recent.lookup(&[Revision::new(2, 0), Revision::new(3, 0)]);
+        assert!(found[0].is_none(), "kept past its age");
+        assert!(found[1].is_some());
+        recent.record_at(&[], start + MAX_AGE * 2);
+        assert_eq!(recent.bytes(), 0);
+    }
+
+    #[test]
+    fn values_are_copied_whole_into_shared_chunks() {
+        let recent = RecentValues::default();
+        let revs: Vec<Revision> = (1..=40).map(|main| Revision::new(main, 0)).collect();
+        // Values of several sizes, one larger than a chunk's quarter (kept on its own).
+        let written: Vec<(Revision, Vec<u8>)> = revs
+            .iter()
+            .map(|rev| {
+                let len = if rev.main == 20 {
+                    CHUNK / 2
+                } else {
+                    LARGE + 997 * rev.main as usize
+                };
+                (*rev, value(len, rev.main as u8))
+            })
+            .collect();
+        recent.record(&written);
+        for ((_, want), got) in written.iter().zip(recent.lookup(&revs)) {
+            assert_eq!(got.as_deref(), Some(want.as_slice()));
+        }
     }
 }

@@ -15,7 +15,7 @@ pub struct WriteBatch<'a> {
     pub(super) tx: BatchTx<'a>,
     pub(super) changes: Vec<Change>,
     /// The large key-values it stored, for the store's record of them (`recent`).
-    pub(super) large: Vec<(Revision, bytes::Bytes)>,
+    pub(super) large: Vec<(Revision, Vec<u8>)>,
 }
 
 impl<'a> WriteBatch<'a> {
@@ -159,7 +159,7 @@ impl<'a> WriteBatch<'a> {
             large,
         } = self;
         let durable = tx.commit(durable)?;
-        store.recent.record(large);
+        store.recent.record(&large);
         // The index lock is released only now: readers never see uncommitted revisions.
         drop(state);
         Ok((changes, durable))
@@ -259,7 +259,7 @@ impl Txn<'_, '_> {
         let stored = kv.encode_to_vec();
         self.batch.tx.put(Bucket::KEY, &rev.to_bytes(), &stored)?;
         if stored.len() >= super::recent::LARGE {
-            self.batch.large.push((rev, bytes::Bytes::from(stored)));
+            self.batch.large.push((rev, stored));
         }
         let lessor = &self.batch.store.lessor;
         let old_lease = lessor.lease_of(key);
