@@ -8,8 +8,9 @@
 //! nodes that follows reads every node's page from the file again: a read system call, a
 //! zeroed buffer and a copy per node, where etcd's bbolt reads its memory-mapped file in place.
 //!
-//! The objects such LISTs and watchers read most are the ones written lately (nodes report
-//! their status every few seconds to a minute). This keeps the last [`BUDGET`] bytes of large
+//! The objects such LISTs and watchers read most are the ones written lately (in the kube mix
+//! of `bench kube`, each node's status every half minute; kubelets report it every 10 s, or in
+//! recent Kubernetes when it changes and every 5 minutes). This keeps the last [`BUDGET`] bytes of large
 //! key-values the writer stored, by revision, in the order they were written, whatever is read
 //! meanwhile: a scan of older data cannot push them out. A revision's stored bytes never change
 //! (a compaction only removes them, and then no index lookup names them), so an entry is never
