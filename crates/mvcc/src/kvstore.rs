@@ -125,8 +125,8 @@ pub struct EncodedRange {
     /// Begun under the index's read lock: every revision listed is committed in it.
     read: Option<ReadTx>,
     revs: Vec<Revision>,
-    /// The value of each of `revs` the store keeps in memory (`recent`), `None` for the others.
-    kept: Vec<Option<bytes::Bytes>>,
+    /// The values of `revs` the store keeps in memory (`recent`).
+    kept: recent::Kept,
     /// The store's current revision when read (the answer's header revision).
     pub rev: i64,
     /// How many keys the range holds at the revision read, regardless of the limit.
@@ -150,20 +150,20 @@ impl EncodedRange {
             return Ok(());
         };
         let take = take.min(self.revs.len());
-        // Those not kept in memory are read from the backend in one pass; the kept ones
-        // before each are handed over first, so that the order stays the key order.
+        // Those not kept in memory are read from the backend in one pass (every one, when
+        // none is kept); the kept ones before each are handed over first, in key order.
+        let from_backend = (0..take).filter(|&i| self.kept.get(i).is_none());
+        let mut positions = from_backend.clone();
         let mut next = 0;
-        let missed: Vec<usize> = (0..take).filter(|&i| self.kept[i].is_none()).collect();
-        let mut misses = missed.iter();
         let mut missing = None;
         read.get_each(
             Bucket::KEY,
-            missed.iter().map(|&i| self.revs[i].to_bytes()),
+            from_backend.map(|i| self.revs[i].to_bytes()),
             |key, value| {
-                let Some(&at) = misses.next() else {
+                let Some(at) = positions.next() else {
                     return false;
                 };
-                for kept in self.kept[next..at].iter().flatten() {
+                for kept in (next..at).filter_map(|i| self.kept.get(i)) {
                     visit(kept);
                 }
                 next = at + 1;
@@ -182,7 +182,7 @@ impl EncodedRange {
         if let Some(key) = missing {
             return Err(Error::Corrupt(format!("revision {key:?} missing")));
         }
-        for kept in self.kept[next..take].iter().flatten() {
+        for kept in (next..take).filter_map(|i| self.kept.get(i)) {
             visit(kept);
         }
         Ok(())
@@ -435,9 +435,9 @@ impl KvStore {
         drop(state);
         let kept = self.recent.lookup(&revs);
         let mut kvs = Vec::with_capacity(revs.len());
-        for (rev, kept) in revs.into_iter().zip(kept) {
-            if let Some(bytes) = kept {
-                kvs.push(decode_kv(&bytes)?);
+        for (i, rev) in revs.into_iter().enumerate() {
+            if let Some(bytes) = kept.get(i) {
+                kvs.push(decode_kv(bytes)?);
                 continue;
             }
             let Some(bytes) = read.get(Bucket::KEY, &rev.to_bytes())? else {
@@ -482,13 +482,13 @@ impl KvStore {
         drop(state);
         let kept = self.recent.lookup(&revs);
         let mut bytes = 0usize;
-        for (taken, (rev, kept)) in revs.iter().zip(kept).enumerate() {
+        for (taken, rev) in revs.iter().enumerate() {
             if taken == max_keys || (taken > 0 && bytes >= params.max_bytes) {
                 page.more = true;
                 break;
             }
-            let mut kv = match kept {
-                Some(stored) => decode_kv(&stored)?,
+            let mut kv = match kept.get(taken) {
+                Some(stored) => decode_kv(stored)?,
                 None => match read.get(Bucket::KEY, &rev.to_bytes())? {
                     Some(stored) => decode_kv(&stored)?,
                     None => return Err(Error::Corrupt(format!("revision {rev:?} missing"))),
@@ -514,7 +514,7 @@ impl KvStore {
             return Ok(EncodedRange {
                 read: None,
                 revs: Vec::new(),
-                kept: Vec::new(),
+                kept: recent::Kept::default(),
                 rev: state.current_rev,
                 count,
             });

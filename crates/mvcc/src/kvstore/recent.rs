@@ -47,6 +47,25 @@ const CHUNK: usize = 1 << 20;
 /// Bytes counted for an entry beside its value: the revision, the handle, the time.
 const ENTRY_OVERHEAD: usize = 64;
 
+/// What [`RecentValues::lookup`] found: the kept value of each revision asked for, by its
+/// position. Empty when none is kept (the common case of small values), so a range of many
+/// keys allocates nothing for it.
+#[derive(Default)]
+pub(crate) struct Kept(Vec<Option<Bytes>>);
+
+impl Kept {
+    /// The kept value of the `i`-th revision asked for.
+    pub(crate) fn get(&self, i: usize) -> Option<&Bytes> {
+        self.0.get(i).and_then(Option::as_ref)
+    }
+
+    /// Whether no revision asked for is kept.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// Large key-values by revision, the latest [`BUDGET`] bytes of them (module docs).
 #[derive(Default)]
 pub(crate) struct RecentValues {
@@ -75,6 +94,11 @@ impl Entries {
         }
         self.chunk.extend_from_slice(value);
         self.chunk.split().freeze()
+    }
+
+    fn reset(&mut self) {
+        self.values.clear();
+        self.bytes = 0;
     }
 
     fn pop_oldest(&mut self) {
@@ -106,8 +130,7 @@ impl RecentValues {
         for (rev, value) in written {
             // Revisions only grow; a store replaced under us starts over.
             if inner.values.back().is_some_and(|(last, _, _)| last >= rev) {
-                inner.values.clear();
-                inner.bytes = 0;
+                inner.reset();
             }
             let value = inner.copy(value);
             inner.bytes += value.len() + ENTRY_OVERHEAD;
@@ -118,32 +141,32 @@ impl RecentValues {
         }
     }
 
-    /// The kept value of each of `revs` (`None` where it is not kept), under one short lock.
-    pub(crate) fn lookup(&self, revs: &[Revision]) -> Vec<Option<Bytes>> {
+    /// The kept value of each of `revs`, under one short lock.
+    pub(crate) fn lookup(&self, revs: &[Revision]) -> Kept {
         let inner = self.inner.read();
-        let oldest = match inner.values.front() {
-            Some((rev, _, _)) => *rev,
-            None => return vec![None; revs.len()],
+        let Some((oldest, _, _)) = inner.values.front() else {
+            return Kept::default();
         };
-        revs.iter()
-            .map(|rev| {
-                if *rev < oldest {
-                    return None;
-                }
-                inner
-                    .values
-                    .binary_search_by(|(kept, _, _)| kept.cmp(rev))
-                    .ok()
-                    .map(|at| inner.values[at].1.clone())
-            })
-            .collect()
+        if !revs.iter().any(|rev| rev >= oldest) {
+            return Kept::default();
+        }
+        Kept(
+            revs.iter()
+                .map(|rev| {
+                    inner
+                        .values
+                        .binary_search_by(|(kept, _, _)| kept.cmp(rev))
+                        .ok()
+                        .map(|at| inner.values[at].1.clone())
+                })
+                .collect(),
+        )
     }
 
     /// Forgets everything (the store's contents were replaced).
     pub(crate) fn clear(&self) {
         let mut inner = self.inner.write();
-        inner.values.clear();
-        inner.bytes = 0;
+        inner.reset();
         inner.chunk = BytesMut::new();
     }
 
@@ -176,7 +199,7 @@ mod tests {
             Revision::new(7, 0),
             Revision::new(8, 0),
         ]);
-        let fills: Vec<Option<u8>> = found.iter().map(|v| v.as_ref().map(|b| b[0])).collect();
+        let fills: Vec<Option<u8>> = (0..5).map(|i| found.get(i).map(|b| b[0])).collect();
         assert_eq!(fills, vec![None, Some(2), None, Some(3), None]);
     }
 
@@ -190,8 +213,11 @@ mod tests {
         }
         assert!(recent.bytes() <= BUDGET, "{} kept", recent.bytes());
         let found = recent.lookup(&[Revision::new(1, 0), Revision::new(count as i64, 0)]);
-        assert!(found[0].is_none(), "the first value outlived the budget");
-        assert_eq!(found[1].as_ref().map(|b| b[0]), Some(count as u8));
+        assert!(
+            found.get(0).is_none(),
+            "the first value outlived the budget"
+        );
+        assert_eq!(found.get(1).map(|b| b[0]), Some(count as u8));
     }
 
     #[test]
@@ -200,10 +226,10 @@ mod tests {
         recent.record(&[(Revision::new(9, 0), value(LARGE, 9))]);
         recent.record(&[(Revision::new(3, 0), value(LARGE, 3))]);
         let found = recent.lookup(&[Revision::new(9, 0), Revision::new(3, 0)]);
-        assert!(found[0].is_none());
-        assert_eq!(found[1].as_ref().map(|b| b[0]), Some(3));
+        assert!(found.get(0).is_none());
+        assert_eq!(found.get(1).map(|b| b[0]), Some(3));
         recent.clear();
-        assert!(recent.lookup(&[Revision::new(3, 0)])[0].is_none());
+        assert!(recent.lookup(&[Revision::new(3, 0)]).get(0).is_none());
         assert_eq!(recent.bytes(), 0);
     }
 
@@ -218,11 +244,11 @@ mod tests {
         );
         // A commit without large values still lets the oldest go once it is old enough.
         recent.record_at(&[], start + MAX_AGE - Duration::from_millis(1));
-        assert!(recent.lookup(&[Revision::new(2, 0)])[0].is_some());
+        assert!(recent.lookup(&[Revision::new(2, 0)]).get(0).is_some());
         recent.record_at(&[], start + MAX_AGE);
         let found = recent.lookup(&[Revision::new(2, 0), Revision::new(3, 0)]);
-        assert!(found[0].is_none(), "kept past its age");
-        assert!(found[1].is_some());
+        assert!(found.get(0).is_none(), "kept past its age");
+        assert!(found.get(1).is_some());
         recent.record_at(&[], start + MAX_AGE * 2);
         assert_eq!(recent.bytes(), 0);
     }
@@ -244,8 +270,11 @@ mod tests {
             })
             .collect();
         recent.record(&written);
-        for ((_, want), got) in written.iter().zip(recent.lookup(&revs)) {
-            assert_eq!(got.as_deref(), Some(want.as_slice()));
+        let found = recent.lookup(&revs);
+        for (i, (_, want)) in written.iter().enumerate() {
+            assert_eq!(found.get(i).map(|b| &b[..]), Some(want.as_slice()));
         }
+        // Nothing asked for is kept: nothing is allocated for the answer.
+        assert!(recent.lookup(&[Revision::new(0, 5)]).is_empty());
     }
 }

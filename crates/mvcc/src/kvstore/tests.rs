@@ -813,14 +813,12 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
     let first_round = 41;
     let now = store.current_rev();
     // The first put (k000, small) is not kept, the second (k001, large) is.
+    let kept = store
+        .recent
+        .lookup(&[Revision::new(3, 0), Revision::new(2, 0)]);
     assert_eq!(
-        store
-            .recent
-            .lookup(&[Revision::new(3, 0), Revision::new(2, 0)])
-            .iter()
-            .map(Option::is_some)
-            .collect::<Vec<_>>(),
-        vec![true, false]
+        (kept.get(0).is_some(), kept.get(1).is_some()),
+        (true, false)
     );
     let kept_now = encoded_kvs(&store, 0, 0);
     let kept_then = encoded_kvs(&store, first_round, 0);

@@ -159,9 +159,10 @@ impl<'a> WriteBatch<'a> {
             large,
         } = self;
         let durable = tx.commit(durable)?;
-        store.recent.record(&large);
         // The index lock is released only now: readers never see uncommitted revisions.
         drop(state);
+        // Off the lock: a reader that finds a revision before it is kept reads the backend.
+        store.recent.record(&large);
         Ok((changes, durable))
     }
 }
