@@ -706,6 +706,41 @@ fn the_tail_is_preallocated_and_its_zeros_end_the_records_cleanly() {
 }
 
 #[test]
+fn chunks_are_written_with_zeros_only_while_syncs_are_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wal = Wal::create(dir.path(), b"").unwrap();
+    let record = |index: u64, len: usize| EntryRecord {
+        index,
+        term: 1,
+        data: vec![7; len],
+    };
+    // The first chunk: nothing is known yet, so it is written with zeros, all of it after the
+    // segment's header.
+    let header = wal.tail_len;
+    wal.save(None, &[record(1, 100)]).unwrap();
+    let first = wal.write_stats().zeros_written;
+    assert_eq!(first, PREALLOCATE_CHUNK - header);
+    // Small syncs fill it, and the next chunk is written with zeros too.
+    let mut index = 2;
+    while wal.allocated == PREALLOCATE_CHUNK {
+        wal.save(None, &[record(index, 4000)]).unwrap();
+        index += 1;
+    }
+    let second = wal.write_stats().zeros_written;
+    assert!(second > first, "{second} after {first}");
+    // Syncs of 512 KiB fill the second chunk in a few: the third is left unwritten.
+    while wal.allocated == 2 * PREALLOCATE_CHUNK {
+        wal.save(None, &[record(index, 512 * 1024)]).unwrap();
+        index += 1;
+    }
+    assert_eq!(wal.write_stats().zeros_written, second);
+    drop(wal);
+    // Unwritten space reads as zeros: the records end cleanly before it.
+    let (_, state) = Wal::open(dir.path()).unwrap();
+    assert_eq!(state.entries.len() as u64, index - 1);
+}
+
+#[test]
 fn preallocation_stops_at_the_segment_size() {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = Wal::create_with_options(dir.path(), b"", small_segments()).unwrap();
