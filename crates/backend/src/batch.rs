@@ -113,12 +113,10 @@ impl Layer {
         &mut self.buckets[at]
     }
 
-    fn set(&mut self, bucket: Bucket, key: &[u8], value: Option<&[u8]>) {
+    fn set(&mut self, bucket: Bucket, key: &[u8], value: Option<Vec<u8>>) {
         self.writes += 1;
-        self.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
-        self.bucket_mut(bucket)
-            .entries
-            .insert(key.to_vec(), value.map(<[u8]>::to_vec));
+        self.bytes += (key.len() + value.as_ref().map_or(0, Vec::len)) as u64;
+        self.bucket_mut(bucket).entries.insert(key.to_vec(), value);
     }
 
     fn is_empty(&self) -> bool {
@@ -262,6 +260,12 @@ impl<'a> BatchTx<'a> {
 
     /// Insert or overwrite `key` in `bucket`.
     pub fn put(&self, bucket: Bucket, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_owned(bucket, key, value.to_vec())
+    }
+
+    /// [`BatchTx::put`] of a value the caller has no more use for: the batch keeps it as it
+    /// is, without a copy.
+    pub fn put_owned(&self, bucket: Bucket, key: &[u8], value: Vec<u8>) -> Result<()> {
         self.layer.borrow_mut().set(bucket, key, Some(value));
         Ok(())
     }

@@ -146,18 +146,40 @@ pub fn put(txn: &mut Txn<'_, '_>, req: &PutRequest) -> Result<PutResponse> {
             lease = prev.lease;
         }
     }
-    let value = value.to_vec();
-    match txn.put(&req.key, &value, lease) {
-        Ok(_) => {}
-        Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {
-            return Err(ServerError::Etcd(&rpctypes::LEASE_NOT_FOUND));
-        }
-        Err(e) => return Err(e.into()),
-    }
+    put_value(txn, &req.key, value, lease)?;
     Ok(PutResponse {
         header: header(txn.rev()),
         prev_kv: if req.prev_kv { prev } else { None },
     })
+}
+
+/// [`put`] of a request the caller has no more use for: a plain put (no `ignore_value`,
+/// `ignore_lease` or `prev_kv`) moves its value into the store instead of copying it.
+pub fn put_owned(txn: &mut Txn<'_, '_>, mut req: PutRequest) -> Result<PutResponse> {
+    if req.ignore_value || req.ignore_lease || req.prev_kv {
+        return put(txn, &req);
+    }
+    put_value(txn, &req.key, std::mem::take(&mut req.value), req.lease)?;
+    Ok(PutResponse {
+        header: header(txn.rev()),
+        prev_kv: None,
+    })
+}
+
+/// The store's put, its missing lease answered with etcd's error.
+fn put_value(
+    txn: &mut Txn<'_, '_>,
+    key: &[u8],
+    value: impl Into<Vec<u8>>,
+    lease: i64,
+) -> Result<()> {
+    match txn.put(key, value, lease) {
+        Ok(()) => Ok(()),
+        Err(etcdrs_mvcc::Error::LeaseNotFound(_)) => {
+            Err(ServerError::Etcd(&rpctypes::LEASE_NOT_FOUND))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Apply a delete inside `txn`.

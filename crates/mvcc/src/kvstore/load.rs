@@ -347,7 +347,7 @@ mod tests {
                         txn.put(&key, b"v", 8).unwrap();
                     }
                     _ => {
-                        txn.put(&key, &key, NO_LEASE).unwrap();
+                        txn.put(&key, key.as_slice(), NO_LEASE).unwrap();
                     }
                 }
             }

@@ -403,7 +403,8 @@ fn range_pages_at_a_pinned_revision_make_the_whole_range() {
     for i in 0..100u32 {
         let mut txn = batch.txn();
         let value = vec![b'v'; 10 + i as usize];
-        txn.put(format!("k{i:03}").as_bytes(), &value, 0).unwrap();
+        txn.put(format!("k{i:03}").as_bytes(), value.as_slice(), 0)
+            .unwrap();
         txn.end();
     }
     let mut txn = batch.txn();
@@ -581,7 +582,7 @@ fn random_writes(
         match rng.below(6) {
             0 | 1 => {
                 let value = format!("v{}", rng.below(1000)).into_bytes();
-                txn.put(&key, &value, 0).unwrap();
+                txn.put(&key, value.as_slice(), 0).unwrap();
                 model.insert(key, value);
             }
             2 => {
@@ -804,7 +805,7 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
                 continue;
             }
             let mut txn = batch.txn();
-            txn.put(format!("k{i:03}").as_bytes(), &value(i, round), 0)
+            txn.put(format!("k{i:03}").as_bytes(), value(i, round), 0)
                 .unwrap();
             txn.end();
         }

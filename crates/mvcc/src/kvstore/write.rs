@@ -235,11 +235,14 @@ impl Txn<'_, '_> {
         })
     }
 
-    /// Put `key` = `value` attached to `lease` (0 for none). The lease must exist.
-    pub fn put(&mut self, key: &[u8], value: &[u8], lease: LeaseId) -> Result<KeyValue> {
+    /// Put `key` = `value` attached to `lease` (0 for none). The lease must exist. The
+    /// key-value written goes to the batch's events; its encoding goes to the backend's batch
+    /// as it is (and, when large, is copied to the values kept in memory at the commit).
+    pub fn put(&mut self, key: &[u8], value: impl Into<Vec<u8>>, lease: LeaseId) -> Result<()> {
         if lease != NO_LEASE && !self.batch.store.lessor.contains(lease) {
             return Err(Error::LeaseNotFound(lease));
         }
+        let value: Vec<u8> = value.into();
         self.tally.puts += 1;
         self.tally.put_bytes += (key.len() + value.len()) as u64;
         let rev = Revision::new(self.main, self.sub);
@@ -254,13 +257,17 @@ impl Txn<'_, '_> {
             create_revision,
             mod_revision: self.main,
             version,
-            value: value.to_vec(),
+            value,
             lease,
         };
         let stored = kv.encode_to_vec();
-        self.batch.tx.put(Bucket::KEY, &rev.to_bytes(), &stored)?;
         if stored.len() >= super::recent::LARGE {
+            self.batch.tx.put(Bucket::KEY, &rev.to_bytes(), &stored)?;
             self.batch.large.push((rev, stored));
+        } else {
+            self.batch
+                .tx
+                .put_owned(Bucket::KEY, &rev.to_bytes(), stored)?;
         }
         let lessor = &self.batch.store.lessor;
         let old_lease = lessor.lease_of(key);
@@ -273,10 +280,10 @@ impl Txn<'_, '_> {
         self.sub += 1;
         self.batch.changes.push(Event {
             r#type: EventType::Put as i32,
-            kv: Some(kv.clone()),
+            kv: Some(kv),
             prev_kv: None,
         });
-        Ok(kv)
+        Ok(())
     }
 
     /// Delete every key in `range`; returns the deleted keys, in key order.

@@ -613,7 +613,7 @@ impl Applier {
                     return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
                 }
                 let mut txn = batch.txn();
-                let result = apply::put(&mut txn, &req);
+                let result = apply::put_owned(&mut txn, req);
                 txn.end();
                 result.map(ApplyOutput::Put)
             }
