@@ -41,13 +41,15 @@ pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
 const PREALLOCATE_CHUNK: u64 = 4 << 20;
 
 /// A new chunk is written with zeros only while the syncs that filled the last one carried
-/// less than this many bytes each on average. The zeros save every later sync in the chunk a
-/// journal commit (about 0.04 ms here) and cost one extra write of the chunk (4 MiB, about
-/// 3 ms of this disk's time): they pay for themselves when a chunk holds more than about 64
-/// syncs. Large syncs (10 KiB values under load: hundreds of KiB each) fill a chunk in a few,
-/// and there the zeros were a third of all the bytes the member wrote (etcd's benchmark, 100
-/// clients, 10 KiB values: 36.0 KB per put with them, 24.8 KB without, and 8% more puts/s).
-const ZERO_FILL_MAX_BYTES_PER_SYNC: u64 = 64 * 1024;
+/// less than this many bytes each on average. The zeros save each later sync in the chunk the
+/// journal commit of the extents it fills (see [`Wal::write_zeros`]): a fixed cost per sync,
+/// which the member waits out when its syncs are small and far between (one client: 1,600
+/// puts/s without the zeros, 1,800 with). Where syncs carry tens of KiB or more (100 clients),
+/// no gain was measurable, while the zeros doubled the WAL's bytes: etcd's benchmark, 100
+/// clients over 10 connections, 1 KiB values (syncs of about 32 KiB): 28.1-28.4k puts/s with
+/// them, 27.7-28.1k without, 3.74 against 2.85 KB written per put; 10 KiB values (syncs of
+/// about 330 KiB): 11.5-12.0k against 12.5-13.0k puts/s, 34-36 against 25 KB per put.
+const ZERO_FILL_MAX_BYTES_PER_SYNC: u64 = 16 * 1024;
 
 /// The write buffer keeps at most this much capacity between saves, so one huge batch does
 /// not pin its memory forever while ordinary batches never reallocate.
