@@ -616,22 +616,25 @@ async fn slow_applies_are_counted_against_the_warning_duration() {
 #[tokio::test]
 async fn backend_batch_limit_and_interval_set_how_often_the_backend_commits() {
     const COMMITS: &str = "etcd_disk_backend_commit_duration_seconds_count";
-    // A commit for every write.
+    // A commit for every write: each write waiting is the limit, so a commit follows it. (The
+    // commit runs beside the applies: two writes in quick succession may share one, so each
+    // write here waits for its commit before the next.)
     let (m, mut c) = crate::start_with(&["--backend-batch-limit=1"]).await;
     let before = Scrape::of(&m).await.value(COMMITS, None);
     for i in 0..20 {
         c.put(format!("k{i}"), "v", None).await.unwrap();
+        let wanted = f64::from(i + 1);
+        poll_until(Duration::from_secs(10), || async {
+            let commits = Scrape::of(&m).await.value(COMMITS, None) - before;
+            if commits >= wanted {
+                Ok(())
+            } else {
+                Err(format!("{commits} commits after {wanted} writes"))
+            }
+        })
+        .await
+        .unwrap();
     }
-    poll_until(Duration::from_secs(10), || async {
-        let commits = Scrape::of(&m).await.value(COMMITS, None) - before;
-        if commits >= 20.0 {
-            Ok(())
-        } else {
-            Err(format!("{commits} commits for 20 writes"))
-        }
-    })
-    .await
-    .unwrap();
 
     // An hour apart and a limit far off: twenty writes go by without a commit of their own.
     let (m, mut c) = crate::start_with(&[
