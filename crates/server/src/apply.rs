@@ -328,27 +328,28 @@ fn check_ops(
 
 fn run_ops(
     txn: &mut Txn<'_, '_>,
-    req: &TxnRequest,
+    req: &mut TxnRequest,
     path: &[bool],
     at: &mut usize,
 ) -> Result<TxnResponse> {
     let succeeded = path.get(*at).copied().unwrap_or(false);
     *at += 1;
-    let ops = if succeeded {
-        &req.success
+    // The branch's operations are taken out of the request: their values move into the store.
+    let ops = std::mem::take(if succeeded {
+        &mut req.success
     } else {
-        &req.failure
-    };
+        &mut req.failure
+    });
     let mut responses = Vec::with_capacity(ops.len());
     for op in ops {
-        let response = match &op.request {
-            Some(Request::RequestRange(r)) => Some(Response::ResponseRange(range(&*txn, r)?)),
-            Some(Request::RequestPut(p)) => Some(Response::ResponsePut(put(txn, p)?)),
+        let response = match op.request {
+            Some(Request::RequestRange(r)) => Some(Response::ResponseRange(range(&*txn, &r)?)),
+            Some(Request::RequestPut(p)) => Some(Response::ResponsePut(put_owned(txn, p)?)),
             Some(Request::RequestDeleteRange(d)) => {
-                Some(Response::ResponseDeleteRange(delete_range(txn, d)?))
+                Some(Response::ResponseDeleteRange(delete_range(txn, &d)?))
             }
-            Some(Request::RequestTxn(inner)) => {
-                Some(Response::ResponseTxn(run_ops(txn, inner, path, at)?))
+            Some(Request::RequestTxn(mut inner)) => {
+                Some(Response::ResponseTxn(run_ops(txn, &mut inner, path, at)?))
             }
             None => None,
         };
@@ -366,16 +367,17 @@ fn run_ops(
     })
 }
 
-/// Apply a txn inside `txn` (writes) — the whole txn is one revision.
+/// Apply a txn inside `txn` (writes) — the whole txn is one revision. The request is consumed:
+/// its puts' values move into the store.
 pub fn txn_write(
     batch_txn: &mut Txn<'_, '_>,
     lessor: &etcdrs_mvcc::Lessor,
-    req: &TxnRequest,
+    mut req: TxnRequest,
 ) -> Result<TxnResponse> {
     let mut path = Vec::new();
-    txn_path(&*batch_txn, req, &mut path);
-    check_ops(batch_txn, lessor, req, &path, &mut 0)?;
-    run_ops(batch_txn, req, &path, &mut 0)
+    txn_path(&*batch_txn, &req, &mut path);
+    check_ops(batch_txn, lessor, &req, &path, &mut 0)?;
+    run_ops(batch_txn, &mut req, &path, &mut 0)
 }
 
 /// Serve a read-only txn from the committed store.

@@ -630,7 +630,7 @@ impl Applier {
                     return Err(ServerError::Etcd(&rpctypes::NO_SPACE));
                 }
                 let mut txn = batch.txn();
-                let result = apply::txn_write(&mut txn, store.lessor(), &req);
+                let result = apply::txn_write(&mut txn, store.lessor(), req);
                 txn.end();
                 result.map(ApplyOutput::Txn)
             }
