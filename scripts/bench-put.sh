@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # bench-put.sh BIN CLIENTS TOTAL VALSIZE [PORT] : one row of bench-compare's put rows on its own.
+# CONNS (default: CLIENTS, at most 100) sets the load generator's connections; bench-compare's
+# rows use 10 for 100 clients and 100 for 1,000.
 # Starts BIN (an etcd or etcd-rs binary) as a fresh single member, runs etcd's own load generator
 # (../shared/tools/etcd-benchmark, or ETCD_BENCHMARK) with `put --key-size 8 --val-size VALSIZE
 # --key-space-size 100000 --total TOTAL`, and prints requests/s, p99 (s), the server's CPU per put
@@ -27,7 +29,7 @@ cpu() { awk '{ print $14 + $15 }' "/proc/$PID/stat"; }
 c0=$(cpu) d0=$(disk)
 # The load generator's own CPU (user + system seconds), from bash's `time`.
 TIMEFORMAT='%3U %3S'
-{ time "$TOOL" --endpoints "127.0.0.1:$PORT" --clients "$CLIENTS" --conns $((CLIENTS < 100 ? CLIENTS : 100)) \
+{ time "$TOOL" --endpoints "127.0.0.1:$PORT" --clients "$CLIENTS" --conns "${CONNS:-$((CLIENTS < 100 ? CLIENTS : 100))}" \
   put --key-size 8 --val-size "$VALSIZE" --key-space-size 100000 --total "$TOTAL" >"$DIR/out" 2>&1; } 2>"$DIR/toolcpu"
 out=$(cat "$DIR/out")
 c1=$(cpu) d1=$(disk)
