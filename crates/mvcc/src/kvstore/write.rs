@@ -236,8 +236,9 @@ impl Txn<'_, '_> {
     }
 
     /// Put `key` = `value` attached to `lease` (0 for none). The lease must exist. The
-    /// key-value written goes to the batch's events; its encoding goes to the backend's batch
-    /// as it is (and, when large, is copied to the values kept in memory at the commit).
+    /// key-value written moves into the batch's events; its encoding moves into the backend's
+    /// batch when small, and when large (2 KiB or more, `recent::LARGE`) is copied there and kept for
+    /// the values held in memory, which copy it into their chunks at the commit.
     pub fn put(&mut self, key: &[u8], value: impl Into<Vec<u8>>, lease: LeaseId) -> Result<()> {
         if lease != NO_LEASE && !self.batch.store.lessor.contains(lease) {
             return Err(Error::LeaseNotFound(lease));
