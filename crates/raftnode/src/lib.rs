@@ -9,7 +9,8 @@
 //!
 //! Persistence is asynchronous (raft-rs's `advance_append_async` and `on_persist_ready`): the
 //! WAL is written and fsynced on the `wal-sync` thread (`raftnode::wal_sync`), so ticks,
-//! heartbeats, votes and appends never wait behind a slow disk.
+//! heartbeats, votes and appends never wait behind a slow disk (a member alone in its cluster,
+//! which has none of those to lose, writes on the raft thread until a second node joins).
 //!
 //! 1. `Ready::messages` (a leader's) go to peers at once: a leader sends its appends before
 //!    its own fsync and commits on a quorum of acknowledgements, which may be its followers'
@@ -482,14 +483,18 @@ pub fn start(
     spawn(core, tasks, shutdown)
 }
 
-/// Runs `core` on the raft thread, its log store on the `wal-sync` thread, represented on
-/// `tasks`.
+/// Runs `core` on the raft thread, its log store on the `wal-sync` thread (inline while the
+/// member is alone: [`wal_sync::Persistence::Alone`]), represented on `tasks`.
 fn spawn(
     mut core: NodeCore,
     tasks: &mut tokio::task::JoinSet<task::TaskResult>,
     shutdown: CancellationToken,
 ) -> Result<RaftNodeHandle> {
-    core.persistence.start_thread()?;
+    if core.alone_at_start {
+        core.persistence.stay_inline_while_alone();
+    } else {
+        core.persistence.start_thread(core.synced.clone())?;
+    }
     let status = core.status.clone();
     let (tx, rx) = mpsc::channel(NODE_CHANNEL);
     let (peer_tx, peer_rx) = mpsc::channel(NODE_CHANNEL);

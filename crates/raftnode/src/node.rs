@@ -18,6 +18,11 @@ impl NodeCore {
         state_machine: Box<dyn StateMachine>,
     ) -> Result<NodeCore> {
         let storage = MemStorage::new();
+        let alone_at_start = match &start {
+            Start::New { peers, .. } => peers.len() == 1 && peers[0].0 == config.id,
+            Start::Join { .. } => false,
+            Start::Restart { conf_state, .. } => crate::node_loop::only_node(conf_state, config.id),
+        };
         let applied = match start {
             Start::New { peers, .. } => {
                 let mut entries = Vec::with_capacity(peers.len());
@@ -95,6 +100,8 @@ impl NodeCore {
             config,
             node,
             persistence: Persistence::Inline(log),
+            synced: Arc::default(),
+            alone_at_start,
             gathering: SyncBatch::default(),
             gathering_messages: Vec::new(),
             in_flight_messages: Vec::new(),

@@ -21,8 +21,13 @@ pub(crate) struct NodeCore {
     pub(crate) config: NodeConfig,
     pub(crate) node: RawNode<NodeStorage>,
     /// Where the log is made durable: the WAL on the `wal-sync` thread (or, inline, the
-    /// simulator's memory).
+    /// simulator's memory, or a lone member's WAL).
     pub(crate) persistence: Persistence,
+    /// Woken by the `wal-sync` thread after each batch (never while the log is written inline).
+    pub(crate) synced: Arc<tokio::sync::Notify>,
+    /// Whether the member started as its cluster's only node (a new cluster of one, or a
+    /// restart whose membership is this member alone), before raft has applied any membership.
+    pub(crate) alone_at_start: bool,
     /// What the `Ready`s since the last hand-over ask to make durable: the next fsync's.
     pub(crate) gathering: SyncBatch,
     /// Messages that may leave once `gathering` is durable (a non-leader's answers, votes).
@@ -50,6 +55,14 @@ pub(crate) struct NodeCore {
     pub(crate) deferred_conf: VecDeque<(EtcdConfChange, oneshot::Sender<Result<()>>)>,
 }
 
+/// Whether `conf` is `id` alone: its only voter, no learner, not in a joint configuration.
+pub(crate) fn only_node(conf: &ConfState, id: u64) -> bool {
+    conf.voters == [id]
+        && conf.learners.is_empty()
+        && conf.voters_outgoing.is_empty()
+        && conf.learners_next.is_empty()
+}
+
 impl NodeCore {
     pub(crate) async fn run(
         mut self,
@@ -59,8 +72,7 @@ impl NodeCore {
     ) -> Result<()> {
         let mut ticker = tokio::time::interval(self.config.tick_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Woken by the `wal-sync` thread after each batch (never, inline).
-        let synced = self.persistence.wake().unwrap_or_default();
+        let synced = self.synced.clone();
         loop {
             // While the disk is behind by more than the bound, no new local proposal is taken;
             // peers' messages (heartbeats, votes, appends) and ticks go on.
@@ -331,6 +343,23 @@ impl NodeCore {
         Ok(())
     }
 
+    /// Whether this member is its cluster's only node, voter or learner.
+    fn alone(&self) -> bool {
+        only_node(
+            &self.node.raft.raft_log.store.conf_state.lock(),
+            self.node.raft.id,
+        )
+    }
+
+    /// After a change of membership: a log written inline while the member was alone moves to
+    /// its thread once it is not (see [`Persistence::Alone`]).
+    fn check_company(&mut self) -> Result<()> {
+        if !self.alone() {
+            self.persistence.company_arrived(self.synced.clone())?;
+        }
+        Ok(())
+    }
+
     fn mark_durable(&mut self, number: u64, messages: Vec<Message>) {
         if number != 0 {
             self.durable = Some(self.durable.map_or(number, |durable| durable.max(number)));
@@ -442,6 +471,7 @@ impl NodeCore {
             if let Some(changed) = changed {
                 *self.node.raft.raft_log.store.conf_state.lock() = changed.clone();
                 conf_state = Some(changed);
+                self.check_company()?;
             }
             chunk.push(entry);
         }
@@ -509,6 +539,7 @@ impl NodeCore {
         self.last_mark = index;
         self.bytes_since_mark = 0;
         self.status.write().applied = index;
+        self.check_company()?;
         tracing::info!(index, term, "applied snapshot from the leader");
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! Before the `wal-sync` thread, the raft thread saved inline: a leader whose saves took
 //! longer than the election timeout sent no heartbeat meanwhile and was deposed. Now a slow
 //! leader keeps its term while its followers go on committing, and a slow follower does not
-//! hold up the leader's commits.
+//! hold up the leader's commits. A lone member has neither to lose: it saves on its raft
+//! thread until a second node joins.
 
 use super::*;
 use std::collections::HashMap;
@@ -279,4 +280,108 @@ async fn a_follower_whose_saves_stall_does_not_hold_up_the_leaders_commits() {
         "the slow follower, its disk fast again",
     )
     .await;
+}
+
+/// Records the name of the thread each save ran on.
+struct ThreadRecording {
+    threads: Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+impl LogStore for ThreadRecording {
+    fn save(&mut self, _hard_state: Option<&HardState>, entries: &[Entry]) -> Result<()> {
+        if !entries.is_empty() {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            self.threads.lock().push(name);
+        }
+        Ok(())
+    }
+    fn mark_snapshot(&mut self, _index: u64, _term: u64) -> Result<()> {
+        Ok(())
+    }
+    fn release_to(&mut self, _index: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
+    let net = Arc::new(Net::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    let shutdown = CancellationToken::new();
+    let config = NodeConfig {
+        id: 1,
+        wal_dir: PathBuf::from("unused"),
+        tick_interval: TICK,
+        election_tick: ELECTION_TICKS,
+        heartbeat_tick: 1,
+        pre_vote: true,
+        snapshot_count: 1_000_000,
+        catch_up_entries: 100,
+        unsafe_no_fsync: false,
+    };
+    let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Start::New {
+        metadata: Vec::new(),
+        peers: vec![(1, Vec::new())],
+    };
+    let core = NodeCore::new(
+        config,
+        start,
+        Box::new(ThreadRecording {
+            threads: threads.clone(),
+        }),
+        Recovered::default(),
+        Arc::new(net.clone()),
+        Box::new(Counter {
+            applied: count.clone(),
+        }),
+    )
+    .expect("node");
+    let handle = spawn(core, &mut tasks, shutdown.clone()).expect("spawn");
+    let member = Member {
+        handle,
+        applied: count,
+        delay_ms: Arc::default(),
+    };
+    let last_save = || threads.lock().last().cloned().unwrap_or_default();
+
+    let deadline = Instant::now() + WAIT;
+    while !member.handle.status().is_leader {
+        assert!(Instant::now() < deadline, "the lone member never led");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    member
+        .handle
+        .propose(vec![1], |_| {})
+        .await
+        .expect("propose");
+    applied(&member, 1, "alone").await;
+    assert_eq!(last_save(), "raft", "alone, the raft thread saves");
+
+    member
+        .handle
+        .propose_conf_change(EtcdConfChange {
+            id: 0,
+            kind: ChangeKind::AddLearnerNode,
+            node_id: 2,
+            context: None,
+        })
+        .await
+        .expect("the learner is proposed");
+    // Applied in order: once this entry is, so is the learner's addition.
+    member
+        .handle
+        .propose(vec![1], |_| {})
+        .await
+        .expect("propose");
+    applied(&member, 2, "with the learner added").await;
+    member
+        .handle
+        .propose(vec![1], |_| {})
+        .await
+        .expect("propose");
+    applied(&member, 3, "with a learner").await;
+    assert_eq!(last_save(), "wal-sync", "with company, the thread saves");
+    shutdown.cancel();
 }

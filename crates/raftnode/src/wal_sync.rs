@@ -17,6 +17,16 @@
 //! [`Persistence::Inline`] is the same contract without the thread, for the node's start and
 //! the simulator: a batch is written where it is handed over; [`Persistence::Deferred`] lets
 //! the simulator decide when each batch reaches its disk.
+//!
+//! A member that is its cluster's only node ([`Persistence::Alone`]) writes inline too, until
+//! a second node appears: the thread is there so that a slow fsync costs no election and holds
+//! up no quorum, and a lone voter has neither to lose, while each batch handed to the thread
+//! costs two thread switches. Measured with etcd's benchmark (put, 256 B, fresh members,
+//! alternated): 100 clients over 10 connections 27.8-28.5k puts/s and 27.3-28.7 us of member
+//! CPU per put inline against 26.2-26.3k and 30.3 us on the thread; one client 2,110-2,224
+//! against 2,019-2,048; 1,000 clients and 10 KiB values the same within noise. A lone member
+//! whose disk stalls then answers nothing until the fsync returns, as etcd's own raft loop,
+//! which fsyncs where it runs, does.
 
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
@@ -115,17 +125,14 @@ pub(crate) struct SyncThread {
     jobs: Option<std_mpsc::SyncSender<SyncBatch>>,
     /// Outcomes, in batch order.
     done: std_mpsc::Receiver<Done>,
-    /// Woken after each outcome: what the raft thread's loop waits on.
-    pub(crate) wake: Arc<Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SyncThread {
-    fn spawn(mut log: Box<dyn LogStore>) -> Result<SyncThread> {
+    fn spawn(mut log: Box<dyn LogStore>, wake: Arc<Notify>) -> Result<SyncThread> {
         let (jobs, job_rx) = std_mpsc::sync_channel::<SyncBatch>(1);
         let (done_tx, done) = std_mpsc::channel();
-        let wake = Arc::new(Notify::new());
-        let waker = wake.clone();
+        let waker = wake;
         let thread = std::thread::Builder::new()
             .name("wal-sync".into())
             .spawn(move || {
@@ -145,7 +152,6 @@ impl SyncThread {
         Ok(SyncThread {
             jobs: Some(jobs),
             done,
-            wake,
             thread: Some(thread),
         })
     }
@@ -166,6 +172,9 @@ impl Drop for SyncThread {
 pub(crate) enum Persistence {
     /// Written where handed over (the simulator; a node before its thread starts).
     Inline(Box<dyn LogStore>),
+    /// Written where handed over while the member is its cluster's only node; moved to a
+    /// thread ([`Persistence::company_arrived`]) once it is not.
+    Alone(Box<dyn LogStore>),
     /// Written on the `wal-sync` thread; `in_flight` while a batch is there.
     Thread {
         /// The thread.
@@ -189,19 +198,38 @@ pub(crate) enum Persistence {
 }
 
 impl Persistence {
-    /// Moves the log store to a `wal-sync` thread of its own.
-    pub(crate) fn start_thread(&mut self) -> Result<()> {
+    /// Moves the log store to a `wal-sync` thread of its own, which wakes `wake` after each
+    /// batch.
+    pub(crate) fn start_thread(&mut self, wake: Arc<Notify>) -> Result<()> {
         let log = match std::mem::replace(self, Persistence::Moving) {
-            Persistence::Inline(log) => log,
+            Persistence::Inline(log) | Persistence::Alone(log) => log,
             other => {
                 *self = other;
                 return Ok(());
             }
         };
         *self = Persistence::Thread {
-            sync: SyncThread::spawn(log)?,
+            sync: SyncThread::spawn(log, wake)?,
             in_flight: None,
         };
+        Ok(())
+    }
+
+    /// Writes inline while the member is alone (see the module's doc), then on a thread.
+    pub(crate) fn stay_inline_while_alone(&mut self) {
+        if let Persistence::Inline(_) = self
+            && let Persistence::Inline(log) = std::mem::replace(self, Persistence::Moving)
+        {
+            *self = Persistence::Alone(log);
+        }
+    }
+
+    /// The member is no longer its cluster's only node: a log written inline while it was
+    /// moves to its thread (no batch is ever in flight inline).
+    pub(crate) fn company_arrived(&mut self, wake: Arc<Notify>) -> Result<()> {
+        if let Persistence::Alone(_) = self {
+            self.start_thread(wake)?;
+        }
         Ok(())
     }
 
@@ -257,15 +285,7 @@ impl Persistence {
             Persistence::Deferred {
                 queued, written, ..
             } => queued.is_some() || written.is_some(),
-            Persistence::Inline(_) | Persistence::Moving => false,
-        }
-    }
-
-    /// What wakes the raft thread when a batch is done (none inline: nothing is ever pending).
-    pub(crate) fn wake(&self) -> Option<Arc<Notify>> {
-        match self {
-            Persistence::Thread { sync, .. } => Some(sync.wake.clone()),
-            _ => None,
+            Persistence::Inline(_) | Persistence::Alone(_) | Persistence::Moving => false,
         }
     }
 
@@ -273,7 +293,7 @@ impl Persistence {
     /// Returns the number now durable, if the batch was written on the spot (inline).
     pub(crate) fn submit(&mut self, batch: SyncBatch) -> Result<Option<u64>> {
         match self {
-            Persistence::Inline(log) => {
+            Persistence::Inline(log) | Persistence::Alone(log) => {
                 write(log.as_mut(), &batch)?;
                 Ok(Some(batch.number))
             }
@@ -394,7 +414,7 @@ mod tests {
             saved: Arc::clone(&saved),
             fail: false,
         }));
-        persistence.start_thread().expect("thread");
+        persistence.start_thread(Arc::default()).expect("thread");
         assert!(!persistence.busy());
         let mut batch = SyncBatch::default();
         batch.add(4, None, vec![entry(1, 1, b"x")]);
@@ -410,7 +430,7 @@ mod tests {
             saved: Arc::default(),
             fail: true,
         }));
-        failing.start_thread().expect("thread");
+        failing.start_thread(Arc::default()).expect("thread");
         let mut batch = SyncBatch::default();
         batch.add(1, None, vec![entry(1, 1, b"x")]);
         failing.submit(batch).expect("submit");
