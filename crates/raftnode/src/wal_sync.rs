@@ -22,11 +22,11 @@
 //! a second node appears: the thread is there so that a slow fsync costs no election and holds
 //! up no quorum, and a lone voter has neither to lose, while each batch handed to the thread
 //! costs two thread switches. Measured with etcd's benchmark (put, 256 B, fresh members,
-//! alternated): 100 clients over 10 connections 27.8-28.5k puts/s and 27.3-28.7 us of member
-//! CPU per put inline against 26.2-26.3k and 30.3 us on the thread; one client 2,110-2,224
-//! against 2,019-2,048; 1,000 clients and 10 KiB values the same within noise. A lone member
-//! whose disk stalls then answers nothing until the fsync returns, as etcd's own raft loop,
-//! which fsyncs where it runs, does.
+//! alternated, `scripts/bench-put.sh`): 100 clients over 10 connections 28.5-30.6k puts/s and
+//! 27.2-29.5 us of member CPU per put inline against 25.3-27.6k and 31.2-31.3 us on the
+//! thread; one client 2,179-2,290 against 1,819-2,005; 1,000 clients and 10 KiB values the
+//! same within noise. A lone member whose disk stalls then answers nothing until the fsync
+//! returns, as etcd's own raft loop, which fsyncs where it runs, does.
 
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
