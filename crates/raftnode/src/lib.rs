@@ -190,6 +190,16 @@ pub trait StateMachine: Send + 'static {
     /// next, refuses it alike and tells its proposer why.
     fn conf_change_allowed(&mut self, index: u64, change: &EtcdConfChange) -> bool;
 
+    /// The newest applied entry the state machine has come to hold durably since it last said
+    /// (in [`Applied::durable`] or here), if any. A state machine that makes its writes durable
+    /// in the background learns of them after its last apply: the raft thread asks on each
+    /// turn, so that a member whose writes stopped still takes the snapshot mark they made due
+    /// (releasing raft's log held in memory and the WAL's old segments) rather than waiting
+    /// for the next write.
+    fn durable(&mut self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// Replace the state with the leader's snapshot taken at or after entry `index`; the
     /// membership at that point is `conf_state`, and `data` is the snapshot's own payload
     /// (etcd's: the v2 store's JSON, where etcd 3.4 and 3.5 keep the membership they recover).

@@ -125,6 +125,8 @@ impl NodeCore {
     /// voter's campaign, then the `Ready` step if raft has one (whether it had one is
     /// returned).
     pub(crate) fn turn(&mut self) -> Result<bool> {
+        let durable = self.state_machine.durable();
+        self.on_applied(durable)?;
         let reported = self.sync_step()?;
         self.maybe_campaign()?;
         self.send_reads();

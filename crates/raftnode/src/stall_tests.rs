@@ -6,7 +6,8 @@
 //! longer than the election timeout sent no heartbeat meanwhile and was deposed. Now a slow
 //! leader keeps its term while its followers go on committing, and a slow follower does not
 //! hold up the leader's commits. A lone member has neither to lose: it saves on its raft
-//! thread until a second node joins.
+//! thread until a second node joins. Also here, with the same threads: read indexes asked on
+//! every member at once, and a snapshot mark taken after the writes stop.
 
 use super::*;
 use std::collections::HashMap;
@@ -310,12 +311,14 @@ async fn read_indexes_asked_on_every_member_at_once_are_all_answered() {
     }
 }
 
-/// Records the name of the thread each save ran on.
-struct ThreadRecording {
+/// Records the name of the thread each save ran on, and the snapshot marks.
+#[derive(Default)]
+struct Recording {
     threads: Arc<parking_lot::Mutex<Vec<String>>>,
+    marks: Arc<parking_lot::Mutex<Vec<u64>>>,
 }
 
-impl LogStore for ThreadRecording {
+impl LogStore for Recording {
     fn save(&mut self, _hard_state: Option<&HardState>, entries: &[Entry]) -> Result<()> {
         if !entries.is_empty() {
             let name = std::thread::current().name().unwrap_or("").to_string();
@@ -323,7 +326,8 @@ impl LogStore for ThreadRecording {
         }
         Ok(())
     }
-    fn mark_snapshot(&mut self, _index: u64, _term: u64) -> Result<()> {
+    fn mark_snapshot(&mut self, index: u64, _term: u64) -> Result<()> {
+        self.marks.lock().push(index);
         Ok(())
     }
     fn release_to(&mut self, _index: u64) -> Result<()> {
@@ -331,8 +335,17 @@ impl LogStore for ThreadRecording {
     }
 }
 
-#[tokio::test]
-async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
+/// A cluster of one over `log` and `machine`, once it leads.
+async fn lone_member(
+    log: Recording,
+    machine: Box<dyn StateMachine>,
+    applied: Arc<AtomicU64>,
+    snapshot_count: u64,
+) -> (
+    Member,
+    tokio::task::JoinSet<task::TaskResult>,
+    CancellationToken,
+) {
     let net = Arc::new(Net::default());
     let mut tasks = tokio::task::JoinSet::new();
     let shutdown = CancellationToken::new();
@@ -343,12 +356,10 @@ async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
         election_tick: ELECTION_TICKS,
         heartbeat_tick: 1,
         pre_vote: true,
-        snapshot_count: 1_000_000,
+        snapshot_count,
         catch_up_entries: 100,
         unsafe_no_fsync: false,
     };
-    let threads = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let count = Arc::new(AtomicU64::new(0));
     let start = Start::New {
         metadata: Vec::new(),
         peers: vec![(1, Vec::new())],
@@ -356,29 +367,37 @@ async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
     let core = NodeCore::new(
         config,
         start,
-        Box::new(ThreadRecording {
-            threads: threads.clone(),
-        }),
+        Box::new(log),
         Recovered::default(),
-        Arc::new(net.clone()),
-        Box::new(Counter {
-            applied: count.clone(),
-        }),
+        Arc::new(net),
+        machine,
     )
     .expect("node");
     let handle = spawn(core, &mut tasks, shutdown.clone()).expect("spawn");
-    let member = Member {
-        handle,
-        applied: count,
-        delay_ms: Arc::default(),
-    };
-    let last_save = || threads.lock().last().cloned().unwrap_or_default();
-
     let deadline = Instant::now() + WAIT;
-    while !member.handle.status().is_leader {
+    while !handle.status().is_leader {
         assert!(Instant::now() < deadline, "the lone member never led");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let member = Member {
+        handle,
+        applied,
+        delay_ms: Arc::default(),
+    };
+    (member, tasks, shutdown)
+}
+
+#[tokio::test]
+async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
+    let log = Recording::default();
+    let threads = log.threads.clone();
+    let count = Arc::new(AtomicU64::new(0));
+    let machine = Box::new(Counter {
+        applied: count.clone(),
+    });
+    let (member, _tasks, shutdown) = lone_member(log, machine, count, 1_000_000).await;
+    let last_save = || threads.lock().last().cloned().unwrap_or_default();
+
     member
         .handle
         .propose(vec![1], |_| {})
@@ -411,5 +430,86 @@ async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
         .expect("propose");
     applied(&member, 3, "with a learner").await;
     assert_eq!(last_save(), "wal-sync", "with company, the thread saves");
+    shutdown.cancel();
+}
+
+/// Makes nothing durable while it applies: its writes become durable later, when told
+/// (`flushed`), as the server's backend flushes in the background.
+struct LateDurable {
+    applied: Arc<AtomicU64>,
+    last: (u64, u64),
+    flushed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StateMachine for LateDurable {
+    fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
+        for entry in &batch.entries {
+            if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
+                self.applied.fetch_add(1, Ordering::Relaxed);
+            }
+            self.last = (entry.index, entry.term);
+        }
+        Ok(Applied {
+            index: self.last.0,
+            term: self.last.1,
+            durable: None,
+            compact_log: false,
+        })
+    }
+    fn durable(&mut self) -> Option<(u64, u64)> {
+        self.flushed
+            .swap(false, Ordering::Relaxed)
+            .then_some(self.last)
+    }
+    fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
+        true
+    }
+    fn restore(
+        &mut self,
+        _: u64,
+        _: u64,
+        _: &ConfState,
+        _: &[u8],
+    ) -> std::result::Result<(), String> {
+        Err("no snapshots here".into())
+    }
+}
+
+/// Writes that stop right after a snapshot mark falls due, before the state machine holds
+/// them durably: the mark is taken once it does, with no write after them.
+#[tokio::test]
+async fn a_mark_due_when_writes_stop_is_taken_once_the_state_machine_holds_them() {
+    let log = Recording::default();
+    let marks = log.marks.clone();
+    let count = Arc::new(AtomicU64::new(0));
+    let flushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let machine = Box::new(LateDurable {
+        applied: count.clone(),
+        last: (0, 0),
+        flushed: flushed.clone(),
+    });
+    let (member, _tasks, shutdown) = lone_member(log, machine, count, 5).await;
+    for _ in 0..6 {
+        member
+            .handle
+            .propose(vec![1], |_| {})
+            .await
+            .expect("propose");
+    }
+    applied(&member, 6, "the writes").await;
+    assert!(marks.lock().is_empty(), "nothing durable yet, no mark");
+    flushed.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(&mark) = marks.lock().last() {
+            assert!(mark >= 6, "the mark covers the writes: {mark}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no mark after the writes became durable"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     shutdown.cancel();
 }

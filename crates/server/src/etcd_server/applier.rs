@@ -251,10 +251,18 @@ impl Applier {
     /// flushes its batches in the background, and each batch's generation waits here until
     /// [`etcdrs_backend::Backend::durable_generation`] reaches it.
     fn durable_through(&mut self, index: u64, term: u64) -> Option<(u64, u64)> {
-        let backend = self.inner.store.backend();
-        self.unflushed
-            .push_back((backend.published_generation(), index, term));
-        let durable = backend.durable_generation();
+        let generation = self.inner.store.backend().published_generation();
+        self.unflushed.push_back((generation, index, term));
+        self.newly_durable()
+    }
+
+    /// The newest applied entry that a durable flush of the backend has come to hold since
+    /// the last report, if any.
+    fn newly_durable(&mut self) -> Option<(u64, u64)> {
+        if self.unflushed.is_empty() {
+            return None;
+        }
+        let durable = self.inner.store.backend().durable_generation();
         let mut reached = None;
         while let Some(&(generation, index, term)) = self.unflushed.front() {
             if generation > durable {
@@ -870,6 +878,10 @@ impl StateMachine for Applier {
 
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
         self.apply_committed(batch).map_err(|e| e.to_string())
+    }
+
+    fn durable(&mut self) -> Option<(u64, u64)> {
+        self.newly_durable()
     }
 
     fn restore(
