@@ -514,7 +514,7 @@ fn spawn(
     // The WAL moves to the `wal-sync` thread, which the raft thread owns: it stops (after its
     // last batch) when the raft thread's loop ends, before the task below reports the end.
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
         .map_err(|e| Error::Corrupt(format!("cannot start the raft thread's runtime: {e}")))?;
     std::thread::Builder::new()
