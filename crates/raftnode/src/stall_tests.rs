@@ -42,26 +42,43 @@ impl LogStore for SlowLog {
     }
 }
 
-/// Counts the non-empty normal entries it applies.
+/// Counts the non-empty normal entries it applies. It makes nothing durable while it
+/// applies; with `flushed`, what it applied becomes durable later, when told, as the server's
+/// backend flushes in the background.
 struct Counter {
     applied: Arc<AtomicU64>,
+    last: (u64, u64),
+    flushed: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Counter {
+    fn new(applied: Arc<AtomicU64>) -> Counter {
+        Counter {
+            applied,
+            last: (0, 0),
+            flushed: None,
+        }
+    }
 }
 
 impl StateMachine for Counter {
     fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
-        let mut last = (0, 0);
         for entry in &batch.entries {
             if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
                 self.applied.fetch_add(1, Ordering::Relaxed);
             }
-            last = (entry.index, entry.term);
+            self.last = (entry.index, entry.term);
         }
         Ok(Applied {
-            index: last.0,
-            term: last.1,
+            index: self.last.0,
+            term: self.last.1,
             durable: None,
             compact_log: false,
         })
+    }
+    fn durable(&mut self) -> Option<(u64, u64)> {
+        let flushed = self.flushed.as_ref()?;
+        flushed.swap(false, Ordering::Relaxed).then_some(self.last)
     }
     fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
         true
@@ -144,9 +161,7 @@ fn cluster() -> Cluster {
             }),
             Recovered::default(),
             Arc::new(net.clone()),
-            Box::new(Counter {
-                applied: applied.clone(),
-            }),
+            Box::new(Counter::new(applied.clone())),
         )
         .expect("node");
         let handle = spawn(core, &mut tasks, shutdown.clone()).expect("spawn");
@@ -191,6 +206,15 @@ impl Cluster {
                 (status.leader, status.term)
             })
             .collect()
+    }
+}
+
+/// Polls `done` until it holds, failing with `what` after [`WAIT`].
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -346,11 +370,7 @@ async fn lone_member(
     )
     .expect("node");
     let handle = spawn(core, &mut tasks, shutdown.clone()).expect("spawn");
-    let deadline = Instant::now() + WAIT;
-    while !handle.status().is_leader {
-        assert!(Instant::now() < deadline, "the lone member never led");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("the lone member never led", || handle.status().is_leader).await;
     let member = Member {
         handle,
         applied,
@@ -364,9 +384,7 @@ async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
     let log = Recording::default();
     let threads = log.threads.clone();
     let count = Arc::new(AtomicU64::new(0));
-    let machine = Box::new(Counter {
-        applied: count.clone(),
-    });
+    let machine = Box::new(Counter::new(count.clone()));
     let (member, _tasks, shutdown) = lone_member(log, machine, count, 1_000_000).await;
     let last_save = || threads.lock().last().cloned().unwrap_or_default();
 
@@ -405,48 +423,6 @@ async fn a_lone_member_saves_on_its_raft_thread_until_a_learner_joins() {
     shutdown.cancel();
 }
 
-/// Makes nothing durable while it applies: its writes become durable later, when told
-/// (`flushed`), as the server's backend flushes in the background.
-struct LateDurable {
-    applied: Arc<AtomicU64>,
-    last: (u64, u64),
-    flushed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl StateMachine for LateDurable {
-    fn apply(&mut self, batch: Apply) -> std::result::Result<Applied, String> {
-        for entry in &batch.entries {
-            if entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty() {
-                self.applied.fetch_add(1, Ordering::Relaxed);
-            }
-            self.last = (entry.index, entry.term);
-        }
-        Ok(Applied {
-            index: self.last.0,
-            term: self.last.1,
-            durable: None,
-            compact_log: false,
-        })
-    }
-    fn durable(&mut self) -> Option<(u64, u64)> {
-        self.flushed
-            .swap(false, Ordering::Relaxed)
-            .then_some(self.last)
-    }
-    fn conf_change_allowed(&mut self, _index: u64, _change: &EtcdConfChange) -> bool {
-        true
-    }
-    fn restore(
-        &mut self,
-        _: u64,
-        _: u64,
-        _: &ConfState,
-        _: &[u8],
-    ) -> std::result::Result<(), String> {
-        Err("no snapshots here".into())
-    }
-}
-
 /// Writes that stop right after a snapshot mark falls due, before the state machine holds
 /// them durably: the mark is taken once it does, with no write after them.
 #[tokio::test]
@@ -455,10 +431,9 @@ async fn a_mark_due_when_writes_stop_is_taken_once_the_state_machine_holds_them(
     let marks = log.marks.clone();
     let count = Arc::new(AtomicU64::new(0));
     let flushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let machine = Box::new(LateDurable {
-        applied: count.clone(),
-        last: (0, 0),
-        flushed: flushed.clone(),
+    let machine = Box::new(Counter {
+        flushed: Some(flushed.clone()),
+        ..Counter::new(count.clone())
     });
     let (member, _tasks, shutdown) = lone_member(log, machine, count, 5).await;
     for _ in 0..6 {
@@ -471,17 +446,11 @@ async fn a_mark_due_when_writes_stop_is_taken_once_the_state_machine_holds_them(
     applied(&member, 6, "the writes").await;
     assert!(marks.lock().is_empty(), "nothing durable yet, no mark");
     flushed.store(true, Ordering::Relaxed);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(&mark) = marks.lock().last() {
-            assert!(mark >= 6, "the mark covers the writes: {mark}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no mark after the writes became durable"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("no mark after the writes became durable", || {
+        !marks.lock().is_empty()
+    })
+    .await;
+    let mark = marks.lock().last().copied().unwrap_or(0);
+    assert!(mark >= 6, "the mark covers the writes: {mark}");
     shutdown.cancel();
 }
