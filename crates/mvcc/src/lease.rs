@@ -27,7 +27,7 @@
 //! This module is *not* the lease RPC service (that is the server's `rpc::lease`) and never
 //! spawns tasks or reads the clock: every time-dependent call takes `now`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -155,8 +155,15 @@ fn expiry_at(now: Instant, extend: Duration, ttl: i64) -> Option<Instant> {
 /// The outcome of [`Lessor::renew`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
-    /// The lease's clock restarted; it now lives this many seconds (its granted TTL).
-    Renewed(i64),
+    /// The lease's clock restarted.
+    Renewed {
+        /// It now lives this many seconds (its granted TTL).
+        ttl: i64,
+        /// A checkpoint of it may stand, or be on its way through raft, on the members: the
+        /// caller clears it through raft, or a new leader would restart the renewed lease
+        /// from that remainder.
+        clear_checkpoint: bool,
+    },
     /// There is no such lease (never granted, or revoked).
     NotFound,
     /// The lease expired and awaits its revocation; it was not renewed. The caller waits for
@@ -174,6 +181,10 @@ struct Inner {
     revoke_retry: HashMap<LeaseId, Instant>,
     /// Invariant: every lease has an expiry exactly when this is true.
     primary: bool,
+    /// Leases this lessor took a checkpoint of ([`Lessor::checkpoints`]) since their last
+    /// renewal, while primary: the checkpoint may not have applied here yet (no remainder
+    /// stands) and still land after a renewal, so the renewal must clear it in the log.
+    checkpoint_taken: HashSet<LeaseId>,
 }
 
 /// The set of leases.
@@ -234,6 +245,7 @@ impl Lessor {
             let mut inner = self.inner.lock();
             let lease = inner.leases.remove(&id)?;
             inner.revoke_retry.remove(&id);
+            inner.checkpoint_taken.remove(&id);
             for key in &lease.keys {
                 inner.key_lease.remove(key);
             }
@@ -320,10 +332,20 @@ impl Lessor {
             return Renewal::Expired;
         }
         lease.expiry = expiry_at(now, Duration::ZERO, lease.ttl);
-        // A renewal starts the lease afresh: a checkpointed remainder no longer holds.
+        // A renewal starts the lease afresh: a checkpointed remainder no longer holds, here
+        // at once, on the other members once the caller's clear applies. A checkpoint taken
+        // before and applied after it (committed, not applied here yet) needs that clear too:
+        // the simulator's lease checks found it (seed 6043: a new leader expired a renewed
+        // lease 518 ms early).
+        let clear_checkpoint = lease.remaining_ttl > 0;
         lease.remaining_ttl = 0;
+        let ttl = lease.ttl;
+        let clear_checkpoint = inner.checkpoint_taken.remove(&id) || clear_checkpoint;
         crate::metrics::LEASES_RENEWED.inc();
-        Renewal::Renewed(lease.ttl)
+        Renewal::Renewed {
+            ttl,
+            clear_checkpoint,
+        }
     }
 
     /// Apply a checkpoint (etcd's `Checkpoint`): `id` had `remaining_ttl` seconds left on the
@@ -342,7 +364,7 @@ impl Lessor {
     /// covers only when it is a second or more (the simulator's lease checks found it, seed 15
     /// with a 100 ms election timeout). Empty unless primary.
     pub fn checkpoints(&self, now: Instant, limit: usize) -> Vec<(LeaseId, i64)> {
-        let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
         if !inner.primary {
             return Vec::new();
         }
@@ -360,8 +382,11 @@ impl Lessor {
             })
             .collect();
         due.sort_unstable();
+        due.truncate(limit);
+        inner
+            .checkpoint_taken
+            .extend(due.iter().map(|(_, id, _)| *id));
         due.into_iter()
-            .take(limit)
             .map(|(_, id, remaining)| (id, remaining))
             .collect()
     }
@@ -411,6 +436,7 @@ impl Lessor {
             let mut inner = self.inner.lock();
             inner.primary = false;
             inner.revoke_retry.clear();
+            inner.checkpoint_taken.clear();
             for lease in inner.leases.values_mut() {
                 lease.expiry = None;
             }
@@ -463,6 +489,7 @@ impl Lessor {
             inner.leases.clear();
             inner.key_lease.clear();
             inner.revoke_retry.clear();
+            inner.checkpoint_taken.clear();
         }
         self.notify();
     }
@@ -566,7 +593,10 @@ mod tests {
         assert!(lessor.expired(t0 + Duration::from_secs(4), 10).is_empty());
         assert_eq!(
             lessor.renew(7, t0 + Duration::from_secs(4)),
-            Renewal::Renewed(5)
+            Renewal::Renewed {
+                ttl: 5,
+                clear_checkpoint: false
+            }
         );
         assert!(lessor.expired(t0 + Duration::from_secs(8), 10).is_empty());
         assert_eq!(lessor.expired(t0 + Duration::from_secs(9), 10), vec![7]);
@@ -640,6 +670,39 @@ mod tests {
         assert_eq!(lessor.checkpoints(whole, 10), vec![(1, 7)]);
     }
 
+    /// A renewal asks its caller to clear the lease's checkpoint in the log when a remainder
+    /// stands here, and also when this lessor took a checkpoint that has not applied here
+    /// yet (it would land after the renewal); once cleared, the next renewal asks nothing.
+    #[test]
+    fn a_renewal_clears_a_checkpoint_that_stands_or_is_on_its_way() {
+        let lessor = primary(1);
+        let t0 = Instant::now();
+        lessor.insert(1, 10, t0);
+        lessor.insert(2, 10, t0);
+        let renewed = |id, at| lessor.renew(id, at);
+        let clears = |clear_checkpoint| Renewal::Renewed {
+            ttl: 10,
+            clear_checkpoint,
+        };
+        let t1 = t0 + Duration::from_secs(3);
+        assert_eq!(renewed(1, t1), clears(false), "no checkpoint taken");
+        // Taken of both; lease 2's has applied here, lease 1's not yet.
+        let t2 = t1 + Duration::from_secs(3);
+        assert_eq!(lessor.checkpoints(t2, 10), vec![(2, 4), (1, 7)]);
+        lessor.checkpoint(2, 4);
+        assert_eq!(renewed(1, t2), clears(true), "a checkpoint on its way");
+        assert_eq!(renewed(2, t2), clears(true), "a checkpoint that stands");
+        assert_eq!(lessor.get(2).map(|l| l.remaining_ttl), Some(0));
+        assert_eq!(renewed(1, t2), clears(false));
+        assert_eq!(renewed(2, t2), clears(false));
+        // A demoted lessor's checkpoints went with its leadership.
+        let t3 = t2 + Duration::from_secs(3);
+        assert_eq!(lessor.checkpoints(t3, 10).len(), 2);
+        lessor.demote();
+        lessor.promote(t3, Duration::ZERO);
+        assert_eq!(renewed(1, t3), clears(false));
+    }
+
     #[test]
     fn expired_is_oldest_first_and_limited() {
         let lessor = primary(1);
@@ -666,7 +729,13 @@ mod tests {
         let t1 = t0 + Duration::from_secs(50);
         lessor.promote(t1, Duration::from_secs(1));
         assert_eq!(lessor.get(1).unwrap().remaining(t1), 3);
-        assert_eq!(lessor.renew(1, t1), Renewal::Renewed(2));
+        assert_eq!(
+            lessor.renew(1, t1),
+            Renewal::Renewed {
+                ttl: 2,
+                clear_checkpoint: false
+            }
+        );
         lessor.insert(2, 4, t1);
         assert_eq!(lessor.get(2).unwrap().remaining(t1), 4);
         lessor.demote();

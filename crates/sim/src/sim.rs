@@ -317,6 +317,11 @@ struct Member {
     /// its promotion (the checkpoint it applied, else the full TTL, plus the extension), the
     /// keep-alives it renewed, and the grants it applied.
     lease_allowance: BTreeMap<i64, u64>,
+    /// Leases its lessor renewed, with its applied index at the renewal: a renewal clears the
+    /// lessor's checkpointed remainder at once (its clear goes through raft after), so only a
+    /// checkpoint entry above that index stands for the lease on this member again. Gone with
+    /// the lessor (a restart, a snapshot's install).
+    renewed_at: BTreeMap<i64, u64>,
     /// The checkpoints its lessor holds are those of the entries it applied after this index
     /// (since its start, or since a snapshot's install, unless checkpoints persist).
     checkpoint_floor: u64,
@@ -363,6 +368,7 @@ impl Member {
             compactions: Vec::new(),
             promoted_at: None,
             lease_allowance: BTreeMap::new(),
+            renewed_at: BTreeMap::new(),
             checkpoint_floor: 0,
             started_at: 0,
             paused_until: 0,
@@ -387,6 +393,7 @@ impl Member {
         lock(&self.observed).clear();
         self.promoted_at = None;
         self.lease_allowance.clear();
+        self.renewed_at.clear();
         self.disk_write_scheduled = false;
     }
 

@@ -99,10 +99,12 @@ async fn renew(server: &EtcdServer, id: LeaseId) -> Result<i64, ServerError> {
     loop {
         // Subscribed before the check: a revocation between the two is not missed.
         let mut changes = lessor.subscribe();
-        let checkpointed = lessor.get(id).is_some_and(|lease| lease.remaining_ttl > 0);
         match lessor.renew(id, server.store().now()) {
-            Renewal::Renewed(ttl) => {
-                if checkpointed && server.config().lease_checkpoint {
+            Renewal::Renewed {
+                ttl,
+                clear_checkpoint,
+            } => {
+                if clear_checkpoint && server.config().lease_checkpoint {
                     // As etcd 3.5: the members' checkpointed remainder is cleared too, or a
                     // new leader would restart the renewed lease from it.
                     server.clear_lease_checkpoint(id).await;

@@ -11,7 +11,10 @@
 //! clearing of a checkpointed remainder (`clear_lease_checkpoint`).
 //!
 //! The checks read the remainders from the log, not from the lessor: each member holds the
-//! last checkpoint of each lease among the entries it applied after its `checkpoint_floor`.
+//! last checkpoint of each lease among the entries it applied after its `checkpoint_floor`
+//! and after its own last renewal of the lease (a renewal clears the remainder on the lessor
+//! that renews at once, before its clear reaches the log: that lessor, led again before the
+//! clear commits, restarts the lease from its full TTL, as the keep-alive promised).
 //! At its promotion at `p`, a lease may expire no later than `p` plus the extension plus that
 //! remainder (its full TTL if none stands); a keep-alive it renews, or a grant it applies, sets
 //! `now + TTL`. Every step, every leader's lessor is held to that. Early expiry is the
@@ -151,14 +154,18 @@ impl Sim {
     }
 
     /// The remainder member `i`'s lessor holds for lease `id`: the last checkpoint of it among
-    /// the entries it applied after its floor (0: none, or cleared), and that entry's index.
+    /// the entries it applied after its floor and after its own last renewal of the lease (0:
+    /// none, or cleared), and that entry's index.
     fn checkpointed(&self, i: usize, id: i64) -> (i64, u64) {
         let member = &self.members[i];
-        if member.checkpoint_floor >= member.applied {
+        let floor = member
+            .checkpoint_floor
+            .max(member.renewed_at.get(&id).copied().unwrap_or(0));
+        if floor >= member.applied {
             return (0, 0);
         }
         self.checkpoint_log
-            .range(member.checkpoint_floor + 1..=member.applied)
+            .range(floor + 1..=member.applied)
             .rev()
             .find_map(|(index, pairs)| {
                 let (_, remaining) = pairs.iter().rev().find(|(l, _)| *l == id)?;

@@ -138,16 +138,19 @@ impl Sim {
             return;
         };
         let lessor = kv.lessor();
-        let checkpointed = lessor.get(id).is_some_and(|l| l.remaining_ttl > 0);
-        if let Renewal::Renewed(ttl) = lessor.renew(id, vnow) {
-            let clear = checkpointed && self.cfg.lease_checkpoint_ms.is_some();
+        if let Renewal::Renewed {
+            ttl,
+            clear_checkpoint,
+        } = lessor.renew(id, vnow)
+        {
+            let clear = clear_checkpoint && self.cfg.lease_checkpoint_ms.is_some();
             // The planted bug believes the renewal stands everywhere, and clears nothing.
             let planted = clear && self.cfg.renewal_keeps_checkpoint;
             let clear = clear && !planted;
             let now = self.now;
-            self.members[at]
-                .lease_allowance
-                .insert(id, now + ttl as u64 * 1000);
+            let member = &mut self.members[at];
+            member.lease_allowance.insert(id, now + ttl as u64 * 1000);
+            member.renewed_at.insert(id, member.applied);
             let Some(log) = self.leases.get_mut(&id) else {
                 return;
             };

@@ -172,6 +172,7 @@ impl Sim {
                 // The applier demotes a lessor that installs a snapshot.
                 self.members[i].promoted_at = None;
                 self.members[i].lease_allowance.clear();
+                self.members[i].renewed_at.clear();
                 // The image's lessor holds no checkpoint unless they persist.
                 if !self.cfg.lease_checkpoint_persist {
                     self.members[i].checkpoint_floor = consistent;

@@ -379,3 +379,30 @@ fn a_downgrade_commits_durably_and_asks_for_the_log_to_go() {
     assert_eq!(lowered.durable, Some((lowered.index, lowered.term)));
     assert_eq!(h.inner().cluster_version.read().as_deref(), Some("3.4.0"));
 }
+
+/// Only a follower installs a leader's snapshot: the install demotes the lessor, so a member
+/// that leads again before it applies a batch is promoted afresh (restarting each lease from
+/// its checkpoint) rather than keeping the clocks the install restarted at full TTL.
+#[test]
+fn a_snapshot_install_demotes_the_lessor() {
+    let mut h = Harness::new();
+    h.apply_op(1, put("k", "v")).expect("put");
+    assert!(h.inner().store.lessor().is_primary());
+    // The image a leader's link sends (etcd's layout), received where a member receives it.
+    let index = h.index + 5;
+    let mut image =
+        crate::etcd_server::peer_host::snapshot_image(&h.inner().store, h.index).expect("image");
+    let path = h.inner().snapshot_receive_path(index);
+    let mut file = std::fs::File::create(&path).expect("receive file");
+    std::io::copy(&mut image.body, &mut file).expect("receive");
+    drop(file);
+    h.inner().snapshot_received(index, path);
+    let conf_state = etcdrs_raftnode::eraftpb::ConfState {
+        voters: vec![LOCAL],
+        ..Default::default()
+    };
+    h.applier
+        .install_snapshot(index, &conf_state, &image.data)
+        .expect("install");
+    assert!(!h.inner().store.lessor().is_primary());
+}
