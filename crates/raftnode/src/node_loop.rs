@@ -169,7 +169,8 @@ impl NodeCore {
         }
         let lost_after = self.config.election_tick as u64;
         if let Some(ctx) = self.reads.next_request(lost_after) {
-            self.node.read_index(ctx.to_be_bytes().to_vec());
+            let context = crate::reads::context(self.node.raft.id, ctx);
+            self.node.read_index(context);
         }
     }
 
@@ -400,10 +401,10 @@ impl NodeCore {
         let committed = ready.take_committed_entries();
         self.send_committed(committed)?;
         for read_state in ready.take_read_states() {
-            let ctx = <[u8; 8]>::try_from(read_state.request_ctx.as_slice())
-                .map(u64::from_be_bytes)
-                .unwrap_or(0);
-            self.reads.answer(ctx, read_state.index);
+            if let Some(ctx) = crate::reads::request_of(self.node.raft.id, &read_state.request_ctx)
+            {
+                self.reads.answer(ctx, read_state.index);
+            }
         }
         // Raft reads its log from memory at once (a leader sends these entries before its own
         // fsync); the disk gets them with the next batch, and raft counts them persisted only

@@ -5,7 +5,14 @@
 //!
 //! A read that arrives while a request is in flight waits for the next one: the answer of a
 //! request sent before the read arrived may name an index older than a write the reader saw
-//! acknowledged. raft drops a request it cannot serve (a new leader that has not committed in
+//! acknowledged.
+//!
+//! A request's context ([`context`]) is this member's id and a count of its requests: the
+//! leader keeps its pending requests by context and drops a second one with a context it
+//! already holds, so two members' requests must never share one (etcd's contexts are ids
+//! from its per-member generator for the same reason). A count alone, started at 1 on every
+//! member, made followers that asked at the same moment as another member wait for the
+//! read-index retry (500 ms). raft drops a request it cannot serve (a new leader that has not committed in
 //! its term, a leader change): a request whose reads have all given up, or older than a bound
 //! in ticks, no longer holds the next one back; its reads are still answered if it comes.
 
@@ -17,6 +24,24 @@ use crate::{Error, Result};
 
 /// One read's answer: the index it may read at once applied.
 pub(crate) type ReadDone = oneshot::Sender<Result<u64>>;
+
+/// The context raft carries for request `ctx` of member `id`: unique across the cluster.
+pub(crate) fn context(id: u64, ctx: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(16);
+    bytes.extend_from_slice(&id.to_be_bytes());
+    bytes.extend_from_slice(&ctx.to_be_bytes());
+    bytes
+}
+
+/// The request number in a context of member `id` ([`context`]); `None` for any other
+/// context.
+pub(crate) fn request_of(id: u64, context: &[u8]) -> Option<u64> {
+    let (member, ctx) = context.split_at_checked(8)?;
+    if member != id.to_be_bytes() {
+        return None;
+    }
+    Some(u64::from_be_bytes(<[u8; 8]>::try_from(ctx).ok()?))
+}
 
 /// The reads waiting for a read index, queued or in flight.
 #[derive(Default)]
@@ -102,6 +127,18 @@ impl ReadBatches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_context_names_its_member_and_request() {
+        assert_eq!(request_of(3, &context(3, 7)), Some(7));
+        assert_ne!(context(3, 7), context(4, 7), "members' contexts differ");
+        assert_eq!(
+            request_of(4, &context(3, 7)),
+            None,
+            "another member's request"
+        );
+        assert_eq!(request_of(3, &7u64.to_be_bytes()), None, "a bare count");
+    }
 
     fn read(batches: &mut ReadBatches) -> oneshot::Receiver<Result<u64>> {
         let (done, answer) = oneshot::channel();

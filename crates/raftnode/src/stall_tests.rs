@@ -6,8 +6,8 @@
 //! longer than the election timeout sent no heartbeat meanwhile and was deposed. Now a slow
 //! leader keeps its term while its followers go on committing, and a slow follower does not
 //! hold up the leader's commits. A lone member has neither to lose: it saves on its raft
-//! thread until a second node joins. Also here, with the same threads: a snapshot mark taken after
-//! the writes stop.
+//! thread until a second node joins. Also here, with the same threads: read indexes asked on
+//! every member at once, and a snapshot mark taken after the writes stop.
 
 use super::*;
 use std::collections::HashMap;
@@ -305,6 +305,34 @@ async fn a_follower_whose_saves_stall_does_not_hold_up_the_leaders_commits() {
         "the slow follower, its disk fast again",
     )
     .await;
+}
+
+/// Every member asks for a read index at the same moment, twenty times over: each member
+/// numbers its requests from 1, so without its id in the context the leader would hold two
+/// requests with one context and drop the second (raft-rs keeps pending reads by context).
+#[tokio::test]
+async fn read_indexes_asked_on_every_member_at_once_are_all_answered() {
+    let c = cluster();
+    let leader = c.leader().await;
+    // A leader serves read indexes once it has committed in its term.
+    c.members[leader]
+        .handle
+        .propose(vec![1], |_| {})
+        .await
+        .expect("propose");
+    for member in &c.members {
+        applied(member, 1, "the first entry").await;
+    }
+    let ask = |i: usize| tokio::time::timeout(STALL, c.members[i].handle.read_index());
+    for round in 0..20 {
+        let (a, b, d) = tokio::join!(ask(0), ask(1), ask(2));
+        for (i, answer) in [a, b, d].into_iter().enumerate() {
+            let index = answer
+                .unwrap_or_else(|_| panic!("round {round}: member {i}'s read index never came"))
+                .expect("read index");
+            assert!(index >= 1, "round {round}: member {i} read at {index}");
+        }
+    }
 }
 
 /// Records the name of the thread each save ran on, and the snapshot marks.
