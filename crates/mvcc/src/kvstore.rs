@@ -599,7 +599,14 @@ impl KvStore {
     }
 
     /// etcd's periodic batch commit, for a store that went quiet (`Backend::commit_if_due`).
+    /// Also drops the large values kept in memory longer than `recent::MAX_AGE`, which
+    /// otherwise go only with the next write: a member whose writes stopped gives them back.
     pub fn commit_pending(&self) -> Result<bool> {
+        self.commit_pending_at(Instant::now())
+    }
+
+    fn commit_pending_at(&self, now: Instant) -> Result<bool> {
+        self.recent.expire(now);
         Ok(self.backend.commit_if_due()?)
     }
 

@@ -22,8 +22,9 @@
 //! freed whole once their last value is dropped (values go oldest first, so a chunk's go
 //! together): kept one allocation each among the writer's short-lived ones of the same size,
 //! they held twice their bytes in the allocator's partly used slabs. And a value goes after
-//! [`MAX_AGE`] whatever the budget, at the first commit after that, so that a member whose
-//! writes of large values have stopped gives the memory back.
+//! [`MAX_AGE`] whatever the budget, at the first commit after that or the store's next periodic
+//! commit round (every batch interval, writes or not), so that a member whose writes of large
+//! values, or all its writes, have stopped gives the memory back.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -120,6 +121,12 @@ impl RecentValues {
     /// that wrote no large value.
     pub(crate) fn record(&self, written: &[(Revision, Vec<u8>)]) {
         self.record_at(written, Instant::now());
+    }
+
+    /// Drops the values kept longer than [`MAX_AGE`] at `now` (the store's periodic commit
+    /// calls it, so that values go when writes have stopped too).
+    pub(crate) fn expire(&self, now: Instant) {
+        self.record_at(&[], now);
     }
 
     fn record_at(&self, written: &[(Revision, Vec<u8>)], now: Instant) {

@@ -842,3 +842,27 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
     assert_eq!(encoded_kvs(&store, 0, 7), kept_page);
     assert_ne!(kept_now, kept_then, "the overwrites changed nothing");
 }
+
+/// Large values kept in memory go once they are older than `recent::MAX_AGE`, at the store's
+/// periodic commit round, with no write after them.
+#[test]
+fn kept_values_go_with_age_when_writes_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut batch = store.write().unwrap();
+    let mut txn = batch.txn();
+    txn.put(b"big", vec![7u8; 3000], 0).unwrap();
+    txn.end();
+    batch.commit(false).unwrap();
+    let written = Instant::now();
+    assert!(store.recent.bytes() >= 3000);
+    store.commit_pending_at(written).unwrap();
+    assert!(store.recent.bytes() >= 3000, "kept while young");
+    store
+        .commit_pending_at(written + recent::MAX_AGE + std::time::Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(store.recent.bytes(), 0);
+    // Read from the file now, as it was written.
+    let got = store.range(KeyRange::new(b"big", b""), at(0)).unwrap();
+    assert_eq!(got.kvs[0].value, vec![7u8; 3000]);
+}
