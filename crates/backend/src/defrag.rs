@@ -261,6 +261,7 @@ impl Backend {
             took = ?started.elapsed(),
             "rewrote the database file"
         );
+        self.pages.file_replaced(self.current(), self.now());
         Ok(true)
     }
 }

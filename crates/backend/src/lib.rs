@@ -50,6 +50,7 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod metrics;
+mod pages;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
@@ -152,6 +153,9 @@ const STATS: TableDefinition<'static, &'static [u8], &'static [u8]> =
 /// writer that does not keep this record (an older etcd-rs) has other counts and is counted
 /// again.
 const STORED_BYTES: &[u8] = b"stored_bytes";
+/// Under [`STATS`]: the last fill a walk of the file measured (`pages`), trusted with the
+/// stored bytes beside it.
+const PAGE_FILL: &[u8] = b"page_fill";
 
 /// The bytes of every key and value in `table`, read one by one.
 fn table_bytes(table: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Result<u64> {
@@ -215,6 +219,8 @@ pub struct Backend {
     /// Bytes waiting in layers past which a flush is asked for, and past which a batch flushes
     /// itself ([`SOFT_LIMIT_BYTES`], [`HARD_LIMIT_BYTES`]; smaller in tests).
     layer_limits: (u64, u64),
+    /// The pages in use: the last fill measured, and the walk that measures the next.
+    pages: pages::PageCount,
 }
 
 /// What wakes the task that flushes in the background.
@@ -330,14 +336,24 @@ impl Backend {
             flush_requested: AtomicBool::new(false),
             flush_waker: Mutex::new(None),
             layer_limits: (SOFT_LIMIT_BYTES, HARD_LIMIT_BYTES),
+            pages: pages::PageCount::default(),
         };
         let tx = backend.write()?;
         for bucket in Bucket::ALL {
             tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
         let stored = match tx.recorded_stored_bytes()? {
-            Some(bytes) => bytes,
-            None => tx.count_stored_bytes()?,
+            Some(bytes) => {
+                match tx.recorded_fill()? {
+                    Some(fill) => backend.pages.set_fill(fill),
+                    None => backend.pages.want_after(0),
+                }
+                bytes
+            }
+            None => {
+                backend.pages.want_after(0);
+                tx.count_stored_bytes()?
+            }
         };
         backend.logical_bytes.store(stored, Ordering::Relaxed);
         // The count is recorded by this commit (and every one after it).
@@ -401,9 +417,18 @@ impl Backend {
     /// Leave flushes to the owner (a task calling [`Backend::commit_if_due`] every batch
     /// interval, and when `waker` is called): a [`BatchTx`] commit then never writes the file
     /// itself, unless asked to be durable or the layers outgrow [`HARD_LIMIT_BYTES`].
+    /// The pages in use are measured from then on (see the `pages` module), at once when the
+    /// open found no measure recorded.
     pub fn set_background_flush(&self, waker: FlushWaker) {
         *lock(&self.flush_waker) = Some(waker);
         self.background_flush.store(true, Ordering::Release);
+        self.pages.enable();
+        self.pages.after_durable(
+            self.current(),
+            self.durable_generation(),
+            self.stored_bytes(),
+            self.now(),
+        );
     }
 
     /// Asks the owner's task for a flush (once until it begins).
@@ -555,13 +580,31 @@ impl Backend {
             .unwrap_or(0)
     }
 
-    /// Bytes the stored data takes (etcd's `dbSizeInUse`): the keys and values of every bucket
-    /// as of the last commit, without the engine's page overhead. Cheap: kept up to date by
-    /// the writer rather than measured, and recorded with each commit, so that an open reads
-    /// it rather than every pair (a file without the record, or whose record another writer
-    /// left behind, is counted on open).
-    pub fn size_in_use(&self) -> u64 {
+    /// Bytes of keys and values stored over every bucket, as of the last commit: what the
+    /// quota is checked against. Cheap: kept up to date by the writer rather than measured,
+    /// and recorded with each commit, so that an open reads it rather than every pair (a file
+    /// without the record, or whose record another writer left behind, is counted on open).
+    pub fn stored_bytes(&self) -> u64 {
         self.logical_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the pages the stored data takes (etcd's `dbSizeInUse`): the stored bytes at
+    /// the fill of the file's pages last measured (see the `pages` module), at most the
+    /// file's size; the stored bytes alone until a first measure.
+    pub fn size_in_use(&self) -> u64 {
+        let stored = self.stored_bytes();
+        let Some(fill) = self.pages.fill() else {
+            return stored;
+        };
+        // Never less than the keys and values themselves, nor more than the file.
+        fill.pages_for(stored).min(self.size()).max(stored)
+    }
+
+    /// Asks for the pages in use to be measured again once the batches published so far are
+    /// durable (a compaction removed many of their pairs), when the last walk's rest is over
+    /// (see the `pages` module).
+    pub fn count_pages_again(&self) {
+        self.pages.want_after(self.published_generation());
     }
 
     /// Rewrite the file to reclaim free space (etcd's defragment) while transactions go on:
@@ -581,6 +624,7 @@ impl Drop for Backend {
     /// commits were not durable does when it is closed: they are flushed durably now (a crash
     /// loses them instead, and raft replays them).
     fn drop(&mut self) {
+        self.pages.close();
         if self.published().is_empty() {
             return;
         }
@@ -666,7 +710,9 @@ impl Backend {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
         writer.abandon()?;
         defrag::close_retired(old);
-        self.recount_logical_bytes()
+        self.recount_logical_bytes()?;
+        self.pages.file_replaced(self.current(), self.now());
+        Ok(())
     }
 
     /// Counts the bytes of every key and value anew (after the contents were replaced).
@@ -733,7 +779,9 @@ impl Backend {
         // The byte count restarts from what the image holds.
         tx.delta.set(0);
         tx.commit(true)?;
-        self.recount_logical_bytes()
+        self.recount_logical_bytes()?;
+        self.pages.file_replaced(self.current(), self.now());
+        Ok(())
     }
 }
 
@@ -867,7 +915,19 @@ impl WriteTx<'_> {
         table
             .insert(STORED_BYTES, record.as_slice())
             .map_err(Error::storage)?;
+        if let Some(fill) = self.backend.pages.fill() {
+            table
+                .insert(PAGE_FILL, fill.encode().as_slice())
+                .map_err(Error::storage)?;
+        }
         Ok(())
+    }
+
+    /// The fill the last walk measured, as recorded beside the stored bytes.
+    fn recorded_fill(&self) -> Result<Option<pages::Fill>> {
+        let table = self.tx.open_table(STATS).map_err(Error::storage)?;
+        let record = table.get(PAGE_FILL).map_err(Error::storage)?;
+        Ok(record.and_then(|record| pages::Fill::decode(record.value())))
     }
 
     /// Pairs over every bucket (redb keeps each table's length: nothing is read).
@@ -1070,6 +1130,14 @@ impl WriteTx<'_> {
         let _ = logical.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_add_signed(delta))
         });
+        if durable {
+            backend.pages.after_durable(
+                backend.current(),
+                backend.durable_generation(),
+                backend.stored_bytes(),
+                now,
+            );
+        }
         Ok(durable)
     }
 }

@@ -175,7 +175,7 @@ fn put_get_range_delete_and_reopen() {
     assert_eq!(read.len(Bucket::KEY).unwrap(), 7);
     assert!(backend.size() > 0);
     // Keys 0, 1, 5..9 (1 byte + 2 bytes) and the meta record.
-    assert_eq!(backend.size_in_use(), 7 * 3 + 16 + 1);
+    assert_eq!(backend.stored_bytes(), 7 * 3 + 16 + 1);
 }
 
 /// The stored bytes are recorded with each commit and read back on open, not counted (a
@@ -203,10 +203,10 @@ fn the_stored_bytes_are_recorded_with_each_commit_and_read_on_open() {
         let hash = backend.read().unwrap().hash(&[]).unwrap();
         backend.defragment().unwrap();
         assert_eq!(backend.read().unwrap().hash(&[]).unwrap(), hash);
-        backend.size_in_use()
+        backend.stored_bytes()
     };
     assert_eq!(expected, 99 * (4 + 60) + (4 + 10) + 2);
-    assert_eq!(Backend::open(&path).unwrap().size_in_use(), expected);
+    assert_eq!(Backend::open(&path).unwrap().stored_bytes(), expected);
 
     // A value shortened behind the backend's back, the pair count kept: the record is read,
     // not the pairs.
@@ -222,13 +222,13 @@ fn the_stored_bytes_are_recorded_with_each_commit_and_read_on_open() {
             .insert(&1u32.to_be_bytes()[..], &[3u8; 20][..])
             .unwrap();
     });
-    assert_eq!(Backend::open(&path).unwrap().size_in_use(), expected);
+    assert_eq!(Backend::open(&path).unwrap().stored_bytes(), expected);
     // One pair more: counted anew (the shortened value with it).
     raw(&|table| {
         table.insert(&b"another"[..], &b"pair"[..]).unwrap();
     });
     let recounted = expected - 40 + (7 + 4);
-    assert_eq!(Backend::open(&path).unwrap().size_in_use(), recounted);
+    assert_eq!(Backend::open(&path).unwrap().stored_bytes(), recounted);
     // The record without its table: counted.
     {
         let db = redb::Database::create(&path).unwrap();
@@ -236,7 +236,71 @@ fn the_stored_bytes_are_recorded_with_each_commit_and_read_on_open() {
         assert!(tx.delete_table(STATS).unwrap());
         tx.commit().unwrap();
     }
-    assert_eq!(Backend::open(&path).unwrap().size_in_use(), recounted);
+    assert_eq!(Backend::open(&path).unwrap().stored_bytes(), recounted);
+}
+
+/// The pages in use (etcd's `dbSizeInUse`) are the pages the data takes, not its bytes: 1 KiB
+/// values fill a 4 KiB page three at a time. A defragmented file is about all in use, the
+/// measure is recorded and read on open, and a compaction's removals are measured again.
+#[test]
+fn the_pages_in_use_are_measured_by_a_walk_and_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let put_all = |backend: &Backend, from: u32, to: u32| {
+        let tx = backend.write().unwrap();
+        for i in from..to {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), &[9u8; 1024]).unwrap();
+        }
+        tx.commit(true).unwrap();
+    };
+    let fill = {
+        let backend = Backend::open(&path).unwrap();
+        // Only a member's backend (flushed in the background) measures.
+        backend.defragment().unwrap();
+        assert!(backend.pages.fill().is_none());
+        backend.set_background_flush(Box::new(|| {}));
+        backend.pages.wait();
+        put_all(&backend, 0, 3000);
+        backend.defragment().unwrap();
+        backend.pages.wait();
+        let (stored, in_use, size) = (
+            backend.stored_bytes(),
+            backend.size_in_use(),
+            backend.size(),
+        );
+        assert_eq!(stored, 3000 * (4 + 1024));
+        // Three values to a 4 KiB page.
+        assert!((1000 * 4096..=1100 * 4096).contains(&in_use), "{in_use}");
+        assert!(size <= in_use + in_use / 10, "file {size}, in use {in_use}");
+        // Later writes count at the measured fill until the next walk.
+        put_all(&backend, 3000, 3300);
+        let grown = backend.size_in_use();
+        assert!(
+            grown > in_use + 300 * 1028 && grown <= backend.size(),
+            "{grown} after {in_use}"
+        );
+        backend.pages.fill().unwrap()
+    };
+    // Recorded with the commits: an open reads it and walks nothing.
+    let backend = Backend::open(&path).unwrap();
+    backend.set_background_flush(Box::new(|| {}));
+    assert_eq!(backend.pages.fill(), Some(fill));
+    assert!(!backend.pages.walking());
+    // A compaction removes most pairs: measured again once its removals are durable.
+    let tx = backend.write().unwrap();
+    tx.delete_range(Bucket::KEY, &0u32.to_be_bytes(), &3000u32.to_be_bytes())
+        .unwrap();
+    tx.commit(false).unwrap();
+    backend.count_pages_again();
+    backend.pages.rest_over();
+    backend.write().unwrap().commit(true).unwrap();
+    backend.pages.wait();
+    let after = backend.pages.fill().unwrap();
+    assert_eq!(after.stored_bytes, 300 * (4 + 1024));
+    assert!(
+        after.page_bytes < fill.page_bytes / 4,
+        "{after:?} after {fill:?}"
+    );
 }
 
 #[test]
@@ -472,7 +536,7 @@ fn hash_last_total_and_clear() {
         again.hash(&[(Bucket::META, b"consistent_index")]).unwrap(),
         ignoring
     );
-    assert_eq!(backend.size_in_use(), 1 + 1 + 1 + 1 + 1 + 1 + 16 + 2);
+    assert_eq!(backend.stored_bytes(), 1 + 1 + 1 + 1 + 1 + 1 + 16 + 2);
 }
 
 #[test]
@@ -505,14 +569,14 @@ fn a_transaction_sees_its_held_puts_in_order_and_an_abort_drops_them() {
     assert_eq!(seen, pairs(&[("a", "22"), ("b", "6"), ("c", "5")]));
     assert_eq!(read.get(Bucket::META, b"m").unwrap().unwrap(), b"4");
     // Bytes in use count each pair once, overwrites replacing what they overwrote.
-    assert_eq!(backend.size_in_use(), 3 + 2 + 2 + 2);
+    assert_eq!(backend.stored_bytes(), 3 + 2 + 2 + 2);
     drop(read);
     let tx = backend.write().unwrap();
     tx.put(Bucket::KEY, b"d", b"7").unwrap();
     drop(tx);
     let read = backend.read().unwrap();
     assert_eq!(read.get(Bucket::KEY, b"d").unwrap(), None);
-    assert_eq!(backend.size_in_use(), 9);
+    assert_eq!(backend.stored_bytes(), 9);
 }
 
 /// What a defragmentation under way hears of the writes: each key put or deleted, and, for a
@@ -588,7 +652,7 @@ fn a_file_swapped_in_replaces_every_bucket_but_the_kept_meta_keys() {
             read.get(Bucket::META, b"index").unwrap(),
             Some(b"9".to_vec())
         );
-        assert_eq!(backend.size_in_use(), (3 + 2) + (6 + 2) + (5 + 1));
+        assert_eq!(backend.stored_bytes(), (3 + 2) + (6 + 2) + (5 + 1));
     };
     check(&backend);
     // A reader begun before goes on reading the old file.

@@ -205,7 +205,7 @@ fn removals_in_a_batch_hide_the_files_keys_until_the_flush() {
     assert_eq!(read.get(Bucket::MEMBERS, b"a").unwrap(), None);
     backend.write().unwrap().commit(true).unwrap();
     assert_eq!(backend.read().unwrap().len(Bucket::MEMBERS).unwrap(), 1);
-    assert_eq!(backend.size_in_use(), 2);
+    assert_eq!(backend.stored_bytes(), 2);
 }
 
 #[test]

@@ -370,6 +370,50 @@ async fn defrag_shrinks_the_database_after_deletes() {
     assert_eq!(dump(&mut c).await, [("k".to_owned(), "v".to_owned())]);
 }
 
+/// etcd's `dbSizeInUse` counts the pages the data takes, and a defragmented file is about all
+/// in use: a tool that defragments when the file is well past what is in use (etcd-defrag's
+/// rule) must not find a just-defragmented member worth defragmenting again. 1 KiB values fill
+/// a 4 KiB page three at a time, so the pages in use are well past the keys' and values'
+/// bytes.
+#[tokio::test]
+async fn after_a_defrag_the_file_is_about_all_in_use() {
+    let (m, mut c) = start().await;
+    let value = vec![b'p'; 1024];
+    for i in 0..1500 {
+        c.put(format!("page/{i:04}"), value.clone(), None)
+            .await
+            .unwrap();
+    }
+    let deleted = c
+        .delete("page/0", Some(DeleteOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(deleted.deleted(), 1000);
+    let rev = deleted.header().unwrap().revision();
+    c.compact(rev, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    ctl(&m).ok(&["defrag"]).await;
+    // 500 keys of 9 bytes with their values, as stored (about 50 bytes of revisions and
+    // encoding each).
+    let stored = 500 * (9 + 1024 + 50);
+    let (size, in_use) = poll_until(Duration::from_secs(10), || async {
+        let out = ctl(&m).ok(&["endpoint", "status", "-w", "json"]).await;
+        let json: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+        let status = &json[0]["Status"];
+        let size = status["dbSize"].as_u64().ok_or("no dbSize")?;
+        let in_use = status["dbSizeInUse"].as_u64().ok_or("no dbSizeInUse")?;
+        if size * 10 <= in_use * 11 && in_use >= stored * 5 / 4 {
+            Ok((size, in_use))
+        } else {
+            Err(format!("dbSize {size}, dbSizeInUse {in_use}"))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(in_use <= size, "dbSize {size}, dbSizeInUse {in_use}");
+}
+
 /// `etcdctl defrag` while a client keeps writing and a watcher follows the writes: a put sent
 /// while the member reports the defragmentation in flight (`etcd_disk_defrag_inflight`) is
 /// answered while it still is (etcd holds every request until its rewrite is done), none

@@ -216,6 +216,8 @@ impl KvStore {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         crate::metrics::COMPACTION_LAST.set(i64::try_from(now).unwrap_or(i64::MAX));
+        // What it removed left pages emptier: the pages in use are measured again.
+        self.backend.count_pages_again();
         tracing::info!(
             compact_revision = rev,
             deleted = pass.deleted,

@@ -128,7 +128,7 @@ impl EtcdServer {
         }
         // etcd compares the file size; redb's file starts larger and grows in bigger steps than
         // bbolt's, so the quota is checked against the data actually stored.
-        let size = self.inner.store.backend().size_in_use();
+        let size = self.inner.store.backend().stored_bytes();
         if size.saturating_add(cost + KV_OVERHEAD) <= self.inner.config.quota_bytes() {
             return Ok(());
         }
