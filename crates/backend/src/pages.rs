@@ -20,7 +20,8 @@
 //! of one core: walks take at most about 1% of a core, and a small file is measured often).
 //! A file rewritten (defragmented) or replaced (a snapshot installed) is walked at once. The
 //! last fill is recorded with each commit beside the stored bytes, so that an open does not
-//! walk the file again.
+//! walk the file again. Only a member's backend walks (the offline tools and the simulator
+//! never do), and closing the backend waits for the walk under way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
