@@ -167,6 +167,48 @@ fn table_bytes(table: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Resu
     Ok(total)
 }
 
+/// Pairs over every bucket (redb keeps each table's length: nothing is read).
+fn pair_count(tx: &redb::WriteTransaction) -> Result<u64> {
+    let mut pairs = 0;
+    for bucket in Bucket::ALL {
+        let table = tx.open_table(bucket.table()).map_err(Error::storage)?;
+        pairs += table.len().map_err(Error::storage)?;
+    }
+    Ok(pairs)
+}
+
+/// The stored bytes the last commit of `tx`'s file recorded ([`STORED_BYTES`]), if the record
+/// is there and its pair count is the buckets' own.
+fn recorded_stored_bytes(tx: &redb::WriteTransaction) -> Result<Option<u64>> {
+    let record = {
+        let table = tx.open_table(STATS).map_err(Error::storage)?;
+        let stored = table.get(STORED_BYTES).map_err(Error::storage)?;
+        stored.map(|record| record.value().to_vec())
+    };
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    let (Some(bytes), Some(pairs)) = (
+        record.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+        record.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
+    ) else {
+        return Ok(None);
+    };
+    Ok((u64::from_be_bytes(pairs) == pair_count(tx)?).then(|| u64::from_be_bytes(bytes)))
+}
+
+/// Records `bytes` as the stored bytes as of `tx`'s commit, with the pair count.
+fn record_stored_bytes(tx: &redb::WriteTransaction, bytes: u64) -> Result<()> {
+    let mut record = [0u8; 16];
+    record[..8].copy_from_slice(&bytes.to_be_bytes());
+    record[8..].copy_from_slice(&pair_count(tx)?.to_be_bytes());
+    let mut table = tx.open_table(STATS).map_err(Error::storage)?;
+    table
+        .insert(STORED_BYTES, record.as_slice())
+        .map_err(Error::storage)?;
+    Ok(())
+}
+
 /// etcd's default `--backend-batch-interval`.
 const DEFAULT_BATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// etcd's default `--backend-batch-limit`.
@@ -675,21 +717,30 @@ impl Backend {
         tx.set_durability(redb::Durability::Immediate)
             .map_err(Error::storage)?;
         for bucket in Bucket::ALL {
-            let mut table = tx.open_table(bucket.table()).map_err(Error::storage)?;
-            if bucket == Bucket::META {
-                for (key, value) in &kept {
-                    match value {
-                        Some(value) => {
-                            table
-                                .insert(*key, value.as_slice())
-                                .map_err(Error::storage)?;
-                        }
-                        None => {
-                            table.remove(*key).map_err(Error::storage)?;
-                        }
-                    }
+            tx.open_table(bucket.table()).map_err(Error::storage)?;
+        }
+        // An image our backend wrote (a received snapshot's import) records its stored bytes:
+        // they are read, with the kept keys' change, rather than every pair of the image
+        // counted here (a second of a member's apply per GiB, which its peers would see as
+        // silence).
+        let mut stored = recorded_stored_bytes(&tx)?;
+        {
+            let mut table = tx
+                .open_table(Bucket::META.table())
+                .map_err(Error::storage)?;
+            for (key, value) in &kept {
+                let old = match value {
+                    Some(value) => table.insert(*key, value.as_slice()),
+                    None => table.remove(*key),
                 }
+                .map_err(Error::storage)?;
+                let old_len = old.map_or(0, |v| key.len() + v.value().len()) as u64;
+                let new_len = value.as_ref().map_or(0, |v| key.len() + v.len()) as u64;
+                stored = stored.map(|bytes| (bytes + new_len).saturating_sub(old_len));
             }
+        }
+        if let Some(bytes) = stored {
+            record_stored_bytes(&tx, bytes)?;
         }
         tx.commit().map_err(Error::storage)?;
         // Every bucket is replaced: a defragmentation under way copies everything again.
@@ -708,9 +759,15 @@ impl Backend {
             .db
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+        // Set while the writer is held: no flush can add to the count meanwhile.
+        if let Some(bytes) = stored {
+            self.logical_bytes.store(bytes, Ordering::Relaxed);
+        }
         writer.abandon()?;
         defrag::close_retired(old);
-        self.recount_logical_bytes()?;
+        if stored.is_none() {
+            self.recount_logical_bytes()?;
+        }
         self.pages.file_replaced(self.current(), self.now());
         Ok(())
     }
@@ -884,21 +941,7 @@ impl WriteTx<'_> {
     /// The stored bytes recorded by the last commit ([`STATS`]), if its record is there and
     /// its pair count is the buckets' own.
     fn recorded_stored_bytes(&self) -> Result<Option<u64>> {
-        let record = {
-            let table = self.tx.open_table(STATS).map_err(Error::storage)?;
-            let stored = table.get(STORED_BYTES).map_err(Error::storage)?;
-            stored.map(|record| record.value().to_vec())
-        };
-        let Some(record) = record else {
-            return Ok(None);
-        };
-        let (Some(bytes), Some(pairs)) = (
-            record.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-            record.get(8..16).and_then(|b| <[u8; 8]>::try_from(b).ok()),
-        ) else {
-            return Ok(None);
-        };
-        Ok((u64::from_be_bytes(pairs) == self.pairs()?).then(|| u64::from_be_bytes(bytes)))
+        recorded_stored_bytes(&self.tx)
     }
 
     /// Records the stored bytes as of this transaction's commit, with the pair count.
@@ -908,13 +951,8 @@ impl WriteTx<'_> {
             .logical_bytes
             .load(Ordering::Relaxed)
             .saturating_add_signed(self.delta.get());
-        let mut record = [0u8; 16];
-        record[..8].copy_from_slice(&bytes.to_be_bytes());
-        record[8..].copy_from_slice(&self.pairs()?.to_be_bytes());
+        record_stored_bytes(&self.tx, bytes)?;
         let mut table = self.tx.open_table(STATS).map_err(Error::storage)?;
-        table
-            .insert(STORED_BYTES, record.as_slice())
-            .map_err(Error::storage)?;
         if let Some(fill) = self.backend.pages.fill() {
             table
                 .insert(PAGE_FILL, fill.encode().as_slice())
@@ -928,16 +966,6 @@ impl WriteTx<'_> {
         let table = self.tx.open_table(STATS).map_err(Error::storage)?;
         let record = table.get(PAGE_FILL).map_err(Error::storage)?;
         Ok(record.and_then(|record| pages::Fill::decode(record.value())))
-    }
-
-    /// Pairs over every bucket (redb keeps each table's length: nothing is read).
-    fn pairs(&self) -> Result<u64> {
-        let mut pairs = 0;
-        for bucket in Bucket::ALL {
-            let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-            pairs += table.len().map_err(Error::storage)?;
-        }
-        Ok(pairs)
     }
 
     /// The keys' and values' bytes over every bucket, counted (on open, when no record is

@@ -613,6 +613,69 @@ fn defragmentation_tracks_keys_and_replacements() {
     assert!(backend.tracker.take_for_test().everything);
 }
 
+/// A file swapped in that our backend wrote (a received snapshot's import) brings its
+/// recorded stored bytes: they are read, not counted again pair by pair on the applying
+/// thread. A file without the record is counted.
+#[test]
+fn a_file_swapped_in_brings_its_recorded_stored_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let backend = Backend::open(&path).unwrap();
+    let image = dir.path().join("image");
+    let write_image = || {
+        let other = Backend::open(&image).unwrap();
+        let tx = other.write().unwrap();
+        for i in 0u32..100 {
+            tx.put(Bucket::KEY, &i.to_be_bytes(), &[5u8; 50]).unwrap();
+        }
+        tx.put(Bucket::META, b"member", b"them").unwrap();
+        tx.commit(true).unwrap();
+    };
+    // One value shortened behind the record's back, the pair count kept: a count would see
+    // 40 bytes fewer than the record says.
+    let shorten = || {
+        let db = redb::Database::create(&image).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(Bucket::KEY.table())
+            .unwrap()
+            .insert(&1u32.to_be_bytes()[..], &[6u8; 10][..])
+            .unwrap();
+        tx.commit().unwrap();
+    };
+    let recorded = 100 * (4 + 50) + (6 + 4);
+    write_image();
+    shorten();
+    backend.replace_with_file(&image, &[b"member"]).unwrap();
+    assert_eq!(
+        backend
+            .read()
+            .unwrap()
+            .get(Bucket::META, b"member")
+            .unwrap(),
+        None
+    );
+    assert_eq!(backend.stored_bytes(), recorded - (6 + 4));
+    // The kept key's change is in the record of the file swapped in.
+    drop(backend);
+    assert_eq!(
+        Backend::open(&path).unwrap().stored_bytes(),
+        recorded - (6 + 4)
+    );
+
+    // Without the record: counted.
+    let backend = Backend::open(&path).unwrap();
+    write_image();
+    shorten();
+    {
+        let db = redb::Database::create(&image).unwrap();
+        let tx = db.begin_write().unwrap();
+        assert!(tx.delete_table(STATS).unwrap());
+        tx.commit().unwrap();
+    }
+    backend.replace_with_file(&image, &[b"member"]).unwrap();
+    assert_eq!(backend.stored_bytes(), recorded - (6 + 4) - 40);
+}
+
 #[test]
 fn a_file_swapped_in_replaces_every_bucket_but_the_kept_meta_keys() {
     let dir = tempfile::tempdir().unwrap();
