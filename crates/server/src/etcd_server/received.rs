@@ -80,6 +80,9 @@ pub(super) fn prepare(index: u64, path: PathBuf) -> ReceivedImage {
     }
 }
 
+/// The import's backend makes its commits durable no oftener than this (in effect: only the
+/// last, which asks to be).
+const IMPORT_DURABLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 /// Pairs handed to the indexing thread at a time.
 const INDEX_BATCH_PAIRS: usize = 4096;
 /// Batches in flight to it.
@@ -98,7 +101,11 @@ fn import(
     db: &etcdrs_schema::etcd_db::Db,
     image: &Path,
 ) -> Result<(etcdrs_schema::etcd_db::Imported, LoadedStore), crate::ServerError> {
-    let backend = etcdrs_backend::Backend::open(image)?;
+    let mut backend = etcdrs_backend::Backend::open(image)?;
+    // Durable once, at its end: the file is used only once it is whole (a crash before leaves
+    // a partial image that is received again), so the import's commits in between need not
+    // wait for the disk.
+    backend.set_batching(IMPORT_DURABLE_INTERVAL, u64::MAX);
     let (tx, rx) = std::sync::mpsc::sync_channel::<PairBatch>(INDEX_BATCHES_QUEUED);
     std::thread::scope(|scope| {
         let indexer = std::thread::Builder::new()
