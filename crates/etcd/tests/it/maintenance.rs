@@ -333,24 +333,39 @@ async fn restore_refuses_a_corrupt_snapshot() {
     assert!(target.join("member/snap/db").exists());
 }
 
-#[tokio::test]
-async fn defrag_shrinks_the_database_after_deletes() {
-    let (m, mut c) = start().await;
-    let value = vec![b'd'; 4 * 1024];
-    for i in 0..1000 {
-        c.put(format!("bulk/{i:04}"), value.clone(), None)
+/// Puts `count` values of `value_len` bytes under `prefix` (`prefix0000`, ...), deletes the
+/// keys under `deleted` (which must be `expect_deleted` of them) and compacts physically at
+/// the deletion's revision, which is returned.
+async fn put_delete_compact(
+    c: &mut etcd_client::Client,
+    prefix: &str,
+    count: usize,
+    value_len: usize,
+    deleted: &str,
+    expect_deleted: i64,
+) -> i64 {
+    let value = vec![b'v'; value_len];
+    for i in 0..count {
+        c.put(format!("{prefix}{i:04}"), value.clone(), None)
             .await
             .unwrap();
     }
-    let deleted = c
-        .delete("bulk/", Some(DeleteOptions::new().with_prefix()))
+    let gone = c
+        .delete(deleted, Some(DeleteOptions::new().with_prefix()))
         .await
         .unwrap();
-    assert_eq!(deleted.deleted(), 1000);
-    let rev = deleted.header().unwrap().revision();
+    assert_eq!(gone.deleted(), expect_deleted);
+    let rev = gone.header().unwrap().revision();
     c.compact(rev, Some(CompactionOptions::new().with_physical()))
         .await
         .unwrap();
+    rev
+}
+
+#[tokio::test]
+async fn defrag_shrinks_the_database_after_deletes() {
+    let (m, mut c) = start().await;
+    let rev = put_delete_compact(&mut c, "bulk/", 1000, 4 * 1024, "bulk/", 1000).await;
     let before = db_size(&m).await;
     assert!(before > 4_000_000, "db is {before} bytes");
 
@@ -378,21 +393,7 @@ async fn defrag_shrinks_the_database_after_deletes() {
 #[tokio::test]
 async fn after_a_defrag_the_file_is_about_all_in_use() {
     let (m, mut c) = start().await;
-    let value = vec![b'p'; 1024];
-    for i in 0..1500 {
-        c.put(format!("page/{i:04}"), value.clone(), None)
-            .await
-            .unwrap();
-    }
-    let deleted = c
-        .delete("page/0", Some(DeleteOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    assert_eq!(deleted.deleted(), 1000);
-    let rev = deleted.header().unwrap().revision();
-    c.compact(rev, Some(CompactionOptions::new().with_physical()))
-        .await
-        .unwrap();
+    put_delete_compact(&mut c, "page/", 1500, 1024, "page/0", 1000).await;
     ctl(&m).ok(&["defrag"]).await;
     // 500 keys of 9 bytes with their values, as stored (about 50 bytes of revisions and
     // encoding each).
