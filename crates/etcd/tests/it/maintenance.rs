@@ -348,17 +348,17 @@ async fn put_delete_compact(
     for i in 0..count {
         c.put(format!("{prefix}{i:04}"), value.clone(), None)
             .await
-            .unwrap();
+            .expect("put");
     }
     let gone = c
         .delete(deleted, Some(DeleteOptions::new().with_prefix()))
         .await
-        .unwrap();
+        .expect("delete");
     assert_eq!(gone.deleted(), expect_deleted);
-    let rev = gone.header().unwrap().revision();
+    let rev = gone.header().expect("a header").revision();
     c.compact(rev, Some(CompactionOptions::new().with_physical()))
         .await
-        .unwrap();
+        .expect("compact");
     rev
 }
 
