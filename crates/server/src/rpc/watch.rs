@@ -127,6 +127,9 @@ struct StreamState {
     /// at a time), events pre-encoded (`proto::fanout`): an event going to many watchers is
     /// encoded once.
     outbox: VecDeque<Queued>,
+    /// A message taken from the hub's channel while draining it up to a progress report's
+    /// revision, past that revision: handled before any other, after the report.
+    held: Option<HubMsg>,
     progress_tick: tokio::time::Interval,
     progress_poll: tokio::time::Interval,
     progress_pending: bool,
@@ -325,15 +328,34 @@ impl StreamState {
         let Some(revision) = self.server.watch_hub().progress_rev(self.stream) else {
             return;
         };
-        self.drain_channel();
+        self.drain_channel(revision);
         self.progress_pending = false;
         let resp = self.control(INVALID_WATCH_ID, revision);
         self.outbox.push_back(Queued::Ready(resp.into()));
     }
 
-    fn drain_channel(&mut self) {
-        while let Ok(msg) = self.rx.try_recv() {
-            self.take_hub(msg);
+    /// Queues what the hub sent up to `revision`, the revision of a progress report about to
+    /// be queued: every event up to it goes before the report, and none after it (the hub may
+    /// have sent later revisions since the report's revision was read; the first is held).
+    fn drain_channel(&mut self, revision: i64) {
+        while let Some(msg) = self.next_hub(Some(revision)) {
+            self.take_hub(msg, Some(revision));
+        }
+    }
+
+    /// The next message from the hub (the held one first), if there is one and it is not past
+    /// `limit`; one past it is held.
+    fn next_hub(&mut self, limit: Option<i64>) -> Option<HubMsg> {
+        let msg = match self.held.take() {
+            Some(msg) => msg,
+            None => self.rx.try_recv().ok()?,
+        };
+        match (&msg, limit) {
+            (HubMsg::Events { revision, .. }, Some(limit)) if *revision > limit => {
+                self.held = Some(msg);
+                None
+            }
+            _ => Some(msg),
         }
     }
 
@@ -342,7 +364,8 @@ impl StreamState {
     /// one response with its events of all of them, in order, as etcd's catch-up answers a
     /// watcher with many revisions at once. A stream that keeps up merges nothing; one that
     /// falls behind answers with fewer, larger responses instead of a response per revision.
-    fn take_hub(&mut self, first: HubMsg) {
+    /// Messages past `limit` are not merged (see [`StreamState::drain_channel`]).
+    fn take_hub(&mut self, first: HubMsg, limit: Option<i64>) {
         let mut runs: Vec<Run> = Vec::new();
         let mut revision = 0;
         let mut n_messages = 0;
@@ -387,7 +410,7 @@ impl StreamState {
                 }
             }
             if n_messages < MAX_MERGED_MESSAGES && n_events < MAX_MERGED_EVENTS {
-                next = self.rx.try_recv().ok();
+                next = self.next_hub(limit);
             }
         }
         self.queue_runs(runs, revision);
@@ -533,7 +556,7 @@ impl StreamState {
         if due.is_empty() {
             return;
         }
-        self.drain_channel();
+        self.drain_channel(revision);
         due.sort_unstable();
         for id in due {
             let resp = self.control(id, revision);
@@ -562,6 +585,11 @@ impl StreamState {
         loop {
             if let Some(resp) = self.next_out() {
                 return Some(Ok(resp));
+            }
+            if let Some(msg) = self.held.take() {
+                self.take_hub(msg, None);
+                self.try_progress();
+                continue;
             }
             let step = tokio::select! {
                 req = self.requests.next(), if !self.requests_done => Step::Request(req),
@@ -592,7 +620,7 @@ impl StreamState {
                             tokio::time::sleep_until(until.min(now + HOLD_POLL)).await;
                         }
                     }
-                    self.take_hub(msg);
+                    self.take_hub(msg, None);
                     self.try_progress();
                 }
                 Step::Hub(None) => return None,
@@ -651,6 +679,7 @@ impl Watch for Rpc {
             watches: HashMap::new(),
             next_id: 0,
             outbox: VecDeque::new(),
+            held: None,
             progress_tick,
             progress_poll,
             progress_pending: false,
