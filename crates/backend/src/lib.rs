@@ -52,6 +52,7 @@ mod fuzz;
 pub mod metrics;
 mod pages;
 mod snapshot;
+pub mod transfer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

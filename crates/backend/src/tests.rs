@@ -746,3 +746,70 @@ fn a_file_swapped_in_replaces_every_bucket_but_the_kept_meta_keys() {
     ));
     check(&backend);
 }
+
+/// A backend sent as a stream of pairs and received into a fresh one is the same backend
+/// (every bucket, batches not yet in the file included, the stored bytes counted); a stream
+/// cut short, changed, or with bytes after its end is refused.
+#[test]
+fn a_stream_of_pairs_carries_every_bucket_and_only_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Backend::open(&dir.path().join("a/db")).unwrap();
+    let tx = source.write().unwrap();
+    for i in 0u32..2_000 {
+        tx.put(Bucket::KEY, &i.to_be_bytes(), &[i as u8; 300])
+            .unwrap();
+    }
+    tx.put(Bucket::META, b"consistent_index", &9u64.to_be_bytes())
+        .unwrap();
+    tx.put(Bucket::AUTH, b"enabled", &[1]).unwrap();
+    tx.commit(true).unwrap();
+    // A batch readers see that the file does not hold yet.
+    let batch = source.batch();
+    batch.put(Bucket::LEASE, b"lease", b"ttl").unwrap();
+    batch
+        .put(Bucket::KEY, &5u32.to_be_bytes(), b"newer")
+        .unwrap();
+    batch.commit(false).unwrap();
+
+    let mut stream = Vec::new();
+    let sent = transfer::send(&source.read().unwrap(), &mut stream).unwrap();
+    assert_eq!(sent, 2_003);
+
+    let copy = Backend::open(&dir.path().join("b/db")).unwrap();
+    let mut keys = 0;
+    let received = transfer::receive(stream.as_slice(), &copy, |bucket, _, _| {
+        keys += u64::from(bucket == Bucket::KEY);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!((received, keys), (2_003, 2_000));
+    assert_eq!(
+        copy.read().unwrap().hash(&[]).unwrap(),
+        source.read().unwrap().hash(&[]).unwrap()
+    );
+    assert_eq!(
+        copy.read()
+            .unwrap()
+            .get(Bucket::KEY, &5u32.to_be_bytes())
+            .unwrap(),
+        Some(b"newer".to_vec())
+    );
+    // The source counts its batch once it reaches the file.
+    source.write().unwrap().commit(true).unwrap();
+    assert_eq!(copy.stored_bytes(), source.stored_bytes());
+
+    let refused = |bytes: &[u8], name: &str| {
+        let target = Backend::open(&dir.path().join(name).join("db")).unwrap();
+        let error = transfer::receive(bytes, &target, |_, _, _| Ok(())).unwrap_err();
+        error.to_string()
+    };
+    assert!(refused(&stream[..stream.len() - 1], "c").contains("cut short"));
+    assert!(refused(&stream[..stream.len() / 2], "d").contains("cut short"));
+    let mut changed = stream.clone();
+    changed[stream.len() / 2] ^= 1;
+    assert!(refused(&changed, "e").contains("checksum mismatch"));
+    let mut longer = stream.clone();
+    longer.push(0);
+    assert!(refused(&longer, "f").contains("bytes after the end"));
+    assert!(refused(b"etcd-rs pairs 0\nxxxx", "g").contains("not a stream of pairs"));
+}
