@@ -20,8 +20,8 @@ use futures::StreamExt;
 use crate::receive::snapshot;
 use crate::{
     CLUSTER_ID_HEADER, FROM_HEADER, MIN_CLUSTER_VERSION, MIN_CLUSTER_VERSION_HEADER,
-    RAFT_TO_HEADER, Raft, Refusal, Running, SERVER_VERSION_HEADER, StreamType, Transport, codec,
-    gate, id_hex,
+    PAIRS_FORMAT, RAFT_TO_HEADER, Raft, Refusal, Running, SERVER_VERSION_HEADER,
+    SNAPSHOT_FORMAT_HEADER, StreamType, Transport, codec, gate, id_hex,
 };
 
 /// The largest request body a pipeline post may carry.
@@ -281,10 +281,15 @@ async fn stream_inner<H: Raft>(running: &Running<H>, request: Request) -> Respon
         );
         return go_error(StatusCode::PRECONDITION_FAILED, "to field mismatch");
     }
+    let takes_pairs = request
+        .headers()
+        .get(SNAPSHOT_FORMAT_HEADER)
+        .is_some_and(|v| v.as_bytes() == PAIRS_FORMAT.as_bytes());
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(crate::link::CONN_BUF);
     if !transport.attach(from, kind, tx).await {
         return go_error(StatusCode::NOT_FOUND, "error sender not found");
     }
+    transport.note_snapshot_format(from, takes_pairs);
     let body = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, Infallible>);
     (StatusCode::OK, Body::from_stream(body)).into_response()
 }

@@ -25,6 +25,14 @@
 //! `X-Server-Version`, `X-Min-Cluster-Version`, `X-Etcd-Cluster-ID`, `X-PeerURLs`, and
 //! `X-Raft-To` on streams), and every handler checks version and cluster id as etcd does.
 //!
+//! **Snapshots between etcd-rs members.** An etcd-rs member's requests also carry
+//! [`SNAPSHOT_FORMAT_HEADER`] (etcd ignores headers it does not know): a peer whose stream
+//! reader dialled with it takes a snapshot as a stream of the leader's backend pairs, which
+//! both sides walk as it goes (`etcdrs_backend::transfer`), instead of etcd's bbolt file that
+//! the leader would write out whole first and the member read back into its own format. The
+//! upload says which it carries with the same header; an etcd member, which never sends the
+//! header, always gets etcd's file.
+//!
 //! **Bounds.** The raft thread never waits: `Transport::send` only `try_send`s into a
 //! per-peer bounded queue (4096 per stream writer, as etcd's `streamBufSize`; 64 for the
 //! pipeline, etcd's `pipelineBufSize`), dropping when full (raft retransmits). A stream writer
@@ -75,6 +83,11 @@ pub const MIN_CLUSTER_VERSION_HEADER: &str = "X-Min-Cluster-Version";
 pub const RAFT_TO_HEADER: &str = "X-Raft-To";
 /// Header: the sender's peer URLs, comma-separated.
 pub const PEER_URLS_HEADER: &str = "X-PeerURLs";
+/// Header, etcd-rs's own: on any request, that the sender takes a snapshot as a stream of
+/// pairs ([`PAIRS_FORMAT`]); on a snapshot upload, that its image is one.
+pub const SNAPSHOT_FORMAT_HEADER: &str = "X-Etcd-Rs-Snapshot-Format";
+/// The value of [`SNAPSHOT_FORMAT_HEADER`]: `etcdrs_backend::transfer`'s stream, version 1.
+pub const PAIRS_FORMAT: &str = "pairs-1";
 
 /// The oldest cluster version this member works with (etcd 3.4/3.5's `MinClusterVersion`).
 pub const MIN_CLUSTER_VERSION: &str = "3.0.0";
@@ -105,15 +118,25 @@ pub trait Raft: Send + Sync + 'static {
     fn is_member(&self, id: u64) -> bool;
     /// A peer said that this member was removed from the cluster.
     fn removed(&self);
-    /// The snapshot at raft index `index` in etcd's form: the data the raft snapshot carries
-    /// and the database image sent after it. Called on a blocking thread.
-    fn snapshot_image(&self, index: u64) -> std::result::Result<SnapshotImage, String>;
+    /// The snapshot at raft index `index`: the data the raft snapshot carries and the
+    /// database image sent after it, in etcd's form, or as a stream of pairs when `pairs`
+    /// (the peer takes one) and the member can. Called on a blocking thread.
+    fn snapshot_image(&self, index: u64, pairs: bool)
+    -> std::result::Result<SnapshotImage, String>;
     /// Where a database image received for raft index `index` is written.
     fn snapshot_inbox(&self, index: u64) -> PathBuf;
     /// The image for raft index `index` is whole at `path`; raft gets its message next, once
     /// this returns. Called on a blocking thread: the member may make the image ready to
     /// install here (etcd-rs reads etcd's layout into its own and indexes it).
     fn snapshot_received(&self, index: u64, path: PathBuf);
+    /// An image for raft index `index` that arrives as a stream of pairs: read `body` to its
+    /// end as it arrives and make the image ready to install; raft gets its message once this
+    /// returns `Ok`. Called on a blocking thread.
+    fn snapshot_streamed(
+        &self,
+        index: u64,
+        body: &mut dyn std::io::Read,
+    ) -> std::result::Result<(), String>;
 }
 
 /// Raft has stopped: nothing more can be stepped.
@@ -126,6 +149,8 @@ pub struct SnapshotImage {
     pub data: Vec<u8>,
     /// The database image, read to its end once.
     pub body: Box<dyn std::io::Read + Send>,
+    /// Whether `body` is a stream of pairs ([`PAIRS_FORMAT`]) rather than etcd's file.
+    pub pairs: bool,
 }
 
 /// Why the gate refused a peer's message.
@@ -225,7 +250,7 @@ impl Local {
         if !self.urls.is_empty() {
             builder = builder.header(PEER_URLS_HEADER, self.urls.join(","));
         }
-        builder
+        builder.header(SNAPSHOT_FORMAT_HEADER, PAIRS_FORMAT)
     }
 }
 
@@ -248,6 +273,8 @@ struct Peer {
     pipeline: mpsc::Sender<Message>,
     snapshot: mpsc::Sender<Message>,
     active: Arc<AtomicBool>,
+    /// Whether the peer takes a snapshot as a stream of pairs (its stream reader said so).
+    takes_pairs: Arc<AtomicBool>,
     stop: CancellationToken,
 }
 
@@ -437,6 +464,14 @@ impl<H: Raft> Transport<H> {
             }
         };
         connc.send(conn).await.is_ok()
+    }
+
+    /// Member `from` dialled a stream with (`true`) or without [`SNAPSHOT_FORMAT_HEADER`]:
+    /// whether the snapshots sent to it may be streams of pairs.
+    pub fn note_snapshot_format(&self, from: u64, takes_pairs: bool) {
+        if let Some(peer) = self.peers.read().by_id.get(&from) {
+            peer.takes_pairs.store(takes_pairs, Ordering::Relaxed);
+        }
     }
 
     /// This member's id.

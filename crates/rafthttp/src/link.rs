@@ -64,6 +64,7 @@ struct WriterParts {
 pub(crate) struct Parked {
     config: LinkConfig,
     active: Arc<AtomicBool>,
+    takes_pairs: Arc<AtomicBool>,
     msgapp: WriterParts,
     message: WriterParts,
     pipeline: mpsc::Receiver<Message>,
@@ -80,6 +81,8 @@ struct Shared<H> {
     host: Arc<H>,
     picker: Mutex<Picker>,
     status: Mutex<Status>,
+    /// Whether the peer takes a snapshot as a stream of pairs (`Transport::note_snapshot_format`).
+    takes_pairs: Arc<AtomicBool>,
 }
 
 /// etcd's `urlPicker`: the URL in use, moving on when it proves unreachable.
@@ -193,6 +196,7 @@ pub(crate) fn open(config: LinkConfig) -> (Peer, Parked) {
     let (pipeline, pipeline_rx) = mpsc::channel(PIPELINE_BUF);
     let (snapshot, snapshot_rx) = mpsc::channel(1);
     let active = Arc::new(AtomicBool::new(false));
+    let takes_pairs = Arc::new(AtomicBool::new(false));
     let peer = Peer {
         urls: Vec::new(),
         dial: Vec::new(),
@@ -201,11 +205,13 @@ pub(crate) fn open(config: LinkConfig) -> (Peer, Parked) {
         pipeline,
         snapshot,
         active: active.clone(),
+        takes_pairs: takes_pairs.clone(),
         stop: config.stop.clone(),
     };
     let parked = Parked {
         config,
         active,
+        takes_pairs,
         msgapp: msgapp_parts,
         message: message_parts,
         pipeline: pipeline_rx,
@@ -220,6 +226,7 @@ pub(crate) fn spawn<H: Raft>(runtime: &tokio::runtime::Handle, host: Arc<H>, par
     let Parked {
         config,
         active,
+        takes_pairs,
         msgapp,
         message,
         pipeline,
@@ -240,6 +247,7 @@ pub(crate) fn spawn<H: Raft>(runtime: &tokio::runtime::Handle, host: Arc<H>, par
             activity,
             last_errors: std::collections::HashMap::new(),
         }),
+        takes_pairs,
     });
     let stop = config.stop;
     for (kind, parts) in [
@@ -689,13 +697,19 @@ async fn send_snapshot<H: Raft>(shared: &Shared<H>, message: Message) {
     let started = Instant::now();
     let host = shared.host.clone();
     // etcd's form, which an etcd member installs and so do we: the member's snapshot data
-    // (etcd's: the v2 store's JSON) in the message, then its database image.
-    let image = tokio::task::spawn_blocking(move || host.snapshot_image(index)).await;
+    // (etcd's: the v2 store's JSON) in the message, then its database image; to an etcd-rs
+    // member, the image as a stream of pairs.
+    let pairs = shared.takes_pairs.load(Ordering::Relaxed);
+    let image = tokio::task::spawn_blocking(move || host.snapshot_image(index, pairs)).await;
+    let mut format = "etcd's database file";
     let ok = match image {
         Ok(Ok(image)) => {
             let mut message = message;
             message.mut_snapshot().data = image.data.into();
-            stream_snapshot(shared, message, image.body).await
+            if image.pairs {
+                format = "a stream of pairs";
+            }
+            stream_snapshot(shared, message, image.body, image.pairs).await
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "failed to take a database snapshot");
@@ -709,6 +723,7 @@ async fn send_snapshot<H: Raft>(shared: &Shared<H>, message: Message) {
             remote_peer_id = %shared.label,
             index,
             bytes,
+            format,
             took = ?started.elapsed(),
             "sent database snapshot"
         );
@@ -730,6 +745,7 @@ async fn stream_snapshot<H: Raft>(
     shared: &Shared<H>,
     message: Message,
     mut image: Box<dyn std::io::Read + Send>,
+    pairs: bool,
 ) -> Option<u64> {
     let mut first = Vec::new();
     if codec::encode_frame(&message, &mut first).is_err() {
@@ -764,10 +780,17 @@ async fn stream_snapshot<H: Raft>(
         }
     });
     let url = shared.url();
-    let Ok(request) = shared
+    let mut request = shared
         .request(&url, Method::POST, "/raft/snapshot")
-        .header(axum::http::header::CONTENT_TYPE, "application/octet-stream")
-        .body(Body::from_stream(
+        .header(axum::http::header::CONTENT_TYPE, "application/octet-stream");
+    if !pairs {
+        // The header on every request says the member takes pairs; on an upload it says the
+        // body is pairs.
+        if let Some(headers) = request.headers_mut() {
+            headers.remove(crate::SNAPSHOT_FORMAT_HEADER);
+        }
+    }
+    let Ok(request) = request.body(Body::from_stream(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         ))
     else {

@@ -107,6 +107,10 @@ pub(crate) async fn snapshot<H: Raft>(running: &Running<H>, request: Request) ->
 
 async fn receive_snapshot<H: Raft>(running: &Running<H>, request: Request) -> Response {
     let local = running.transport.local.id;
+    let pairs = request
+        .headers()
+        .get(crate::SNAPSHOT_FORMAT_HEADER)
+        .is_some_and(|v| v.as_bytes() == crate::PAIRS_FORMAT.as_bytes());
     let mut body = request.into_body().into_data_stream();
     // Bounds: a leader's database stays within its quota (the NOSPACE alarm stops writes at
     // it), so an image over twice the quota is not one; and an upload that stalls or drags
@@ -161,6 +165,9 @@ async fn receive_snapshot<H: Raft>(running: &Running<H>, request: Request) -> Re
         "receiving database snapshot"
     );
     let saving = std::time::Instant::now();
+    if pairs {
+        return receive_pairs(running, message, buf, body, idle).await;
+    }
     let path = running.host.snapshot_inbox(index);
     let save_error = |e: &dyn std::fmt::Display| {
         go_error(
@@ -228,4 +235,109 @@ async fn receive_snapshot<H: Raft>(running: &Running<H>, request: Request) -> Re
         return save_error(&"the member stopped while taking the snapshot");
     }
     process(running, message).await
+}
+
+/// Chunks of a stream of pairs queued between the upload and the member reading it.
+const PAIRS_QUEUED: usize = 8;
+
+/// The rest of an upload whose image is a stream of pairs: handed to the member chunk by
+/// chunk as it arrives ([`Raft::snapshot_streamed`], on a blocking thread), within the same
+/// bounds as a file; raft gets the message once the member has read the stream whole.
+async fn receive_pairs<H: Raft>(
+    running: &Running<H>,
+    message: etcdrs_raftnode::eraftpb::Message,
+    mut buf: BytesMut,
+    mut body: axum::body::BodyDataStream,
+    idle: impl Fn() -> tokio::time::Instant,
+) -> Response {
+    let local = running.transport.local.id;
+    let index = message.get_snapshot().get_metadata().index;
+    let limit = running.transport.snapshot_limit;
+    let saving = std::time::Instant::now();
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(PAIRS_QUEUED);
+    let host = running.host.clone();
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut body = ChunkReader {
+            rx,
+            chunk: bytes::Bytes::new(),
+        };
+        host.snapshot_streamed(index, &mut body)
+    });
+    let mut received = buf.len() as u64;
+    if received > limit {
+        return snapshot_too_large(limit);
+    }
+    // A closed queue means the member stopped reading: its error is the answer.
+    let mut reading = buf.is_empty() || tx.send(buf.split().freeze()).await.is_ok();
+    while reading {
+        let data = match tokio::time::timeout_at(idle(), body.next()).await {
+            Ok(Some(Ok(data))) => data,
+            Ok(Some(Err(e))) => {
+                return go_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("failed to save KV snapshot ({e})"),
+                );
+            }
+            Ok(None) => break,
+            Err(_) => {
+                return go_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "etcdserver: snapshot upload timed out",
+                );
+            }
+        };
+        received += data.len() as u64;
+        if received > limit {
+            return snapshot_too_large(limit);
+        }
+        reading = tx.send(data).await.is_ok();
+    }
+    // The end of the upload is the end of the member's stream.
+    drop(tx);
+    match reader.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(local_member_id = %id_hex(local), incoming_snapshot_index = index, error = %e, "failed to read the snapshot's stream of pairs");
+            return go_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("failed to save KV snapshot ({e})"),
+            );
+        }
+        Err(_) => {
+            return go_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "failed to save KV snapshot (the member stopped while taking the snapshot)",
+            );
+        }
+    }
+    crate::metrics::SNAP_DB_SAVE_SECONDS.observe(saving.elapsed().as_secs_f64());
+    tracing::info!(
+        local_member_id = %id_hex(local),
+        incoming_snapshot_index = index,
+        incoming_snapshot_size_bytes = received,
+        download_took = ?saving.elapsed(),
+        "received and saved database snapshot"
+    );
+    process(running, message).await
+}
+
+/// The chunks of an upload as a reader, for a blocking thread: the end of the queue is the
+/// end of the stream.
+struct ChunkReader {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    chunk: bytes::Bytes,
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.chunk = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
 }

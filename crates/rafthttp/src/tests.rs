@@ -31,6 +31,8 @@ struct FakeHost {
     reports: Mutex<Vec<(u64, bool)>>,
     inbox: tempfile::TempDir,
     received: Mutex<Vec<(u64, Vec<u8>)>>,
+    /// Images that arrived as streams of pairs.
+    streamed: Mutex<Vec<(u64, Vec<u8>)>>,
 }
 
 impl FakeHost {
@@ -43,6 +45,7 @@ impl FakeHost {
             reports: Mutex::new(Vec::new()),
             inbox: tempfile::tempdir().expect("temp dir"),
             received: Mutex::new(Vec::new()),
+            streamed: Mutex::new(Vec::new()),
         })
     }
 
@@ -56,6 +59,7 @@ impl FakeHost {
 }
 
 const IMAGE: &[u8] = b"the database image";
+const PAIRS_IMAGE: &[u8] = b"the database as pairs";
 const SNAPSHOT_DATA: &[u8] = b"the v2 store";
 
 impl Raft for FakeHost {
@@ -80,10 +84,12 @@ impl Raft for FakeHost {
         self.told_removed.store(true, Ordering::SeqCst);
     }
 
-    fn snapshot_image(&self, _index: u64) -> Result<SnapshotImage, String> {
+    fn snapshot_image(&self, _index: u64, pairs: bool) -> Result<SnapshotImage, String> {
+        let image = if pairs { PAIRS_IMAGE } else { IMAGE };
         Ok(SnapshotImage {
             data: SNAPSHOT_DATA.to_vec(),
-            body: Box::new(std::io::Cursor::new(IMAGE.to_vec())),
+            body: Box::new(std::io::Cursor::new(image.to_vec())),
+            pairs,
         })
     }
 
@@ -94,6 +100,17 @@ impl Raft for FakeHost {
     fn snapshot_received(&self, index: u64, path: PathBuf) {
         let bytes = std::fs::read(path).expect("received image");
         self.received.lock().push((index, bytes));
+    }
+
+    fn snapshot_streamed(
+        &self,
+        index: u64,
+        body: &mut dyn std::io::Read,
+    ) -> Result<(), String> {
+        let mut bytes = Vec::new();
+        body.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+        self.streamed.lock().push((index, bytes));
+        Ok(())
     }
 }
 
@@ -284,6 +301,27 @@ async fn a_snapshot_is_sent_with_its_image_and_received_into_the_inbox() {
     assert_eq!(stepped[0].get_msg_type(), MessageType::MsgSnapshot);
     assert_eq!(stepped[0].get_snapshot().get_metadata().index, 42);
     assert_eq!(&stepped[0].get_snapshot().data[..], SNAPSHOT_DATA);
+}
+
+/// A peer whose stream reader said it takes a stream of pairs gets the image as one; the
+/// member reads it as it arrives (no file in the inbox).
+#[tokio::test]
+async fn a_snapshot_to_a_peer_that_takes_pairs_goes_as_pairs() {
+    let one = member(1, &[2], &[]).await;
+    let two = member(2, &[1], &[]).await;
+    one.transport.set_peers(&[(2, vec![two.url.clone()])]);
+    two.transport.set_peers(&[(1, vec![one.url.clone()])]);
+    until(|| stream_working(&one.transport, 2, StreamType::Message)).await;
+    let mut snapshot = message(MessageType::MsgSnapshot, 1, 2);
+    snapshot.mut_snapshot().mut_metadata().index = 43;
+    one.transport.send(vec![snapshot]);
+    until(|| !one.host.reports.lock().is_empty()).await;
+    assert_eq!(*one.host.reports.lock(), [(2, true)]);
+    assert_eq!(*two.host.streamed.lock(), [(43, PAIRS_IMAGE.to_vec())]);
+    assert!(two.host.received.lock().is_empty());
+    let stepped = two.host.stepped.lock();
+    assert_eq!(stepped.len(), 1);
+    assert_eq!(stepped[0].get_snapshot().get_metadata().index, 43);
 }
 
 #[tokio::test]

@@ -220,6 +220,25 @@ impl Inner {
     /// waits for raft (an older one waiting is dropped).
     fn snapshot_received(&self, index: u64, path: std::path::PathBuf) {
         let image = received::prepare(index, path);
+        self.snapshot_ready(index, image);
+    }
+
+    /// An image for raft index `index` arrives as an etcd-rs leader's stream of pairs: read
+    /// into a backend file of ours as it comes and indexed, then it waits for raft as
+    /// [`Self::snapshot_received`]'s do. A stream that fails leaves nothing waiting.
+    fn snapshot_streamed(&self, index: u64, body: &mut dyn std::io::Read) -> Result<(), String> {
+        let path = self.snapshot_receive_path(index).with_extension("from-leader");
+        match received::receive_pairs(index, path, body) {
+            received::ReceivedImage::Failed(e) => Err(e),
+            image => {
+                self.snapshot_ready(index, image);
+                Ok(())
+            }
+        }
+    }
+
+    /// `image` is ready for raft to install at `index` (an older one waiting is dropped).
+    fn snapshot_ready(&self, index: u64, image: received::ReceivedImage) {
         let previous = self.pending_snapshot.lock().replace((index, image));
         if let Some((_, old)) = previous {
             old.discard();
@@ -531,7 +550,8 @@ impl EtcdServer {
 }
 
 /// Removes the snapshot images a previous process received beside the backend
-/// (`*.snap.recv`, and `*.snap.from-etcd` read from an etcd leader's): the image waiting for
+/// (`*.snap.recv`, `*.snap.from-etcd` read from an etcd leader's, `*.snap.from-leader` read
+/// from an etcd-rs leader's stream of pairs): the image waiting for
 /// raft lives only in memory (`pending_snapshot`), so such a file is never installed after a
 /// restart, and a power cut can bring back one whose removal was not yet durable.
 fn remove_received_snapshots(backend_path: &std::path::Path) {
@@ -544,7 +564,10 @@ fn remove_received_snapshots(backend_path: &std::path::Path) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.ends_with(".snap.recv") || name.ends_with(".snap.from-etcd") {
+        if [".snap.recv", ".snap.from-etcd", ".snap.from-leader"]
+            .iter()
+            .any(|end| name.ends_with(end))
+        {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => {
                     tracing::info!(path = %entry.path().display(), "removed a snapshot image left by an earlier start")

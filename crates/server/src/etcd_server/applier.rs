@@ -95,8 +95,9 @@ impl Applier {
         let store = &self.inner.store;
         let started = Instant::now();
         tracing::info!(index, "applying snapshot");
-        // An etcd leader sends its bbolt database (and so do we): it was read into an image
-        // of ours and indexed as it arrived (`received`).
+        // An etcd leader sends its bbolt database (and so does ours to an etcd member), an
+        // etcd-rs leader to us a stream of its pairs: either was read into an image of ours
+        // and indexed as it arrived (`received`).
         let (image, cluster_version, loaded) = match image {
             ReceivedImage::Imported {
                 path,
@@ -104,6 +105,7 @@ impl Applier {
                 downgrade,
                 loaded,
             } => (path, Some((cluster_version, downgrade)), Some(loaded)),
+            ReceivedImage::Streamed { path, loaded } => (path, None, Some(loaded)),
             ReceivedImage::Ours { path } => (path, None, None),
             ReceivedImage::Failed(e) => {
                 return Err(ServerError::Fatal(format!(

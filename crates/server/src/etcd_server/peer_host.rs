@@ -55,18 +55,29 @@ impl etcdrs_rafthttp::Raft for PeerHost {
         self.removed.cancel();
     }
 
-    fn snapshot_image(&self, index: u64) -> Result<SnapshotImage, String> {
+    fn snapshot_image(&self, index: u64, pairs: bool) -> Result<SnapshotImage, String> {
         let inner = self
             .inner
             .upgrade()
             .ok_or_else(|| "the member has stopped".to_owned())?;
-        snapshot_image(&inner.store, index)
+        if pairs {
+            snapshot_pairs(&inner.store, index)
+        } else {
+            snapshot_image(&inner.store, index)
+        }
     }
 
     fn snapshot_inbox(&self, index: u64) -> PathBuf {
         match self.inner.upgrade() {
             Some(inner) => inner.snapshot_receive_path(index),
             None => PathBuf::new(),
+        }
+    }
+
+    fn snapshot_streamed(&self, index: u64, body: &mut dyn Read) -> Result<(), String> {
+        match self.inner.upgrade() {
+            Some(inner) => inner.snapshot_streamed(index, body),
+            None => Err("the member has stopped".to_owned()),
         }
     }
 
@@ -150,5 +161,88 @@ pub(crate) fn snapshot_image(store: &KvStore, index: u64) -> Result<SnapshotImag
             _image: image,
             file,
         }),
+        pairs: false,
     })
+}
+
+/// Bytes of a stream of pairs per chunk handed to the link.
+const PAIRS_CHUNK: usize = 1 << 20;
+/// Chunks written ahead of the link.
+const PAIRS_AHEAD: usize = 4;
+
+/// The snapshot at raft index `index` for an etcd-rs member: the v2 store's JSON as the
+/// snapshot's data, and the database as a stream of pairs (`etcdrs_backend::transfer`),
+/// walked by a thread of its own (`snapshot-pairs`) over one read transaction begun here, a
+/// few chunks ahead of the link; it stops when the link drops the image.
+pub(crate) fn snapshot_pairs(store: &KvStore, index: u64) -> Result<SnapshotImage, String> {
+    let data = etcdrs_schema::v2snap::from_store(store, index).map_err(|e| e.to_string())?;
+    let read = store.backend().read().map_err(|e| e.to_string())?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Vec<u8>>>(PAIRS_AHEAD);
+    std::thread::Builder::new()
+        .name("snapshot-pairs".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            let mut out = std::io::BufWriter::with_capacity(PAIRS_CHUNK, ChunkWriter(tx.clone()));
+            match etcdrs_backend::transfer::send(&read, &mut out) {
+                Ok(pairs) => {
+                    tracing::debug!(index, pairs, took = ?started.elapsed(), "walked the database for a snapshot stream");
+                }
+                Err(e) => {
+                    // The link learns the stream failed rather than seeing it end.
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string())));
+                }
+            }
+        })
+        .map_err(|e| format!("start the snapshot stream's thread: {e}"))?;
+    Ok(SnapshotImage {
+        data,
+        body: Box::new(ChunkReader {
+            rx,
+            chunk: Vec::new(),
+            at: 0,
+        }),
+        pairs: true,
+    })
+}
+
+/// Hands what is written to the link's reader, a chunk at a time (the `BufWriter` over it
+/// makes the chunks); fails once the reader is gone.
+struct ChunkWriter(std::sync::mpsc::SyncSender<std::io::Result<Vec<u8>>>);
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .send(Ok(buf.to_vec()))
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The chunks [`ChunkWriter`] hands over, as a reader; the end of the queue is the end.
+struct ChunkReader {
+    rx: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.rx.recv() {
+                Ok(chunk) => {
+                    self.chunk = chunk?;
+                    self.at = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
 }

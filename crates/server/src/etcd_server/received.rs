@@ -1,12 +1,15 @@
-//! Snapshot images received from the leader, made ready to install as they arrive: a leader
-//! (etcd's or ours) sends its database in etcd's bbolt layout, which is read into a backend
-//! file of ours (`etcd_db::import`) while the store's key index is built from the same pairs
-//! (`mvcc::StoreLoader`, on a thread of its own fed batches of pairs), on the peer handler's
-//! blocking thread and before raft hears of the snapshot. Raft's thread then only swaps the file in (`Applier::install_snapshot`): it
+//! Snapshot images received from the leader, made ready to install as they arrive: an etcd
+//! leader sends its database in etcd's bbolt layout, which is read into a backend file of ours
+//! (`etcd_db::import`), and an etcd-rs leader sends its backend's pairs as a stream
+//! (`etcdrs_backend::transfer`), written into a backend file of ours as it arrives; either way
+//! the store's key index is built from the same pairs meanwhile (`mvcc::StoreLoader`, on a
+//! thread of its own fed batches of pairs), on the peer handler's blocking thread and before
+//! raft hears of the snapshot. Raft's thread then only swaps the file in (`Applier::install_snapshot`): it
 //! keeps answering the leader's heartbeats instead of spending the conversion and the
 //! index rebuild inside one `Ready`, which in a two-member cluster cost the leader its quorum
 //! and an election.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -22,6 +25,9 @@ pub(super) enum ReceivedImage {
         downgrade: Option<Vec<u8>>,
         loaded: LoadedStore,
     },
+    /// An etcd-rs leader's stream of pairs, written into a backend file of ours at `path` and
+    /// indexed: its membership and cluster version are the file's own.
+    Streamed { path: PathBuf, loaded: LoadedStore },
     /// A backend image of ours, installed as it is (the simulator's links send these).
     Ours { path: PathBuf },
     /// The image could not be read: installing it fails with this.
@@ -32,7 +38,9 @@ impl ReceivedImage {
     /// Remove its file (an image that will not be installed).
     pub(super) fn discard(self) {
         match self {
-            ReceivedImage::Imported { path, .. } | ReceivedImage::Ours { path } => {
+            ReceivedImage::Imported { path, .. }
+            | ReceivedImage::Streamed { path, .. }
+            | ReceivedImage::Ours { path } => {
                 let _ = std::fs::remove_file(path);
             }
             ReceivedImage::Failed(_) => {}
@@ -51,7 +59,13 @@ pub(super) fn prepare(index: u64, path: PathBuf) -> ReceivedImage {
     let started = Instant::now();
     let image = path.with_extension("from-etcd");
     let _ = std::fs::remove_file(&image);
-    let result = import(&db, &image);
+    let result = import(&image, |backend, on_key| {
+        etcdrs_schema::etcd_db::import_with(&db, backend, |key, value| {
+            on_key(key, value);
+            Ok(())
+        })
+        .map_err(crate::ServerError::from)
+    });
     drop(db);
     let _ = std::fs::remove_file(&path);
     match result {
@@ -80,6 +94,41 @@ pub(super) fn prepare(index: u64, path: PathBuf) -> ReceivedImage {
     }
 }
 
+/// The image of an etcd-rs leader's stream of pairs for raft index `index`, read from `body`
+/// into a backend file at `path` as it arrives and indexed; a stream that fails (cut short,
+/// damaged) leaves no file.
+pub(super) fn receive_pairs(index: u64, path: PathBuf, body: &mut dyn Read) -> ReceivedImage {
+    let started = Instant::now();
+    let _ = std::fs::remove_file(&path);
+    let result = import(&path, |backend, on_key| {
+        etcdrs_backend::transfer::receive(body, backend, |bucket, key, value| {
+            if bucket == etcdrs_backend::Bucket::KEY {
+                on_key(key, value);
+            }
+            Ok(())
+        })
+        .map_err(crate::ServerError::from)
+    });
+    match result {
+        Ok((pairs, loaded)) => {
+            tracing::info!(
+                index,
+                pairs,
+                keys = loaded.key_count(),
+                revision = loaded.current_rev(),
+                took = ?started.elapsed(),
+                "read the leader's snapshot stream and indexed it"
+            );
+            ReceivedImage::Streamed { path, loaded }
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            tracing::warn!(index, error = %e, "cannot read the leader's snapshot stream");
+            ReceivedImage::Failed(e.to_string())
+        }
+    }
+}
+
 /// The import's backend makes its commits durable no oftener than this (in effect: only the
 /// last, which asks to be).
 const IMPORT_DURABLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
@@ -95,12 +144,16 @@ struct PairBatch {
     lens: Vec<(usize, usize)>,
 }
 
-/// Import `db` into a new backend at `image`, indexing its `key` bucket on a second thread
-/// meanwhile (the import writes the pairs into redb, the indexer builds the key index).
-fn import(
-    db: &etcdrs_schema::etcd_db::Db,
+/// Fill a new backend at `image` (`fill` writes into it and shows each pair of the `key`
+/// bucket, in our encoding and key order, to the function it is handed), indexing those pairs
+/// on a second thread meanwhile (the fill writes redb, the indexer builds the key index).
+fn import<T>(
     image: &Path,
-) -> Result<(etcdrs_schema::etcd_db::Imported, LoadedStore), crate::ServerError> {
+    fill: impl FnOnce(
+        &etcdrs_backend::Backend,
+        &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<T, crate::ServerError>,
+) -> Result<(T, LoadedStore), crate::ServerError> {
     let mut backend = etcdrs_backend::Backend::open(image)?;
     // Durable once, at its end: the file is used only once it is whole (a crash before leaves
     // a partial image that is received again), so the import's commits in between need not
@@ -126,7 +179,7 @@ fn import(
             })
             .map_err(|e| crate::ServerError::Fatal(format!("start the indexing thread: {e}")))?;
         let mut batch = PairBatch::default();
-        let imported = etcdrs_schema::etcd_db::import_with(db, &backend, |key, value| {
+        let imported = fill(&backend, &mut |key, value| {
             batch.bytes.extend_from_slice(key);
             batch.bytes.extend_from_slice(value);
             batch.lens.push((key.len(), value.len()));
@@ -134,7 +187,6 @@ fn import(
                 // A closed channel means the indexer failed: its error is reported below.
                 let _ = tx.send(std::mem::take(&mut batch));
             }
-            Ok(())
         });
         if !batch.lens.is_empty() {
             let _ = tx.send(batch);
