@@ -777,9 +777,10 @@ fn a_stream_of_pairs_carries_every_bucket_and_only_whole() {
 
     let copy = Backend::open(&dir.path().join("b/db")).unwrap();
     let mut keys = 0;
-    let received = transfer::receive(stream.as_slice(), &copy, |bucket, _, _| {
-        keys += u64::from(bucket == Bucket::KEY);
-        Ok(())
+    let received = transfer::receive(&mut stream.as_slice(), &copy, |batch| {
+        if batch.bucket == Bucket::KEY {
+            keys += batch.pairs().count() as u64;
+        }
     })
     .unwrap();
     assert_eq!((received, keys), (2_003, 2_000));
@@ -800,7 +801,7 @@ fn a_stream_of_pairs_carries_every_bucket_and_only_whole() {
 
     let refused = |bytes: &[u8], name: &str| {
         let target = Backend::open(&dir.path().join(name).join("db")).unwrap();
-        let error = transfer::receive(bytes, &target, |_, _, _| Ok(())).unwrap_err();
+        let error = transfer::receive(&mut &bytes[..], &target, |_| {}).unwrap_err();
         error.to_string()
     };
     assert!(refused(&stream[..stream.len() - 1], "c").contains("cut short"));

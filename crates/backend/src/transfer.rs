@@ -87,6 +87,66 @@ pub fn send(read: &ReadTx, out: impl Write) -> Result<u64> {
     Ok(pairs)
 }
 
+/// Pairs of one bucket read from a stream, end to end in one buffer: what [`receive`] hands
+/// its caller after writing them (the server's indexer takes the `key` bucket's as they are).
+#[derive(Debug)]
+pub struct Batch {
+    /// The bucket they belong to.
+    pub bucket: Bucket,
+    bytes: Vec<u8>,
+    lens: Vec<(u32, u32)>,
+}
+
+impl Batch {
+    /// An empty batch of `bucket`.
+    pub fn new(bucket: Bucket) -> Batch {
+        Batch {
+            bucket,
+            bytes: Vec::new(),
+            lens: Vec::new(),
+        }
+    }
+
+    /// Add a pair (each of key and value shorter than 4 GiB).
+    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(value);
+        self.lens.push((key.len() as u32, value.len() as u32));
+    }
+
+    /// Pairs in it.
+    pub fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Whether it holds no pair.
+    pub fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+
+    /// Bytes of its keys and values.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Its pairs, in the order they came.
+    pub fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let mut at = 0;
+        self.lens.iter().map(move |&(key_len, value_len)| {
+            let (key_len, value_len) = (key_len as usize, value_len as usize);
+            let key = &self.bytes[at..at + key_len];
+            let value = &self.bytes[at + key_len..at + key_len + value_len];
+            at += key_len + value_len;
+            (key, value)
+        })
+    }
+}
+
+/// Bytes of keys and values per [`Batch`] the reading thread hands over.
+const BATCH_BYTES: usize = 1 << 20;
+/// Batches read ahead of the writer.
+const BATCHES_AHEAD: usize = 8;
+
 /// `input`, checksummed as it is read.
 struct Checked<R> {
     input: R,
@@ -103,9 +163,9 @@ impl<R: Read> Checked<R> {
         Ok(bytes)
     }
 
-    /// The next `len` bytes into `buf` (grown as they arrive, not ahead of them).
-    fn bytes(&mut self, len: usize, buf: &mut Vec<u8>) -> Result<()> {
-        buf.clear();
+    /// The next `len` bytes, appended to `buf` (grown as they arrive, not ahead of them).
+    fn append(&mut self, len: usize, buf: &mut Vec<u8>) -> Result<()> {
+        let at = buf.len();
         let got = (&mut self.input)
             .take(len as u64)
             .read_to_end(buf)
@@ -113,19 +173,15 @@ impl<R: Read> Checked<R> {
         if got != len {
             return Err(bad("cut short"));
         }
-        self.crc.update(buf);
+        self.crc.update(&buf[at..]);
         Ok(())
     }
 }
 
-/// Read a stream that [`send`] wrote from `input` into `backend` (a fresh one nothing else
-/// uses), showing each pair to `on_pair` as it is written; the last commit is durable.
-/// Returns the pairs read.
-pub fn receive(
-    input: impl Read,
-    backend: &Backend,
-    mut on_pair: impl FnMut(Bucket, &[u8], &[u8]) -> Result<()>,
-) -> Result<u64> {
+/// Read and check a stream that [`send`] wrote, handing its pairs to `each` in batches of one
+/// bucket; returns the pairs read. Fails, having handed over what came before, on a stream
+/// that is not whole (the caller drops what it made of them).
+fn parse(input: impl Read, mut each: impl FnMut(Batch) -> Result<()>) -> Result<u64> {
     let mut input = Checked {
         input,
         crc: crate::crc32c::Crc32c::new(),
@@ -133,50 +189,46 @@ pub fn receive(
     if &input.exact::<16>()? != MAGIC {
         return Err(bad("not a stream of pairs"));
     }
-    let (mut key, mut value, mut name) = (Vec::new(), Vec::new(), Vec::new());
-    let mut bucket = None;
+    let mut name = Vec::new();
+    let mut batch: Option<Batch> = None;
     let mut pairs = 0u64;
-    let mut pending = 0u64;
-    let mut tx = Some(backend.write()?);
     loop {
         let [kind] = input.exact::<1>()?;
         match kind {
             BUCKET => {
                 let [len] = input.exact::<1>()?;
-                input.bytes(len as usize, &mut name)?;
-                bucket = Some(
-                    Bucket::ALL
-                        .into_iter()
-                        .find(|b| b.name().as_bytes() == name.as_slice())
-                        .ok_or_else(|| {
-                            bad(format!(
-                                "unknown bucket {:?}",
-                                String::from_utf8_lossy(&name)
-                            ))
-                        })?,
-                );
+                name.clear();
+                input.append(len as usize, &mut name)?;
+                let bucket = Bucket::ALL
+                    .into_iter()
+                    .find(|b| b.name().as_bytes() == name.as_slice())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "unknown bucket {:?}",
+                            String::from_utf8_lossy(&name)
+                        ))
+                    })?;
+                if let Some(full) = batch.replace(Batch::new(bucket))
+                    && !full.is_empty()
+                {
+                    each(full)?;
+                }
             }
             PAIR => {
-                let Some(bucket) = bucket else {
+                let Some(current) = batch.as_mut() else {
                     return Err(bad("a pair before any bucket"));
                 };
                 let head = input.exact::<8>()?;
-                let key_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-                let value_len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
-                input.bytes(key_len, &mut key)?;
-                input.bytes(value_len, &mut value)?;
-                on_pair(bucket, &key, &value)?;
-                let write = match &tx {
-                    Some(write) => write,
-                    None => tx.insert(backend.write()?),
-                };
-                write.put(bucket, &key, &value)?;
+                let key_len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+                let value_len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+                input.append(key_len as usize, &mut current.bytes)?;
+                input.append(value_len as usize, &mut current.bytes)?;
+                current.lens.push((key_len, value_len));
                 pairs += 1;
-                pending += (key_len + value_len) as u64;
-                if pending >= COMMIT_BYTES {
-                    pending = 0;
-                    if let Some(write) = tx.take() {
-                        write.commit(false)?;
+                if current.bytes.len() >= BATCH_BYTES {
+                    let bucket = current.bucket;
+                    if let Some(full) = batch.replace(Batch::new(bucket)) {
+                        each(full)?;
                     }
                 }
             }
@@ -198,14 +250,81 @@ pub fn receive(
                 if input.input.read(&mut rest).map_err(Error::Io)? != 0 {
                     return Err(bad("bytes after the end"));
                 }
-                break;
+                if let Some(last) = batch.take()
+                    && !last.is_empty()
+                {
+                    each(last)?;
+                }
+                return Ok(pairs);
             }
             other => return Err(bad(format!("unknown record {other}"))),
         }
     }
-    match tx.take() {
-        Some(write) => write.commit(true)?,
-        None => backend.write()?.commit(true)?,
-    };
-    Ok(pairs)
+}
+
+/// Read a stream that [`send`] wrote from `input` into `backend` (a fresh one nothing else
+/// uses), handing each batch of pairs to `on_batch` once it is written; the last commit is
+/// durable, and made only once the stream proved whole. Returns the pairs read.
+///
+/// A thread of its own (`snapshot-parse`) reads and checks the stream a few batches ahead,
+/// so the caller's thread only writes.
+pub fn receive(
+    input: &mut (dyn Read + Send),
+    backend: &Backend,
+    mut on_batch: impl FnMut(Batch),
+) -> Result<u64> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(BATCHES_AHEAD);
+    std::thread::scope(|scope| {
+        let reader = std::thread::Builder::new()
+            .name("snapshot-parse".into())
+            .spawn_scoped(scope, move || {
+                parse(input, |batch| {
+                    tx.send(batch)
+                        .map_err(|_| bad("the writer stopped reading"))
+                })
+            })
+            .map_err(Error::Io)?;
+        let written = write_batches(rx, backend, &mut on_batch);
+        let parsed = reader
+            .join()
+            .map_err(|_| bad("the reading thread panicked"))?;
+        // The writer's error first: a reader that failed ended the writer's batches without
+        // one, while a writer that failed made the reader fail too.
+        written?;
+        let pairs = parsed?;
+        backend.write()?.commit(true)?;
+        Ok(pairs)
+    })
+}
+
+/// Write every batch from `rx` into `backend`, committing (not durably) every
+/// [`COMMIT_BYTES`]; each batch goes to `on_batch` once written.
+fn write_batches(
+    rx: std::sync::mpsc::Receiver<Batch>,
+    backend: &Backend,
+    on_batch: &mut impl FnMut(Batch),
+) -> Result<()> {
+    let mut pending = 0u64;
+    let mut tx = None;
+    for batch in rx {
+        let write = match &tx {
+            Some(write) => write,
+            None => tx.insert(backend.write()?),
+        };
+        for (key, value) in batch.pairs() {
+            write.put(batch.bucket, key, value)?;
+        }
+        pending += batch.bytes() as u64;
+        if pending >= COMMIT_BYTES {
+            pending = 0;
+            if let Some(write) = tx.take() {
+                write.commit(false)?;
+            }
+        }
+        on_batch(batch);
+    }
+    if let Some(write) = tx.take() {
+        write.commit(false)?;
+    }
+    Ok(())
 }

@@ -19,9 +19,9 @@ use futures::StreamExt;
 
 use crate::receive::snapshot;
 use crate::{
-    CLUSTER_ID_HEADER, FROM_HEADER, MIN_CLUSTER_VERSION, MIN_CLUSTER_VERSION_HEADER,
-    PAIRS_FORMAT, RAFT_TO_HEADER, Raft, Refusal, Running, SERVER_VERSION_HEADER,
-    SNAPSHOT_FORMAT_HEADER, StreamType, Transport, codec, gate, id_hex,
+    CLUSTER_ID_HEADER, FROM_HEADER, MIN_CLUSTER_VERSION, MIN_CLUSTER_VERSION_HEADER, PAIRS_FORMAT,
+    RAFT_TO_HEADER, Raft, Refusal, Running, SERVER_VERSION_HEADER, SNAPSHOT_FORMAT_HEADER,
+    StreamType, Transport, codec, gate, id_hex,
 };
 
 /// The largest request body a pipeline post may carry.

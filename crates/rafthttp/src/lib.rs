@@ -135,7 +135,7 @@ pub trait Raft: Send + Sync + 'static {
     fn snapshot_streamed(
         &self,
         index: u64,
-        body: &mut dyn std::io::Read,
+        body: &mut (dyn std::io::Read + Send),
     ) -> std::result::Result<(), String>;
 }
 

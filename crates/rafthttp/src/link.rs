@@ -791,9 +791,8 @@ async fn stream_snapshot<H: Raft>(
         }
     }
     let Ok(request) = request.body(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-    else {
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    )) else {
         return None;
     };
     let sent = post_with_timeout(&shared.client, request, SNAPSHOT_TIMEOUT).await;

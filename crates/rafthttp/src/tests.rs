@@ -105,7 +105,7 @@ impl Raft for FakeHost {
     fn snapshot_streamed(
         &self,
         index: u64,
-        body: &mut dyn std::io::Read,
+        body: &mut (dyn std::io::Read + Send),
     ) -> Result<(), String> {
         let mut bytes = Vec::new();
         body.read_to_end(&mut bytes).map_err(|e| e.to_string())?;

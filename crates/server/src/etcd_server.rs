@@ -226,8 +226,14 @@ impl Inner {
     /// An image for raft index `index` arrives as an etcd-rs leader's stream of pairs: read
     /// into a backend file of ours as it comes and indexed, then it waits for raft as
     /// [`Self::snapshot_received`]'s do. A stream that fails leaves nothing waiting.
-    fn snapshot_streamed(&self, index: u64, body: &mut dyn std::io::Read) -> Result<(), String> {
-        let path = self.snapshot_receive_path(index).with_extension("from-leader");
+    fn snapshot_streamed(
+        &self,
+        index: u64,
+        body: &mut (dyn std::io::Read + Send),
+    ) -> Result<(), String> {
+        let path = self
+            .snapshot_receive_path(index)
+            .with_extension("from-leader");
         match received::receive_pairs(index, path, body) {
             received::ReceivedImage::Failed(e) => Err(e),
             image => {

@@ -74,7 +74,7 @@ impl etcdrs_rafthttp::Raft for PeerHost {
         }
     }
 
-    fn snapshot_streamed(&self, index: u64, body: &mut dyn Read) -> Result<(), String> {
+    fn snapshot_streamed(&self, index: u64, body: &mut (dyn Read + Send)) -> Result<(), String> {
         match self.inner.upgrade() {
             Some(inner) => inner.snapshot_streamed(index, body),
             None => Err("the member has stopped".to_owned()),

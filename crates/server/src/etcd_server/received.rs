@@ -13,6 +13,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use etcdrs_backend::Bucket;
+use etcdrs_backend::transfer::Batch;
 use etcdrs_mvcc::{BuiltIndex, LoadedStore, StoreLoader};
 
 /// An image waiting for raft to install it.
@@ -59,12 +61,19 @@ pub(super) fn prepare(index: u64, path: PathBuf) -> ReceivedImage {
     let started = Instant::now();
     let image = path.with_extension("from-etcd");
     let _ = std::fs::remove_file(&image);
-    let result = import(&image, |backend, on_key| {
-        etcdrs_schema::etcd_db::import_with(&db, backend, |key, value| {
-            on_key(key, value);
+    let result = import(&image, |backend, index_batch| {
+        let mut batch = Batch::new(Bucket::KEY);
+        let imported = etcdrs_schema::etcd_db::import_with(&db, backend, |key, value| {
+            batch.push(key, value);
+            if batch.len() >= INDEX_BATCH_PAIRS {
+                index_batch(std::mem::replace(&mut batch, Batch::new(Bucket::KEY)));
+            }
             Ok(())
-        })
-        .map_err(crate::ServerError::from)
+        });
+        if !batch.is_empty() {
+            index_batch(batch);
+        }
+        imported.map_err(crate::ServerError::from)
     });
     drop(db);
     let _ = std::fs::remove_file(&path);
@@ -97,15 +106,19 @@ pub(super) fn prepare(index: u64, path: PathBuf) -> ReceivedImage {
 /// The image of an etcd-rs leader's stream of pairs for raft index `index`, read from `body`
 /// into a backend file at `path` as it arrives and indexed; a stream that fails (cut short,
 /// damaged) leaves no file.
-pub(super) fn receive_pairs(index: u64, path: PathBuf, body: &mut dyn Read) -> ReceivedImage {
+pub(super) fn receive_pairs(
+    index: u64,
+    path: PathBuf,
+    body: &mut (dyn Read + Send),
+) -> ReceivedImage {
     let started = Instant::now();
     let _ = std::fs::remove_file(&path);
-    let result = import(&path, |backend, on_key| {
-        etcdrs_backend::transfer::receive(body, backend, |bucket, key, value| {
-            if bucket == etcdrs_backend::Bucket::KEY {
-                on_key(key, value);
+    let result = import(&path, |backend, index_batch| {
+        // The stream's own batches go to the indexer as they are: no copy.
+        etcdrs_backend::transfer::receive(body, backend, |batch| {
+            if batch.bucket == Bucket::KEY {
+                index_batch(batch);
             }
-            Ok(())
         })
         .map_err(crate::ServerError::from)
     });
@@ -132,65 +145,42 @@ pub(super) fn receive_pairs(index: u64, path: PathBuf, body: &mut dyn Read) -> R
 /// The import's backend makes its commits durable no oftener than this (in effect: only the
 /// last, which asks to be).
 const IMPORT_DURABLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
-/// Pairs handed to the indexing thread at a time.
+/// Pairs an import from etcd's file hands the indexing thread at a time.
 const INDEX_BATCH_PAIRS: usize = 4096;
 /// Batches in flight to it.
 const INDEX_BATCHES_QUEUED: usize = 8;
 
-/// Pairs of the `key` bucket end to end, with each key's and value's length.
-#[derive(Default)]
-struct PairBatch {
-    bytes: Vec<u8>,
-    lens: Vec<(usize, usize)>,
-}
-
-/// Fill a new backend at `image` (`fill` writes into it and shows each pair of the `key`
-/// bucket, in our encoding and key order, to the function it is handed), indexing those pairs
-/// on a second thread meanwhile (the fill writes redb, the indexer builds the key index).
+/// Fill a new backend at `image` (`fill` writes into it and hands the pairs of the `key`
+/// bucket, in our encoding and key order, in batches to the function it is given), indexing
+/// them on a second thread meanwhile (the fill writes redb, the indexer builds the key index).
 fn import<T>(
     image: &Path,
-    fill: impl FnOnce(
-        &etcdrs_backend::Backend,
-        &mut dyn FnMut(&[u8], &[u8]),
-    ) -> Result<T, crate::ServerError>,
+    fill: impl FnOnce(&etcdrs_backend::Backend, &mut dyn FnMut(Batch)) -> Result<T, crate::ServerError>,
 ) -> Result<(T, LoadedStore), crate::ServerError> {
     let mut backend = etcdrs_backend::Backend::open(image)?;
     // Durable once, at its end: the file is used only once it is whole (a crash before leaves
     // a partial image that is received again), so the import's commits in between need not
     // wait for the disk.
     backend.set_batching(IMPORT_DURABLE_INTERVAL, u64::MAX);
-    let (tx, rx) = std::sync::mpsc::sync_channel::<PairBatch>(INDEX_BATCHES_QUEUED);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(INDEX_BATCHES_QUEUED);
     std::thread::scope(|scope| {
         let indexer = std::thread::Builder::new()
             .name("snapshot-index".into())
             .spawn_scoped(scope, move || -> etcdrs_mvcc::Result<BuiltIndex> {
                 let mut loader = StoreLoader::new();
                 for batch in rx {
-                    let mut at = 0;
-                    for &(key_len, value_len) in &batch.lens {
-                        let key = &batch.bytes[at..at + key_len];
-                        let value = &batch.bytes[at + key_len..at + key_len + value_len];
+                    for (key, value) in batch.pairs() {
                         loader.push(key, value)?;
-                        at += key_len + value_len;
                     }
                 }
                 // Sorted and built while the import makes its file durable.
                 Ok(loader.build())
             })
             .map_err(|e| crate::ServerError::Fatal(format!("start the indexing thread: {e}")))?;
-        let mut batch = PairBatch::default();
-        let imported = fill(&backend, &mut |key, value| {
-            batch.bytes.extend_from_slice(key);
-            batch.bytes.extend_from_slice(value);
-            batch.lens.push((key.len(), value.len()));
-            if batch.lens.len() >= INDEX_BATCH_PAIRS {
-                // A closed channel means the indexer failed: its error is reported below.
-                let _ = tx.send(std::mem::take(&mut batch));
-            }
-        });
-        if !batch.lens.is_empty() {
+        // A closed channel means the indexer failed: its error is reported below.
+        let imported = fill(&backend, &mut |batch| {
             let _ = tx.send(batch);
-        }
+        });
         drop(tx);
         let loader = indexer
             .join()
