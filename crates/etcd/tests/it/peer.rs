@@ -54,23 +54,32 @@ async fn peer(
 
 /// Uploads a snapshot of `len` bytes to `m`'s peer port as member `from`; the answer.
 async fn upload(m: &Member, cluster: &str, from: &str, len: usize) -> HttpResponse {
+    upload_image(m, cluster, from, &vec![0; len], false).await
+}
+
+/// Uploads a snapshot whose image is `image` to `m`'s peer port as member `from`, saying it is
+/// an etcd-rs leader's stream of pairs when `pairs`; the answer.
+async fn upload_image(
+    m: &Member,
+    cluster: &str,
+    from: &str,
+    image: &[u8],
+    pairs: bool,
+) -> HttpResponse {
     let mut body = (SNAPSHOT_MESSAGE.len() as u64).to_be_bytes().to_vec();
     body.extend_from_slice(&SNAPSHOT_MESSAGE);
-    body.resize(body.len() + len, 0);
-    peer(
-        m,
-        "POST",
-        "/raft/snapshot",
-        &[
-            ("X-Etcd-Cluster-ID", cluster),
-            ("X-Server-From", from),
-            ("X-Server-Version", "3.4.23"),
-            ("X-Min-Cluster-Version", "3.0.0"),
-            ("Content-Type", "application/octet-stream"),
-        ],
-        &body,
-    )
-    .await
+    body.extend_from_slice(image);
+    let mut headers = vec![
+        ("X-Etcd-Cluster-ID", cluster),
+        ("X-Server-From", from),
+        ("X-Server-Version", "3.4.23"),
+        ("X-Min-Cluster-Version", "3.0.0"),
+        ("Content-Type", "application/octet-stream"),
+    ];
+    if pairs {
+        headers.push(("X-Etcd-Rs-Snapshot-Format", "pairs-1"));
+    }
+    peer(m, "POST", "/raft/snapshot", &headers, &body).await
 }
 
 /// No received-snapshot file is left in `m`'s snap directory.
@@ -80,7 +89,7 @@ fn no_partial_files(m: &Member) {
         .expect("snap dir")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".snap.recv"))
+        .filter(|n| n.ends_with(".snap.recv") || n.ends_with(".snap.from-leader"))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
@@ -117,6 +126,30 @@ async fn snapshot_uploads_only_from_members_and_within_a_bound() {
         assert_eq!(refused.status, 413, "{refused:?}");
     }
     etcdrs_testkit::memory::assert_rss_flat(pid, before, 16 << 20, "ten 3.5 MiB uploads");
+    no_partial_files(&m);
+
+    // An etcd-rs leader's stream of pairs is held to the same bound, and one that is not
+    // whole (a record the format does not have; a stream cut short) is refused, leaves no
+    // file and installs nothing.
+    // (Bucket `key`, then one pair of a 1-byte key and a 3.5 MiB value.)
+    let mut stream = b"etcd-rs pairs 1\n\x01\x03key\x02".to_vec();
+    stream.extend_from_slice(&1u32.to_le_bytes());
+    stream.extend_from_slice(&(7 * 512 * 1024u32).to_le_bytes());
+    stream.resize(stream.len() + 1 + 7 * 512 * 1024, 1);
+    let huge = upload_image(&m, &cluster, &member, &stream, true).await;
+    assert_eq!(huge.status, 413, "{huge:?}");
+    let mut damaged = b"etcd-rs pairs 1\n".to_vec();
+    damaged.extend_from_slice(&[9; 64]);
+    let refused = upload_image(&m, &cluster, &member, &damaged, true).await;
+    assert_eq!(refused.status, 500, "{refused:?}");
+    assert!(
+        refused.body.starts_with("failed to save KV snapshot (")
+            && refused.body.contains("unknown record 9"),
+        "{refused:?}"
+    );
+    let cut = upload_image(&m, &cluster, &member, b"etcd-rs pairs 1\n\x01\x03ke", true).await;
+    assert_eq!(cut.status, 500, "{cut:?}");
+    assert!(cut.body.contains("cut short"), "{cut:?}");
     no_partial_files(&m);
     client.put("still", "serving", None).await.expect("serving");
 }
