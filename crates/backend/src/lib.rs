@@ -939,6 +939,13 @@ impl WriteTx<'_> {
         Ok(())
     }
 
+    /// Insert or overwrite every pair of `batch` in its bucket, in order, from the batch's own
+    /// buffer (no copy into the held puts).
+    pub fn put_batch(&self, batch: &transfer::Batch) -> Result<()> {
+        self.flush_puts()?;
+        self.insert_all(batch.bucket, &batch.bytes, &batch.lens)
+    }
+
     /// The stored bytes recorded by the last commit ([`STATS`]), if its record is there and
     /// its pair count is the buckets' own.
     fn recorded_stored_bytes(&self) -> Result<Option<u64>> {

@@ -93,8 +93,9 @@ pub fn send(read: &ReadTx, out: impl Write) -> Result<u64> {
 pub struct Batch {
     /// The bucket they belong to.
     pub bucket: Bucket,
-    bytes: Vec<u8>,
-    lens: Vec<(u32, u32)>,
+    pub(crate) bytes: Vec<u8>,
+    /// Length of each key and of its value, in order.
+    pub(crate) lens: Vec<(usize, usize)>,
 }
 
 impl Batch {
@@ -107,11 +108,11 @@ impl Batch {
         }
     }
 
-    /// Add a pair (each of key and value shorter than 4 GiB).
+    /// Add a pair.
     pub fn push(&mut self, key: &[u8], value: &[u8]) {
         self.bytes.extend_from_slice(key);
         self.bytes.extend_from_slice(value);
-        self.lens.push((key.len() as u32, value.len() as u32));
+        self.lens.push((key.len(), value.len()));
     }
 
     /// Pairs in it.
@@ -133,7 +134,6 @@ impl Batch {
     pub fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         let mut at = 0;
         self.lens.iter().map(move |&(key_len, value_len)| {
-            let (key_len, value_len) = (key_len as usize, value_len as usize);
             let key = &self.bytes[at..at + key_len];
             let value = &self.bytes[at + key_len..at + key_len + value_len];
             at += key_len + value_len;
@@ -223,7 +223,7 @@ fn parse(input: impl Read, mut each: impl FnMut(Batch) -> Result<()>) -> Result<
                 let value_len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
                 input.append(key_len as usize, &mut current.bytes)?;
                 input.append(value_len as usize, &mut current.bytes)?;
-                current.lens.push((key_len, value_len));
+                current.lens.push((key_len as usize, value_len as usize));
                 pairs += 1;
                 if current.bytes.len() >= BATCH_BYTES {
                     let bucket = current.bucket;
@@ -311,9 +311,7 @@ fn write_batches(
             Some(write) => write,
             None => tx.insert(backend.write()?),
         };
-        for (key, value) in batch.pairs() {
-            write.put(batch.bucket, key, value)?;
-        }
+        write.put_batch(&batch)?;
         pending += batch.bytes() as u64;
         if pending >= COMMIT_BYTES {
             pending = 0;
