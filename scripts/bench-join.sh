@@ -8,7 +8,9 @@
 # Usage: scripts/bench-join.sh etcd|ours
 # Knobs: JOIN_KEYS (1000000), JOIN_VAL (256), JOIN_ROUNDS (2), JOIN_DIR (/tmp/join-bench: data
 # dirs, removed at the end; the members' logs are kept beside it as $JOIN_DIR.<name>.log), JOIN_PORT (2370: this port and the next 7), ETCD34 (etcd on PATH),
-# OURS (target/release/etcd), ETCD_BENCHMARK (../shared/tools/etcd-benchmark).
+# OURS (target/release/etcd), ETCD_BENCHMARK (../shared/tools/etcd-benchmark), JOIN_QUOTA (the
+# members' --quota-backend-bytes: 8 GiB, or twice the keys' values when that is more; 8M keys of
+# 1 KiB fill 8 GiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SYS=${1:?etcd or ours}
@@ -20,6 +22,7 @@ PORT=${JOIN_PORT:-2370}
 ETCD34=${ETCD34:-$(command -v etcd)}
 OURS=${OURS:-$PWD/target/release/etcd}
 ETCD_BENCH=${ETCD_BENCHMARK:-$PWD/../shared/tools/etcd-benchmark}
+QUOTA=${JOIN_QUOTA:-$(( KEYS * VAL * 2 > 8589934592 ? KEYS * VAL * 2 : 8589934592 ))}
 BIN=$ETCD34
 [ "$SYS" = ours ] && BIN=$OURS
 
@@ -40,7 +43,7 @@ start() {
     --listen-client-urls "http://127.0.0.1:$2" --advertise-client-urls "http://127.0.0.1:$2" \
     --listen-peer-urls "http://127.0.0.1:$3" --initial-advertise-peer-urls "http://127.0.0.1:$3" \
     --initial-cluster "$4" --initial-cluster-token bench-join --initial-cluster-state "$5" \
-    --quota-backend-bytes 8589934592 >>"$DIR/$1.log" 2>&1 &
+    --quota-backend-bytes "$QUOTA" >>"$DIR/$1.log" 2>&1 &
   STARTED=$!
   PIDS+=("$STARTED")
 }
