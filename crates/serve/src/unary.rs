@@ -92,20 +92,37 @@ pub fn answer(framed: Bytes) -> Response {
 
 /// [`answer`] with the framed message in `chunks`, sent (and freed) one after the other.
 pub fn answer_chunks(chunks: Vec<Bytes>) -> Response {
-    let mut response = Response::new(axum::body::Body::new(OneMessage {
+    answer_body(OneMessage {
         data: chunks.into(),
+        produced: None,
         trailers: true,
-    }));
+    })
+}
+
+/// [`answer`] with the framed message in chunks that a producer sends into `chunks` as the
+/// connection takes them (so the answer is never held whole). An error from the producer ends
+/// the answer there, with `grpc-status: 13` (`Internal`) and its text.
+pub fn answer_produced(chunks: tokio::sync::mpsc::Receiver<Result<Bytes, String>>) -> Response {
+    answer_body(OneMessage {
+        data: std::collections::VecDeque::new(),
+        produced: Some(chunks),
+        trailers: true,
+    })
+}
+
+fn answer_body(body: OneMessage) -> Response {
+    let mut response = Response::new(axum::body::Body::new(body));
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     response
 }
 
-/// A unary answer's body: its one framed message (in one or more chunks), then
-/// `grpc-status: 0`.
+/// A unary answer's body: its one framed message (in one or more chunks, held or produced),
+/// then `grpc-status: 0`.
 struct OneMessage {
     data: std::collections::VecDeque<Bytes>,
+    produced: Option<tokio::sync::mpsc::Receiver<Result<Bytes, String>>>,
     trailers: bool,
 }
 
@@ -115,10 +132,38 @@ impl HttpBody for OneMessage {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if let Some(data) = self.data.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(produced) = self.produced.as_mut() {
+            match produced.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(data))) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Poll::Ready(Some(Err(text))) => {
+                    self.produced = None;
+                    self.trailers = false;
+                    // grpc-message is printable ASCII (and `%` only as an escape).
+                    let text: String = text
+                        .chars()
+                        .map(|c| {
+                            if c.is_ascii_graphic() && c != '%' || c == ' ' {
+                                c
+                            } else {
+                                '?'
+                            }
+                        })
+                        .collect();
+                    let mut trailers = HeaderMap::with_capacity(2);
+                    trailers.insert("grpc-status", HeaderValue::from_static("13"));
+                    if let Ok(value) = HeaderValue::from_str(&text) {
+                        trailers.insert("grpc-message", value);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                Poll::Ready(None) => self.produced = None,
+            }
         }
         if std::mem::take(&mut self.trailers) {
             let mut trailers = HeaderMap::with_capacity(1);
@@ -129,7 +174,7 @@ impl HttpBody for OneMessage {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_empty() && !self.trailers
+        self.data.is_empty() && self.produced.is_none() && !self.trailers
     }
 }
 

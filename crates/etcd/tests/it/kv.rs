@@ -997,9 +997,10 @@ async fn direct_kv_calls_are_answered_as_tonic_answers_them() {
 }
 
 /// A plain range on the direct path is written from the key-values as stored, in chunks of a
-/// MiB; its answer is byte for byte tonic's (through `hasleader`), for results of one and of
-/// several chunks, with and without a limit, `more` and a count, and for the ranges that
-/// take the general path (sorted, filtered, keys-only, count-only).
+/// MiB (held, or past 1,024 key-values written as the connection takes them); its answer is
+/// byte for byte tonic's (through `hasleader`), for results of one and of several chunks,
+/// with and without a limit, `more` and a count, and for the ranges that take the general
+/// path (sorted, filtered, keys-only, count-only).
 #[tokio::test]
 async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
     use etcdrs_proto::etcdserverpb::RangeRequest;
@@ -1030,6 +1031,8 @@ async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
     let cases: Vec<(&str, RangeRequest)> = vec![
         ("every key", prefix(0)),
         ("a limit", prefix(10)),
+        // Past 1,024 key-values the answer is produced as it is sent (counted first).
+        ("a limit with more to come, produced", prefix(2000)),
         ("a limit past the count", prefix(5000)),
         (
             "from a key",

@@ -124,7 +124,12 @@ impl DirectKv {
                         return respond(Kv::range(&rpc, request).await);
                     }
                     match rpc.range_framed(request).await {
-                        Ok(chunks) => etcdrs_serve::unary::answer_chunks(chunks),
+                        Ok(crate::rpc::encoded_range::Framed::Chunks(chunks)) => {
+                            etcdrs_serve::unary::answer_chunks(chunks)
+                        }
+                        Ok(crate::rpc::encoded_range::Framed::Produced(chunks)) => {
+                            etcdrs_serve::unary::answer_produced(chunks)
+                        }
                         Err(status) => respond::<pb::RangeResponse>(Err(status)),
                     }
                 }

@@ -52,7 +52,7 @@ impl Rpc {
     pub(crate) async fn range_framed(
         &self,
         request: Request<RangeRequest>,
-    ) -> Result<Vec<bytes::Bytes>, Status> {
+    ) -> Result<encoded_range::Framed, Status> {
         let req = self.range_allowed(request).await?;
         let server = &self.server;
         match encoded_range::encode(server.store(), &req, |rev| server.header(rev))? {
