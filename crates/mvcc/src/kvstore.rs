@@ -146,15 +146,32 @@ impl EncodedRange {
 
     /// Hands `visit` the first `take` key-values, encoded, in key order.
     pub fn for_each(&self, take: usize, mut visit: impl FnMut(&[u8])) -> Result<()> {
+        self.for_each_from(0, take, |kv| {
+            visit(kv);
+            true
+        })
+        .map(|_| ())
+    }
+
+    /// Hands `visit` the key-values from the `from`-th up to (not including) the `take`-th,
+    /// encoded, in key order, until it returns `false`; returns the position after the last
+    /// one it was handed (where to go on from).
+    pub fn for_each_from(
+        &self,
+        from: usize,
+        take: usize,
+        mut visit: impl FnMut(&[u8]) -> bool,
+    ) -> Result<usize> {
         let Some(read) = &self.read else {
-            return Ok(());
+            return Ok(from);
         };
         let take = take.min(self.revs.len());
         // Those not kept in memory are read from the backend in one pass (every one, when
         // none is kept); the kept ones before each are handed over first, in key order.
-        let from_backend = (0..take).filter(|&i| self.kept.get(i).is_none());
+        let from_backend = (from..take).filter(|&i| self.kept.get(i).is_none());
         let mut positions = from_backend.clone();
-        let mut next = 0;
+        let mut next = from;
+        let mut stopped = false;
         let mut missing = None;
         read.get_each(
             Bucket::KEY,
@@ -163,14 +180,22 @@ impl EncodedRange {
                 let Some(at) = positions.next() else {
                     return false;
                 };
-                for kept in (next..at).filter_map(|i| self.kept.get(i)) {
-                    visit(kept);
+                // Every one between is kept (the backend's are in `positions`).
+                while next < at {
+                    let i = next;
+                    next += 1;
+                    if let Some(kept) = self.kept.get(i)
+                        && !visit(kept)
+                    {
+                        stopped = true;
+                        return false;
+                    }
                 }
                 next = at + 1;
                 match value {
                     Some(value) => {
-                        visit(value);
-                        true
+                        stopped = !visit(value);
+                        !stopped
                     }
                     None => {
                         missing = Some(key.to_vec());
@@ -182,10 +207,17 @@ impl EncodedRange {
         if let Some(key) = missing {
             return Err(Error::Corrupt(format!("revision {key:?} missing")));
         }
-        for kept in (next..take).filter_map(|i| self.kept.get(i)) {
-            visit(kept);
+        if stopped {
+            return Ok(next);
         }
-        Ok(())
+        for i in next..take {
+            if let Some(kept) = self.kept.get(i)
+                && !visit(kept)
+            {
+                return Ok(i + 1);
+            }
+        }
+        Ok(take.max(from))
     }
 }
 

@@ -99,10 +99,13 @@ pub fn answer_chunks(chunks: Vec<Bytes>) -> Response {
     })
 }
 
-/// [`answer`] with the framed message in chunks that a producer sends into `chunks` as the
-/// connection takes them (so the answer is never held whole). An error from the producer ends
+/// The next chunk of a produced answer (`None` after the last; an error ends it).
+pub type Producer = Box<dyn FnMut() -> Option<Result<Bytes, String>> + Send>;
+
+/// [`answer`] with the framed message in chunks that `chunks` writes one at a time, as the
+/// connection asks for the next (so the answer is never held whole). An error from it ends
 /// the answer there, with `grpc-status: 13` (`Internal`) and its text.
-pub fn answer_produced(chunks: tokio::sync::mpsc::Receiver<Result<Bytes, String>>) -> Response {
+pub fn answer_produced(chunks: Producer) -> Response {
     answer_body(OneMessage {
         data: std::collections::VecDeque::new(),
         produced: Some(chunks),
@@ -122,7 +125,7 @@ fn answer_body(body: OneMessage) -> Response {
 /// then `grpc-status: 0`.
 struct OneMessage {
     data: std::collections::VecDeque<Bytes>,
-    produced: Option<tokio::sync::mpsc::Receiver<Result<Bytes, String>>>,
+    produced: Option<Producer>,
     trailers: bool,
 }
 
@@ -132,16 +135,15 @@ impl HttpBody for OneMessage {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
+        _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if let Some(data) = self.data.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(produced) = self.produced.as_mut() {
-            match produced.poll_recv(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(data))) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                Poll::Ready(Some(Err(text))) => {
+            match produced() {
+                Some(Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Some(Err(text)) => {
                     self.produced = None;
                     self.trailers = false;
                     // grpc-message is printable ASCII (and `%` only as an escape).
@@ -162,7 +164,7 @@ impl HttpBody for OneMessage {
                     }
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                 }
-                Poll::Ready(None) => self.produced = None,
+                None => self.produced = None,
             }
         }
         if std::mem::take(&mut self.trailers) {

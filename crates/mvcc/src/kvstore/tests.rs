@@ -788,6 +788,29 @@ fn encoded_kvs(store: &KvStore, rev: i64, limit: i64) -> Vec<Vec<u8>> {
     kvs
 }
 
+/// [`encoded_kvs`] at the current revision, walked `step` key-values at a time
+/// (`EncodedRange::for_each_from`, as a large answer is written a chunk at a time).
+fn encoded_kvs_in_steps(store: &KvStore, step: usize) -> Vec<Vec<u8>> {
+    let range = store
+        .range_encoded(KeyRange::new(b"k", b"l"), at(0))
+        .unwrap();
+    let mut kvs = Vec::new();
+    let mut next = 0;
+    while next < range.len() {
+        let mut handed = 0;
+        let went_on = range
+            .for_each_from(next, range.len(), |kv| {
+                kvs.push(kv.to_vec());
+                handed += 1;
+                handed < step
+            })
+            .unwrap();
+        assert_eq!(went_on, next + handed, "from {next}, by {step}");
+        next = went_on;
+    }
+    kvs
+}
+
 #[test]
 fn large_values_kept_in_memory_read_as_the_file_holds_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -832,6 +855,10 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
         assert_eq!(&kv.encode_to_vec(), encoded);
     }
     drop(decoded);
+    // Resumed walks hand over the same key-values, kept and read ones alike.
+    for step in [1, 2, 3, 7, 40] {
+        assert_eq!(encoded_kvs_in_steps(&store, step), kept_now, "by {step}");
+    }
     drop(store);
 
     // Reopened, nothing is kept: every value comes from the file.
@@ -840,6 +867,7 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
     assert_eq!(encoded_kvs(&store, 0, 0), kept_now);
     assert_eq!(encoded_kvs(&store, first_round, 0), kept_then);
     assert_eq!(encoded_kvs(&store, 0, 7), kept_page);
+    assert_eq!(encoded_kvs_in_steps(&store, 3), kept_now);
     assert_ne!(kept_now, kept_then, "the overwrites changed nothing");
 }
 

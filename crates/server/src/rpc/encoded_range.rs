@@ -7,9 +7,10 @@
 //! stored key-value is copied once, into chunks of [`CHUNK`] bytes that the connection sends
 //! and frees one after the other, so a reader holds at most the response's size, and less as
 //! it goes out. An answer of more than [`PRODUCED_PAST`] key-values is not held at all: its
-//! length is counted in a first pass over the values (the prefix needs it), then a blocking
-//! thread writes the chunks a few ahead of the connection ([`Framed::Produced`]), so that a
-//! reader of 200,000 values of 1 KiB holds a few MiB instead of 200. The bytes are the same
+//! length is counted in a first pass over the values (the prefix needs it), then each chunk is
+//! written when the connection asks for the next ([`Framed::Produced`]), so that a reader of
+//! 200,000 values of 1 KiB holds a chunk instead of 200 MiB, and one that stops reading holds
+//! its read transaction and nothing more. The bytes are the same
 //! as the general path's: prost writes a message's fields in field order and leaves out
 //! those at their default, and so does [`encode`].
 //!
@@ -49,17 +50,16 @@ pub fn is_plain(req: &RangeRequest) -> bool {
 pub enum Framed {
     /// The whole message, held.
     Chunks(Vec<Bytes>),
-    /// The message as a blocking thread writes it, a few chunks ahead of the connection (a
-    /// large answer): the reader never holds it whole. An error ends it with its text.
-    Produced(tokio::sync::mpsc::Receiver<std::result::Result<Bytes, String>>),
+    /// A large answer, written a chunk at a time as the connection asks for the next one, so
+    /// that the reader never holds it whole (`serve::unary::answer_produced`). A read error
+    /// ends it with its text.
+    Produced(Box<dyn FnMut() -> Option<std::result::Result<Bytes, String>> + Send>),
 }
 
 /// Key-values past which the answer is produced as the connection takes it
-/// ([`Framed::Produced`]): its length is counted in a first pass over the values, then the
-/// chunks are written in a second.
+/// ([`Framed::Produced`]): its length is counted in a first pass over the values (the prefix
+/// needs it), then the chunks are written as they are asked for.
 const PRODUCED_PAST: usize = 1024;
-/// Chunks a produced answer is written ahead of the connection.
-const CHUNKS_AHEAD: usize = 4;
 
 /// The answer to the plain range `req`; `header` makes the response header for the revision
 /// read. `None` when the answer does not fit one gRPC message (4 GiB).
@@ -84,20 +84,24 @@ pub fn encode(
     } else {
         range.len()
     };
-    let answer = Answer {
+    let mut answer = Answer {
         header: header(range.rev),
         more: take < range.len(),
         count: range.count,
         take,
         range,
+        next: 0,
+        len: 0,
+        begun: false,
+        done: false,
+        written: 0,
     };
     if take <= PRODUCED_PAST {
         let mut chunks = Vec::new();
-        let total = answer.write(0, &mut |chunk| {
+        while let Some(chunk) = answer.next_chunk()? {
             chunks.push(chunk);
-            true
-        })?;
-        let Ok(len) = u32::try_from(total) else {
+        }
+        let Ok(len) = u32::try_from(answer.written) else {
             return Ok(None);
         };
         if let Some(first) = chunks.first_mut() {
@@ -107,28 +111,27 @@ pub fn encode(
             chunks.into_iter().map(BytesMut::freeze).collect(),
         )));
     }
-    let Ok(len) = u32::try_from(answer.len()?) else {
+    let Ok(len) = u32::try_from(answer.counted_len()?) else {
         return Ok(None);
     };
-    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_AHEAD);
-    tokio::task::spawn_blocking(move || {
-        let written = answer.write(len, &mut |chunk| {
-            tx.blocking_send(Ok(chunk.freeze())).is_ok()
-        });
-        let failure = match written {
-            Ok(total) if total == len as usize => return,
-            // The connection went away.
-            Ok(_) if tx.is_closed() => return,
-            Ok(total) => format!("range answer of {total} bytes where {len} were counted"),
+    answer.len = len;
+    Ok(Some(Framed::Produced(Box::new(move || {
+        let failure = match answer.next_chunk() {
+            Ok(Some(chunk)) => return Some(Ok(chunk.freeze())),
+            Ok(None) if answer.written == len as usize => return None,
+            Ok(None) => format!(
+                "range answer of {} bytes where {len} were counted",
+                answer.written
+            ),
             Err(e) => e.to_string(),
         };
         tracing::warn!(error = %failure, "failed to write a range answer");
-        let _ = tx.blocking_send(Err(failure));
-    });
-    Ok(Some(Framed::Produced(rx)))
+        answer.done = true;
+        Some(Err(failure))
+    }))))
 }
 
-/// What a plain range answers, before it is written.
+/// A plain range's answer as it is written, a chunk at a time.
 struct Answer {
     range: etcdrs_mvcc::EncodedRange,
     header: ResponseHeader,
@@ -136,67 +139,74 @@ struct Answer {
     take: usize,
     more: bool,
     count: i64,
+    /// The next key-value to write.
+    next: usize,
+    /// The length its prefix says (0 until known: the held answer writes it last).
+    len: u32,
+    /// Whether the prefix and header are written.
+    begun: bool,
+    /// Whether the last chunk is written.
+    done: bool,
+    /// Bytes of the message written so far (without the prefix).
+    written: usize,
 }
 
 impl Answer {
     /// The message's length (without the prefix): one pass over the key-values' lengths.
-    fn len(&self) -> Result<usize> {
+    fn counted_len(&self) -> Result<usize> {
         let header = self.header.encoded_len();
         let mut total = 1 + encoded_len_varint(header as u64) + header;
         self.range.for_each(self.take, |kv| {
             total += 1 + encoded_len_varint(kv.len() as u64) + kv.len();
         })?;
-        Ok(total + self.tail_len())
-    }
-
-    /// Bytes of `more` and the count, at the end.
-    fn tail_len(&self) -> usize {
         let more = if self.more { 2 } else { 0 };
         let count = if self.count != 0 {
             1 + encoded_len_varint(self.count as u64)
         } else {
             0
         };
-        more + count
+        Ok(total + more + count)
     }
 
-    /// Writes the message, its prefix saying `len`, in chunks of about [`CHUNK`] bytes handed
-    /// to `emit` as each fills (the last too), until `emit` returns false; returns the
-    /// message's length (without the prefix) as far as it was written.
-    fn write(&self, len: u32, emit: &mut dyn FnMut(BytesMut) -> bool) -> Result<usize> {
-        let mut current = BytesMut::with_capacity(CHUNK);
-        current.put_u8(0);
-        current.put_u32(len);
-        encode_key(1, WireType::LengthDelimited, &mut current);
-        encode_varint(self.header.encoded_len() as u64, &mut current);
-        self.header.encode_raw(&mut current);
-        let mut total = current.len() - PREFIX;
-        let mut open = true;
-        self.range.for_each(self.take, |kv| {
-            if !open {
-                return;
-            }
-            let field = 1 + encoded_len_varint(kv.len() as u64) + kv.len();
-            if !current.is_empty() && current.len() + field > current.capacity() {
-                let full =
-                    std::mem::replace(&mut current, BytesMut::with_capacity(CHUNK.max(field)));
-                open = emit(full);
-            }
-            write_kv(&mut current, kv);
-            total += field;
+    /// The next chunk of the message: about [`CHUNK`] bytes (it ends with the key-value that
+    /// reached that size), the first with the prefix and header, the last with `more` and the
+    /// count; `None` once the last was written.
+    fn next_chunk(&mut self) -> Result<Option<BytesMut>> {
+        if self.done {
+            return Ok(None);
+        }
+        // Room for the key-value that takes it past the size without a reallocation (the
+        // part never written is never touched).
+        let mut chunk = BytesMut::with_capacity(2 * CHUNK);
+        if !self.begun {
+            self.begun = true;
+            chunk.put_u8(0);
+            chunk.put_u32(self.len);
+            encode_key(1, WireType::LengthDelimited, &mut chunk);
+            encode_varint(self.header.encoded_len() as u64, &mut chunk);
+            self.header.encode_raw(&mut chunk);
+            self.written += chunk.len() - PREFIX;
+        }
+        let mut written = 0;
+        self.next = self.range.for_each_from(self.next, self.take, |kv| {
+            let before = chunk.len();
+            write_kv(&mut chunk, kv);
+            written += chunk.len() - before;
+            chunk.len() < CHUNK
         })?;
-        if !open {
-            return Ok(total);
+        if self.next >= self.take {
+            let before = chunk.len();
+            if self.more {
+                prost::encoding::bool::encode(3, &self.more, &mut chunk);
+            }
+            if self.count != 0 {
+                prost::encoding::int64::encode(4, &self.count, &mut chunk);
+            }
+            written += chunk.len() - before;
+            self.done = true;
         }
-        if self.more {
-            prost::encoding::bool::encode(3, &self.more, &mut current);
-        }
-        if self.count != 0 {
-            prost::encoding::int64::encode(4, &self.count, &mut current);
-        }
-        total += self.tail_len();
-        emit(current);
-        Ok(total)
+        self.written += written;
+        Ok(Some(chunk))
     }
 }
 
