@@ -997,7 +997,7 @@ async fn direct_kv_calls_are_answered_as_tonic_answers_them() {
 }
 
 /// A plain range on the direct path is written from the key-values as stored, in chunks of a
-/// MiB (held, or past 1,024 key-values written as the connection takes them); its answer is
+/// MiB (held, or past 8 MiB written as the connection takes them); its answer is
 /// byte for byte tonic's (through `hasleader`), for results of one and of several chunks,
 /// with and without a limit, `more` and a count, and for the ranges that take the general
 /// path (sorted, filtered, keys-only, count-only).
@@ -1017,6 +1017,12 @@ async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
             .collect();
         c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
     }
+    // 120 values of 100 KiB: past the 8 MiB an answer holds before it is produced a chunk
+    // at a time as the connection takes it.
+    for n in 0..120u32 {
+        let value = vec![b'a' + (n % 26) as u8; 100 << 10];
+        c.put(format!("q/{n:03}"), value, None).await.unwrap();
+    }
     let mut channel = tonic::transport::Endpoint::from_shared(m.endpoint())
         .expect("endpoint")
         .connect()
@@ -1031,8 +1037,23 @@ async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
     let cases: Vec<(&str, RangeRequest)> = vec![
         ("every key", prefix(0)),
         ("a limit", prefix(10)),
-        // Past 1,024 key-values the answer is produced as it is sent (counted first).
-        ("a limit with more to come, produced", prefix(2000)),
+        (
+            "past the held bytes, produced",
+            RangeRequest {
+                key: b"q/".to_vec(),
+                range_end: b"q0".to_vec(),
+                ..Default::default()
+            },
+        ),
+        (
+            "produced, with more to come",
+            RangeRequest {
+                key: b"q/".to_vec(),
+                range_end: b"q0".to_vec(),
+                limit: 110,
+                ..Default::default()
+            },
+        ),
         ("a limit past the count", prefix(5000)),
         (
             "from a key",
@@ -1114,6 +1135,22 @@ async fn plain_ranges_read_as_stored_answer_as_tonic_answers_them() {
     for (n, kv) in resp.kvs.iter().enumerate() {
         assert_eq!(kv.key, format!("p/{n:05}").as_bytes());
         assert_eq!(kv.value.len(), (n * 7) % 2048);
+    }
+    let body = framed(
+        &RangeRequest {
+            key: b"q/".to_vec(),
+            range_end: b"q0".to_vec(),
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    );
+    let answer = raw_call(&mut channel, "/etcdserverpb.KV/Range", &[], body).await;
+    let resp = etcdrs_proto::etcdserverpb::RangeResponse::decode(&answer.body[5..])
+        .expect("a produced range response");
+    assert_eq!((resp.count, resp.kvs.len(), resp.more), (120, 120, false));
+    for (n, kv) in resp.kvs.iter().enumerate() {
+        assert_eq!(kv.key, format!("q/{n:03}").as_bytes());
+        assert_eq!(kv.value, vec![b'a' + (n % 26) as u8; 100 << 10]);
     }
 }
 

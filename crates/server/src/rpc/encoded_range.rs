@@ -6,11 +6,11 @@
 //! grows, up to three times), and spends its CPU on decoding and encoding again. Here each
 //! stored key-value is copied once, into chunks of [`CHUNK`] bytes that the connection sends
 //! and frees one after the other, so a reader holds at most the response's size, and less as
-//! it goes out. An answer of more than [`PRODUCED_PAST`] key-values is not held at all: its
-//! length is counted in a first pass over the values (the prefix needs it), then each chunk is
-//! written when the connection asks for the next ([`Framed::Produced`]), so that a reader of
-//! 200,000 values of 1 KiB holds a chunk instead of 200 MiB, and one that stops reading holds
-//! its read transaction and nothing more. The bytes are the same
+//! it goes out. An answer larger than [`HELD_BYTES`] is not held whole: past that, the length
+//! of the rest is counted in a pass over its values (the prefix needs it), then each further
+//! chunk is written when the connection asks for it ([`Framed::Produced`]), so that a reader
+//! of 200,000 values of 1 KiB holds about 9 MiB instead of 200, and one that stops reading
+//! holds its read transaction and what was held. The bytes are the same
 //! as the general path's: prost writes a message's fields in field order and leaves out
 //! those at their default, and so does [`encode`].
 //!
@@ -56,10 +56,11 @@ pub enum Framed {
     Produced(Box<dyn FnMut() -> Option<std::result::Result<Bytes, String>> + Send>),
 }
 
-/// Key-values past which the answer is produced as the connection takes it
-/// ([`Framed::Produced`]): its length is counted in a first pass over the values (the prefix
-/// needs it), then the chunks are written as they are asked for.
-const PRODUCED_PAST: usize = 1024;
+/// Bytes of an answer written before its length is known: an answer this size or smaller is
+/// written in one pass and held whole (most are); a larger one holds this much, counts the
+/// length of the rest in a pass over its values (the prefix needs the whole length), then
+/// writes the rest a chunk at a time as the connection asks for it ([`Framed::Produced`]).
+const HELD_BYTES: usize = 8 << 20;
 
 /// The answer to the plain range `req`; `header` makes the response header for the revision
 /// read. `None` when the answer does not fit one gRPC message (4 GiB).
@@ -91,36 +92,44 @@ pub fn encode(
         take,
         range,
         next: 0,
-        len: 0,
         begun: false,
         done: false,
         written: 0,
     };
-    if take <= PRODUCED_PAST {
-        let mut chunks = Vec::new();
-        while let Some(chunk) = answer.next_chunk()? {
-            chunks.push(chunk);
-        }
-        let Ok(len) = u32::try_from(answer.written) else {
-            return Ok(None);
-        };
-        if let Some(first) = chunks.first_mut() {
-            first[1..PREFIX].copy_from_slice(&len.to_be_bytes());
-        }
-        return Ok(Some(Framed::Chunks(
-            chunks.into_iter().map(BytesMut::freeze).collect(),
-        )));
+    let mut held = Vec::new();
+    let mut held_bytes = 0;
+    while held_bytes < HELD_BYTES
+        && let Some(chunk) = answer.next_chunk()?
+    {
+        held_bytes += chunk.len();
+        held.push(chunk);
     }
-    let Ok(len) = u32::try_from(answer.counted_len()?) else {
+    let whole = answer.done;
+    let total = if whole {
+        answer.written
+    } else {
+        answer.written + answer.rest_len()?
+    };
+    let Ok(len) = u32::try_from(total) else {
         return Ok(None);
     };
-    answer.len = len;
+    if let Some(first) = held.first_mut() {
+        first[1..PREFIX].copy_from_slice(&len.to_be_bytes());
+    }
+    let mut held: std::collections::VecDeque<Bytes> =
+        held.into_iter().map(BytesMut::freeze).collect();
+    if whole {
+        return Ok(Some(Framed::Chunks(held.into())));
+    }
     Ok(Some(Framed::Produced(Box::new(move || {
+        if let Some(chunk) = held.pop_front() {
+            return Some(Ok(chunk));
+        }
         let failure = match answer.next_chunk() {
             Ok(Some(chunk)) => return Some(Ok(chunk.freeze())),
-            Ok(None) if answer.written == len as usize => return None,
+            Ok(None) if answer.written == total => return None,
             Ok(None) => format!(
-                "range answer of {} bytes where {len} were counted",
+                "range answer of {} bytes where {total} were counted",
                 answer.written
             ),
             Err(e) => e.to_string(),
@@ -141,8 +150,6 @@ struct Answer {
     count: i64,
     /// The next key-value to write.
     next: usize,
-    /// The length its prefix says (0 until known: the held answer writes it last).
-    len: u32,
     /// Whether the prefix and header are written.
     begun: bool,
     /// Whether the last chunk is written.
@@ -152,12 +159,13 @@ struct Answer {
 }
 
 impl Answer {
-    /// The message's length (without the prefix): one pass over the key-values' lengths.
-    fn counted_len(&self) -> Result<usize> {
-        let header = self.header.encoded_len();
-        let mut total = 1 + encoded_len_varint(header as u64) + header;
-        self.range.for_each(self.take, |kv| {
+    /// Bytes of the message not written yet: one pass over the rest of the key-values'
+    /// lengths, then `more` and the count.
+    fn rest_len(&self) -> Result<usize> {
+        let mut total = 0;
+        self.range.for_each_from(self.next, self.take, |kv| {
             total += 1 + encoded_len_varint(kv.len() as u64) + kv.len();
+            true
         })?;
         let more = if self.more { 2 } else { 0 };
         let count = if self.count != 0 {
@@ -180,8 +188,8 @@ impl Answer {
         let mut chunk = BytesMut::with_capacity(2 * CHUNK);
         if !self.begun {
             self.begun = true;
-            chunk.put_u8(0);
-            chunk.put_u32(self.len);
+            // The length goes in once it is known.
+            chunk.put_bytes(0, PREFIX);
             encode_key(1, WireType::LengthDelimited, &mut chunk);
             encode_varint(self.header.encoded_len() as u64, &mut chunk);
             self.header.encode_raw(&mut chunk);
