@@ -811,6 +811,20 @@ fn encoded_kvs_in_steps(store: &KvStore, step: usize) -> Vec<Vec<u8>> {
     kvs
 }
 
+/// `EncodedRange::sum_lens_from` at the current revision, from several places, against the
+/// key-values `kvs` a walk hands over (with values kept in memory, those read are few and far
+/// apart, looked up one by one; without, they are close together, scanned).
+fn assert_lens_sum(store: &KvStore, kvs: &[Vec<u8>]) {
+    let range = store
+        .range_encoded(KeyRange::new(b"k", b"l"), at(0))
+        .unwrap();
+    for from in [0, 1, 5, 39, 40] {
+        let want: usize = kvs[from.min(kvs.len())..].iter().map(|kv| kv.len() + 1).sum();
+        let got = range.sum_lens_from(from, range.len(), |len| len + 1).unwrap();
+        assert_eq!(got, want, "from {from}");
+    }
+}
+
 #[test]
 fn large_values_kept_in_memory_read_as_the_file_holds_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -855,10 +869,12 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
         assert_eq!(&kv.encode_to_vec(), encoded);
     }
     drop(decoded);
-    // Resumed walks hand over the same key-values, kept and read ones alike.
+    // Resumed walks hand over the same key-values, kept and read ones alike, and their
+    // lengths sum as the walks' do (a scan: the revisions lie close together).
     for step in [1, 2, 3, 7, 40] {
         assert_eq!(encoded_kvs_in_steps(&store, step), kept_now, "by {step}");
     }
+    assert_lens_sum(&store, &kept_now);
     drop(store);
 
     // Reopened, nothing is kept: every value comes from the file.
@@ -868,6 +884,7 @@ fn large_values_kept_in_memory_read_as_the_file_holds_them() {
     assert_eq!(encoded_kvs(&store, first_round, 0), kept_then);
     assert_eq!(encoded_kvs(&store, 0, 7), kept_page);
     assert_eq!(encoded_kvs_in_steps(&store, 3), kept_now);
+    assert_lens_sum(&store, &kept_now);
     assert_ne!(kept_now, kept_then, "the overwrites changed nothing");
 }
 

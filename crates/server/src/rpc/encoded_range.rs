@@ -160,12 +160,11 @@ struct Answer {
 
 impl Answer {
     /// Bytes of the message not written yet: one pass over the rest of the key-values'
-    /// lengths, then `more` and the count.
+    /// lengths (in revision order: a scan of the backend where it can), then `more` and the
+    /// count.
     fn rest_len(&self) -> Result<usize> {
-        let mut total = 0;
-        self.range.for_each_from(self.next, self.take, |kv| {
-            total += 1 + encoded_len_varint(kv.len() as u64) + kv.len();
-            true
+        let total = self.range.sum_lens_from(self.next, self.take, |len| {
+            1 + encoded_len_varint(len as u64) + len
         })?;
         let more = if self.more { 2 } else { 0 };
         let count = if self.count != 0 {
