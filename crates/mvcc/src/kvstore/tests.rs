@@ -819,8 +819,13 @@ fn assert_lens_sum(store: &KvStore, kvs: &[Vec<u8>]) {
         .range_encoded(KeyRange::new(b"k", b"l"), at(0))
         .unwrap();
     for from in [0, 1, 5, 39, 40] {
-        let want: usize = kvs[from.min(kvs.len())..].iter().map(|kv| kv.len() + 1).sum();
-        let got = range.sum_lens_from(from, range.len(), |len| len + 1).unwrap();
+        let want: usize = kvs[from.min(kvs.len())..]
+            .iter()
+            .map(|kv| kv.len() + 1)
+            .sum();
+        let got = range
+            .sum_lens_from(from, range.len(), |len| len + 1)
+            .unwrap();
         assert_eq!(got, want, "from {from}");
     }
 }
