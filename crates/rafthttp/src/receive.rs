@@ -189,21 +189,11 @@ async fn receive_snapshot<H: Raft>(running: &Running<H>, request: Request) -> Re
         return save_error(&e);
     }
     loop {
-        let data = match tokio::time::timeout_at(idle(), body.next()).await {
-            Ok(Some(Ok(data))) => data,
-            Ok(Some(Err(e))) => return save_error(&e),
+        let data = match next_chunk(&mut body, idle(), &mut received, limit).await {
+            Ok(Some(data)) => data,
             Ok(None) => break,
-            Err(_) => {
-                return go_error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "etcdserver: snapshot upload timed out",
-                );
-            }
+            Err(refused) => return refused,
         };
-        received += data.len() as u64;
-        if received > limit {
-            return snapshot_too_large(limit);
-        }
         if let Err(e) = file.write_all(&data).await {
             return save_error(&e);
         }
@@ -235,6 +225,34 @@ async fn receive_snapshot<H: Raft>(running: &Running<H>, request: Request) -> Re
         return save_error(&"the member stopped while taking the snapshot");
     }
     process(running, message).await
+}
+
+/// The upload's next chunk, waited for until `deadline`, its bytes added to `received`;
+/// `None` at the upload's end; the answer to give when it broke, stalled or went past `limit`.
+async fn next_chunk(
+    body: &mut axum::body::BodyDataStream,
+    deadline: tokio::time::Instant,
+    received: &mut u64,
+    limit: u64,
+) -> Result<Option<bytes::Bytes>, Response> {
+    match tokio::time::timeout_at(deadline, body.next()).await {
+        Ok(Some(Ok(data))) => {
+            *received += data.len() as u64;
+            if *received > limit {
+                return Err(snapshot_too_large(limit));
+            }
+            Ok(Some(data))
+        }
+        Ok(Some(Err(e))) => Err(go_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("failed to save KV snapshot ({e})"),
+        )),
+        Ok(None) => Ok(None),
+        Err(_) => Err(go_error(
+            StatusCode::REQUEST_TIMEOUT,
+            "etcdserver: snapshot upload timed out",
+        )),
+    }
 }
 
 /// Chunks of a stream of pairs queued between the upload and the member reading it.
@@ -270,26 +288,11 @@ async fn receive_pairs<H: Raft>(
     // A closed queue means the member stopped reading: its error is the answer.
     let mut reading = buf.is_empty() || tx.send(buf.split().freeze()).await.is_ok();
     while reading {
-        let data = match tokio::time::timeout_at(idle(), body.next()).await {
-            Ok(Some(Ok(data))) => data,
-            Ok(Some(Err(e))) => {
-                return go_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &format!("failed to save KV snapshot ({e})"),
-                );
-            }
+        let data = match next_chunk(&mut body, idle(), &mut received, limit).await {
+            Ok(Some(data)) => data,
             Ok(None) => break,
-            Err(_) => {
-                return go_error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "etcdserver: snapshot upload timed out",
-                );
-            }
+            Err(refused) => return refused,
         };
-        received += data.len() as u64;
-        if received > limit {
-            return snapshot_too_large(limit);
-        }
         reading = tx.send(data).await.is_ok();
     }
     // The end of the upload is the end of the member's stream.
