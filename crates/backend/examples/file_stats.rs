@@ -6,12 +6,15 @@
 //!
 //! `cargo run --release -p etcdrs-backend --example file_stats -- [keys] [value bytes]`
 //!
-//! At 1,000,000 values of 1 KiB (redb 4.6) it gives the 1,325 MiB bench-compare measured
-//! (etcd 3.4: 1,315 MiB): 333,334 leaf pages (1,302 MiB, three pairs a page, as in bbolt) and
-//! 5,951 branch pages (23 MiB) against bbolt's estimated 2,711 (10 MiB). A redb branch keeps a
-//! 16-byte checksum beside each child's page number and key, and pages filled in key order
-//! are left about 60% full when they split; bbolt's branch element is 16 bytes and etcd fills
-//! its key bucket's pages to 90% when written in order. The whole gap is in the branches.
+//! At 1,000,000 values of 1 KiB (redb 4.6) it gives a 1,320 MiB file: 335,000 leaf pages
+//! (three pairs a page, as in bbolt, and one page in six runs left two-thirds full where the
+//! cursor that appends a run balances its last two leaves) and 2,993 branch pages (11 MiB)
+//! against bbolt's estimated 2,711 (10 MiB). A redb branch keeps a 16-byte checksum beside
+//! each child's page number and key; runs appended through a cursor fill the branch pages
+//! (`WriteTx::insert_all`), where one insert at a time left them about 55% full (5,951 branch
+//! pages, a 1,325 MiB file). A member flushes a tenth of a second of puts at a time, longer
+//! runs than these: after etcd's benchmark loads the same keys, its file is 1,314 MiB, etcd
+//! 3.4's 1,314 MiB.
 
 use std::os::unix::fs::MetadataExt;
 

@@ -93,7 +93,7 @@ pub(crate) enum Seen<'l> {
 }
 
 impl Layer {
-    fn bucket(&self, bucket: Bucket) -> Option<&BucketLayer> {
+    pub(crate) fn bucket(&self, bucket: Bucket) -> Option<&BucketLayer> {
         self.buckets.iter().find(|b| b.bucket == bucket)
     }
 

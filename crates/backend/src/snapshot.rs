@@ -291,11 +291,17 @@ pub(crate) fn copy_tables(
             {
                 // Created even when the source is empty, so the copy has the same buckets.
                 let mut target = tx.open_table(definition).map_err(Error::storage)?;
+                // The pairs come in order, past everything copied before: through a cursor at
+                // the table's end, redb packs them into full leaves and branch pages
+                // (`WriteTx::insert_all` says why that matters).
+                let mut cursor = target
+                    .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                    .map_err(Error::storage)?;
                 let mut pending = 0u64;
                 for item in entries.by_ref() {
                     let (key, value) = item.map_err(Error::storage)?;
-                    target
-                        .insert(key.value(), value.value())
+                    cursor
+                        .insert_before(key.value(), value.value())
                         .map_err(Error::storage)?;
                     pending += (key.value().len() + value.value().len()) as u64;
                     if pending >= COPY_COMMIT_BYTES {
@@ -303,6 +309,7 @@ pub(crate) fn copy_tables(
                         break;
                     }
                 }
+                cursor.close().map_err(Error::storage)?;
             }
             tx.commit().map_err(Error::storage)?;
             if copied_all {

@@ -814,3 +814,69 @@ fn a_stream_of_pairs_carries_every_bucket_and_only_whole() {
     assert!(refused(&longer, "f").contains("bytes after the end"));
     assert!(refused(b"etcd-rs pairs 0\nxxxx", "g").contains("not a stream of pairs"));
 }
+
+/// The `key` bucket's tree after revisions appended as a member does: in batches of
+/// `per_batch` puts, each with its consistent index in `meta`, `batches` of them to each flush
+/// to the file; `(leaf, branch)` pages.
+fn key_tree_pages(
+    flushes: usize,
+    batches: usize,
+    per_batch: usize,
+    value_len: usize,
+) -> (u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = Backend::open(&dir.path().join("db")).unwrap();
+    backend.set_batching(Duration::from_secs(3600), 1 << 30);
+    let value = vec![7u8; value_len];
+    let mut revision = 1u64;
+    for _ in 0..flushes {
+        for batch in 0..batches {
+            let tx = backend.batch();
+            for _ in 0..per_batch {
+                let mut key = revision.to_be_bytes().to_vec();
+                key.push(b'_');
+                key.extend_from_slice(&0u64.to_be_bytes());
+                tx.put(Bucket::KEY, &key, &value).unwrap();
+                revision += 1;
+            }
+            tx.put(Bucket::META, b"consistent_index", &revision.to_be_bytes())
+                .unwrap();
+            assert_eq!(
+                tx.commit(batch == batches - 1).unwrap(),
+                batch == batches - 1
+            );
+        }
+    }
+    let read = backend.read().unwrap();
+    let total = flushes * batches * per_batch;
+    assert_eq!(read.len(Bucket::KEY).unwrap(), total as u64);
+    let table = read.tx.open_table(Bucket::KEY.table()).unwrap();
+    let stats = table.stats().unwrap();
+    (stats.leaf_pages(), stats.branch_pages())
+}
+
+/// Revisions appended by many puts to a flush (a loaded member's) fill the `key` bucket's
+/// leaves and its branch pages; a few puts to a flush (a slow writer), the leaves are as
+/// full. Inserted one at a time, redb splits a full branch page in its middle and an ascending
+/// load leaves each left half half full (about twice the branch pages); the batches' own
+/// order, with the consistent index between them, cut the runs as short.
+#[test]
+fn revisions_appended_in_large_commits_fill_leaves_and_branch_pages() {
+    // 1 KiB values (with the key and redb's slot, three to a 4 KiB leaf): 12,000 of them,
+    // 1,000 to a flush in batches of 10.
+    let (leaves, branches) = key_tree_pages(12, 100, 10, 1024);
+    assert!(
+        leaves <= 4_000 + 12,
+        "{leaves} leaves for 12,000 values of 1 KiB"
+    );
+    // A branch page holds about 100 children of 17-byte keys: 40 when full, 80 half full.
+    assert!(
+        branches <= 48,
+        "{branches} branch pages over {leaves} leaves"
+    );
+    let (leaves, _) = key_tree_pages(1_200, 1, 10, 1024);
+    assert!(
+        leaves <= 4_000 + 12,
+        "{leaves} leaves for 12,000 values of 1 KiB, 10 a flush"
+    );
+}
