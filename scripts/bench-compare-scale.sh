@@ -8,7 +8,7 @@
 #   a paginated full scan (pages of 10,000 at the first page's revision), one reader and four;
 #   two concurrent unpaginated ranges of BENCH_SCALE_RANGE keys, with the member's peak RSS growth;
 #   half the keys overwritten, then a watch catching up on those events;
-#   a physical compaction, then `etcdctl defrag`, each while one client keeps putting: the call's
+#   a physical compaction, then `etcdctl defrag`, each while one client keeps putting (500 a second): the call's
 #   time, the writer's p99 and max latency and its failed requests meanwhile; sizes again;
 #   a second member added, timed until it has caught up (through a snapshot of the database).
 # Knobs: BENCH_SCALE_KEYS (1000000), BENCH_SCALE_VAL (1024), BENCH_SCALE_RANGE (200000),
@@ -16,7 +16,11 @@
 # BENCH_SCALE_SYSTEMS ("etcd ours": which servers run, in that order; one alone leaves the other's
 # column failed), BENCH_SCALE_STEP_MAX (0: none; seconds after which the scans and the catch-up
 # stop, their rows then saying how far they got: etcd 3.4's scan and catch-up grow faster than
-# linearly and take hours at 10,000,000 keys).
+# linearly and take hours at 10,000,000 keys), BENCH_SCALE_WRITER_RATE (500: the puts per second
+# of the one client that writes during the compaction and the defrag; both servers then take the
+# same writes in a second, so the files after those steps hold the same data per second of the
+# step. 0: as fast as the server answers, which made the faster server's file after the
+# compaction the larger by the writes it took in the 2 s before the compaction began).
 
 SC_KEYS=${BENCH_SCALE_KEYS:-1000000}
 SC_VAL=${BENCH_SCALE_VAL:-1024}
@@ -25,6 +29,7 @@ SC_QUOTA=${BENCH_SCALE_QUOTA:-17179869184}
 SC_JOIN=${BENCH_SCALE_JOIN:-1}
 SC_SYSTEMS=${BENCH_SCALE_SYSTEMS:-etcd ours}
 SC_STEP_MAX=${BENCH_SCALE_STEP_MAX:-0}
+SC_WRITER_RATE=${BENCH_SCALE_WRITER_RATE:-500}
 SC_CAP=()
 [ "$SC_STEP_MAX" != 0 ] && SC_CAP=(--duration "$SC_STEP_MAX")
 SC_HALF=$((SC_KEYS / 2))
@@ -92,13 +97,13 @@ sc_peak_rss() {
   done
 }
 
-# sc_under_writer SYS NAME COMMAND... : runs COMMAND (timed) while one client puts without
-# pause; the writer's JSON in $OUT/scale.SYS.NAME.writer.json, the seconds in .secs.
+# sc_under_writer SYS NAME COMMAND... : runs COMMAND (timed) while one client puts at
+# BENCH_SCALE_WRITER_RATE puts a second; the writer's JSON in $OUT/scale.SYS.NAME.writer.json, the seconds in .secs.
 sc_under_writer() {
   local sys=$1 name=$2 wpid
   shift 2
   "$BENCH" --endpoints "$SC_EP" --output json --clients 1 --conns 1 --duration 36000 \
-    put --key-size 16 --val-size "$SC_VAL" --key-space-size 1000 \
+    put --key-size 16 --val-size "$SC_VAL" --key-space-size 1000 --rate "$SC_WRITER_RATE" \
     >"$OUT/scale.$sys.$name.writer.json" 2>"$OUT/scale.$sys.$name.writer.err" &
   wpid=$!
   sleep 2
