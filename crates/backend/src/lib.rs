@@ -881,7 +881,7 @@ struct Puts {
 /// Buffered puts past this many bytes are applied at once.
 const PUTS_FLUSH_BYTES: usize = 4 << 20;
 
-/// The fewest bytes of ascending pairs past a table's end that go in through a cursor
+/// The fewest bytes of pairs appended past a table's end that go in through a cursor
 /// ([`WriteTx::insert_all`]). The cursor may leave one leaf part full where the run ends
 /// (about a ninth of a page on average with 1 KiB values), and one branch page holds about
 /// 110 children when filled against 55 when split in its middle: the run saves more than it
@@ -894,21 +894,19 @@ fn pair_at(bytes: &[u8], at: usize, key_len: usize, value_len: usize) -> (&[u8],
     (key, &bytes[at + key_len..at + key_len + value_len])
 }
 
-/// Where the last run of strictly ascending keys of a buffer of pairs begins: its index in
-/// `lens` and its offset in `bytes`.
-fn ascending_tail(bytes: &[u8], lens: &[(usize, usize)]) -> (usize, usize) {
-    let (mut start, mut start_at) = (0, 0);
+/// Whether the keys of a buffer of pairs strictly ascend.
+fn ascending(bytes: &[u8], lens: &[(usize, usize)]) -> bool {
     let mut previous: Option<&[u8]> = None;
     let mut at = 0;
-    for (index, &(key_len, value_len)) in lens.iter().enumerate() {
+    for &(key_len, value_len) in lens {
         let key = &bytes[at..at + key_len];
         if previous.is_some_and(|previous| key <= previous) {
-            (start, start_at) = (index, at);
+            return false;
         }
         previous = Some(key);
         at += key_len + value_len;
     }
-    (start, start_at)
+    true
 }
 
 impl WriteTx<'_> {
@@ -1041,39 +1039,29 @@ impl WriteTx<'_> {
     /// Inserts the pairs laid end to end in `bytes` (`lens` gives each key's and value's
     /// length) into `bucket`, in order.
     ///
-    /// A long run of ascending keys past the table's greatest (new revisions in the `key`
-    /// bucket: every put's, a restore's, a received snapshot's) goes in through one cursor at
-    /// the table's end, which redb packs into full leaves and full branch pages. One insert
-    /// at a time leaves the leaves full but splits a full branch page in its middle, and as
-    /// revisions only append, every left half stays half full: about 1% of the file at
-    /// 1,000,000 values of 1 KiB, what made it larger than etcd's. A short run (a slow
-    /// writer's flush) goes one by one, because the cursor balances the last two leaves it
-    /// builds when the last one would be nearly empty, which can leave a leaf two-thirds full
-    /// per run.
+    /// Pairs that all lie past the table's greatest key, in ascending order, and are many
+    /// (new revisions in the `key` bucket: a flush of a loaded member's puts, a restore's, a
+    /// received snapshot's) go in through one cursor at the table's end, which redb packs
+    /// into full leaves and full branch pages. One insert at a time leaves the leaves full but
+    /// splits a full branch page in its middle, and as revisions only append, every left half
+    /// stays half full: about 1% of the file at 1,000,000 values of 1 KiB, what made it larger
+    /// than etcd's. Fewer pairs (a slow writer's flush) go one by one, because the cursor
+    /// balances the last two leaves it builds when the last one would be nearly empty, which
+    /// can leave a leaf two-thirds full per run.
     fn insert_all(&self, bucket: Bucket, bytes: &[u8], lens: &[(usize, usize)]) -> Result<()> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let (run_start, run_at) = ascending_tail(bytes, lens);
-        let mut at = 0;
-        for &(key_len, value_len) in &lens[..run_start] {
-            let (key, value) = pair_at(bytes, at, key_len, value_len);
-            at += key_len + value_len;
-            self.insert_one(&mut table, bucket, key, value)?;
-        }
-        let run = &lens[run_start..];
-        let past_the_end = match (run.first(), table.last().map_err(Error::storage)?) {
-            (Some(&(key_len, _)), Some((last, _))) => {
-                &bytes[run_at..run_at + key_len] > last.value()
-            }
+        let appended = match (lens.first(), table.last().map_err(Error::storage)?) {
+            (Some(&(key_len, _)), Some((last, _))) => bytes[..key_len] > *last.value(),
             (Some(_), None) => true,
             (None, _) => false,
-        };
-        let run_bytes: usize = run.iter().map(|&(key, value)| key + value).sum();
-        if past_the_end && run_bytes >= APPEND_RUN_MIN_BYTES {
+        } && ascending(bytes, lens)
+            && lens.iter().map(|&(key, value)| key + value).sum::<usize>() >= APPEND_RUN_MIN_BYTES;
+        let mut at = 0;
+        if appended {
             let mut cursor = table
                 .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
                 .map_err(Error::storage)?;
-            let mut at = run_at;
-            for &(key_len, value_len) in run {
+            for &(key_len, value_len) in lens {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
                 self.note(bucket, key);
@@ -1082,8 +1070,7 @@ impl WriteTx<'_> {
             }
             cursor.close().map_err(Error::storage)?;
         } else {
-            let mut at = run_at;
-            for &(key_len, value_len) in run {
+            for &(key_len, value_len) in lens {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
                 self.insert_one(&mut table, bucket, key, value)?;
