@@ -68,18 +68,26 @@ pub(crate) static DEFRAG_INFLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
 static OPEN_READS: AtomicI64 = AtomicI64::new(0);
 
 /// Counts one open read transaction for as long as it lives.
-pub(crate) struct OpenRead(());
+pub(crate) struct OpenRead(std::time::Instant);
+
+/// A read transaction held longer than this is logged (at debug) when it ends: while it lives,
+/// no page freed after it began can be reused, and the file grows instead.
+const LONG_READ: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl OpenRead {
     pub(crate) fn begin() -> OpenRead {
         OPEN_READS.fetch_add(1, Ordering::Relaxed);
-        OpenRead(())
+        OpenRead(std::time::Instant::now())
     }
 }
 
 impl Drop for OpenRead {
     fn drop(&mut self) {
         OPEN_READS.fetch_sub(1, Ordering::Relaxed);
+        let held = self.0.elapsed();
+        if held > LONG_READ {
+            tracing::debug!(took = ?held, "long read transaction ended");
+        }
     }
 }
 

@@ -189,11 +189,21 @@ impl PageCount {
             .name("backend-pages".into())
             .spawn(move || {
                 let started = Instant::now();
+                tracing::debug!(stored, "counting the database's pages in use");
                 let measured = measure(&db);
+                let took = started.elapsed();
                 let mut state = lock(&state);
-                state.rest = started.elapsed().saturating_mul(REST_FACTOR).max(MIN_REST);
+                state.rest = took.saturating_mul(REST_FACTOR).max(MIN_REST);
                 match measured {
-                    Ok(fill) if file.load(Ordering::Acquire) == epoch => state.fill = Some(fill),
+                    Ok(fill) if file.load(Ordering::Acquire) == epoch => {
+                        tracing::debug!(
+                            ?took,
+                            page_bytes = fill.page_bytes,
+                            stored_bytes = fill.stored_bytes,
+                            "counted the database's pages in use"
+                        );
+                        state.fill = Some(fill);
+                    }
                     Ok(_) => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "could not count the database's pages in use");

@@ -10,7 +10,11 @@
 //! transaction of their own. Readers and the one writer (the applier) wait for at most one
 //! run or one batch, never for the whole compaction. Deleting in revision order (as etcd's
 //! walk of the key bucket does) keeps a batch on neighbouring pages: the index yields
-//! revisions in key order, scattered over the whole bucket.
+//! revisions in key order, scattered over the whole bucket. While the backend's background
+//! flush is a batch limit behind, the deletions wait for it (as etcd's compaction commits each
+//! of its batches): otherwise one flush would take in a disk-bound backlog of deletions and
+//! rewrite so many pages in one redb transaction that the file grows by them
+//! ([`Backend::flush_backlogged`]).
 //!
 //! Why this is safe: a revision that compacting at `rev` drops is visible to no read at `rev`
 //! or later, and every read below `rev` is refused once the compaction is applied, so whether
@@ -162,6 +166,11 @@ impl KvStore {
             }
         }
 
+        // The file's flush is behind: the deletions wait for it (`Backend::flush_backlogged`),
+        // and the server's compactor comes back after its pause.
+        if self.backend.flush_backlogged() {
+            return Ok(CompactionStep::Progress);
+        }
         // The oldest revisions held, in one backend transaction of their own.
         let deleting = Instant::now();
         let tx = self.backend.batch();

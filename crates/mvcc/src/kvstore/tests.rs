@@ -300,6 +300,65 @@ fn compaction_deletes_the_oldest_revisions_first_whatever_the_key_order() {
 }
 
 #[test]
+fn compaction_deletions_wait_while_the_backends_flush_is_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut backend = Backend::open(&dir.path().join("db")).unwrap();
+    // Flushes only when the test makes them (an owner's task that the disk holds up), and
+    // one is due at 40 writes.
+    backend.set_batching(std::time::Duration::from_secs(3600), 40);
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = asked.clone();
+    backend.set_background_flush(Box::new(move || {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }));
+    let store = KvStore::open(backend, 2).unwrap();
+    // 100 keys written twice: revisions 2..=201, 100 of them dropped by a compaction at 201.
+    for value in [b"1", b"2"] {
+        let mut batch = store.write().unwrap();
+        for k in 0..100 {
+            let mut txn = batch.txn();
+            txn.put(format!("k{k:03}").as_bytes(), value, 0).unwrap();
+            txn.end();
+        }
+        batch.commit(false).unwrap();
+    }
+    let mut batch = store.write().unwrap();
+    batch.compact(201).unwrap();
+    batch.commit(false).unwrap();
+    assert!(store.backend().commit_if_due().unwrap());
+    assert_eq!(store.backend().pending_writes(), 0);
+
+    let mut held = 0;
+    let mut most_waiting = 0;
+    loop {
+        let before = stored_revisions(&store);
+        let waiting = store.backend().pending_writes();
+        let asked_before = asked.load(std::sync::atomic::Ordering::SeqCst);
+        let step = store.compaction_step(15).unwrap();
+        if step == CompactionStep::Finished(201) {
+            break;
+        }
+        assert_eq!(step, CompactionStep::Progress);
+        if waiting >= 40 {
+            // Behind: nothing deleted, and the flush asked for (once until it begins).
+            held += 1;
+            assert_eq!(stored_revisions(&store), before);
+            assert!(asked.load(std::sync::atomic::Ordering::SeqCst) >= asked_before.max(1));
+            assert!(store.backend().commit_if_due().unwrap());
+        }
+        most_waiting = most_waiting.max(store.backend().pending_writes());
+    }
+    assert!(held >= 2, "the deletions never waited ({held})");
+    // One flush takes in at most the batch limit and the batch that reached it.
+    assert!(
+        most_waiting < 40 + 15,
+        "{most_waiting} deletions waited for a flush"
+    );
+    assert_eq!(stored_revisions(&store), 100);
+    assert_eq!(get(&store, b"k050", 0).unwrap().value, b"2");
+}
+
+#[test]
 fn a_compaction_cut_short_is_finished_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
