@@ -524,7 +524,10 @@ async fn put_round(
         let ops: Vec<_> = (first..keys.min(first + 100))
             .map(|i| etcd_client::TxnOp::put(format!("{prefix}{i:05}"), value.clone(), None))
             .collect();
-        let resp = c.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+        let resp = c
+            .txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .expect("txn");
         rev = resp.header().expect("a header").revision();
     }
     rev
