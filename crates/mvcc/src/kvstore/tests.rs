@@ -258,15 +258,13 @@ fn compaction_is_applied_at_once_and_carried_out_in_steps() {
     assert_eq!(stored_revisions(&store), 301);
 }
 
-#[test]
-fn compaction_deletes_the_oldest_revisions_first_whatever_the_key_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    // Keys written in reverse order, twice: key order and revision order are opposite, so
-    // the index (walked in key order) yields the oldest revisions last. Revisions 2..=201.
+/// Keys `k000`..`k099` written in `order`, value `1`, then again with `2`, a batch each
+/// (revisions 2..=201), and a compaction at 201 applied: the first round's 100 revisions are to
+/// be dropped.
+fn write_twice_and_compact(store: &KvStore, order: impl Iterator<Item = usize> + Clone) {
     for value in [b"1", b"2"] {
         let mut batch = store.write().unwrap();
-        for k in (0..100).rev() {
+        for k in order.clone() {
             let mut txn = batch.txn();
             txn.put(format!("k{k:03}").as_bytes(), value, 0).unwrap();
             txn.end();
@@ -276,6 +274,15 @@ fn compaction_deletes_the_oldest_revisions_first_whatever_the_key_order() {
     let mut batch = store.write().unwrap();
     batch.compact(201).unwrap();
     batch.commit(false).unwrap();
+}
+
+#[test]
+fn compaction_deletes_the_oldest_revisions_first_whatever_the_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Keys written in reverse order: key order and revision order are opposite, so the index
+    // (walked in key order) yields the oldest revisions last.
+    write_twice_and_compact(&store, (0..100).rev());
     let stored = |main: i64| {
         let key = Revision::new(main, 0).to_key(false);
         store
@@ -312,19 +319,7 @@ fn compaction_deletions_wait_while_the_backends_flush_is_behind() {
         count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }));
     let store = KvStore::open(backend, 2).unwrap();
-    // 100 keys written twice: revisions 2..=201, 100 of them dropped by a compaction at 201.
-    for value in [b"1", b"2"] {
-        let mut batch = store.write().unwrap();
-        for k in 0..100 {
-            let mut txn = batch.txn();
-            txn.put(format!("k{k:03}").as_bytes(), value, 0).unwrap();
-            txn.end();
-        }
-        batch.commit(false).unwrap();
-    }
-    let mut batch = store.write().unwrap();
-    batch.compact(201).unwrap();
-    batch.commit(false).unwrap();
+    write_twice_and_compact(&store, 0..100);
     assert!(store.backend().commit_if_due().unwrap());
     assert_eq!(store.backend().pending_writes(), 0);
 
