@@ -5,17 +5,17 @@
 //! allocates, so an idle member would keep the peak of its last burst for good). The decay
 //! time is jemalloc's own default, 10 s, set here so that another build of jemalloc keeps it.
 //!
-//! Why not shorter: a page returned to the system and then used again costs a page fault and a
-//! zeroed page, and under a steady load the pages freed are the pages about to be used (the
-//! request's buffers, the raft entries, the backend's batches). With 1 s, as this member had,
-//! a put of 10 KiB spent about a tenth of the member's CPU there (the kernel's `clear_page`
-//! under the encoding of the raft entry and the backend's held puts); 10 s took 11% off the
-//! member's CPU per put (etcd's benchmark, put, 100 clients, 10 KiB values, alternated twice:
-//! 141.0 and 133.5 us against 126.0 and 119.0 us) and 256 B values did not move (39.1-46.0 us
-//! against 40.6-42.2 us). The cost: after a burst an idle member's RSS comes down to its live
-//! memory in about 12 s instead of 2 (after 20,000 puts of 10 KiB: 337 MiB as they end, 296
-//! MiB 12 s later, 291 MiB 20 s later; with 1 s, 294 MiB 2 s later). 0 s cost a sixth of the
-//! rate.
+//! Why not shorter: jemalloc's purging costs the member CPU under a steady load, when the pages
+//! freed are the pages about to be used again (the request's buffers, the raft entries, the
+//! backend's batches). Measured with etcd's benchmark (put, 100 clients, 10 KiB values, fresh
+//! members, release builds alternated five times): 1 s cost 128.0, 152.5, 154.5, 146 and
+//! 150 us of the member's CPU per put (6,755 puts/s on average), 10 s 140.0, 144.0, 135.5, 136
+//! and 138 us (7,109 puts/s), about 5% less. Both took 4 page faults per put, so the saving is
+//! in the purging itself (its `madvise` calls and, presumably, the TLB flushes they send to the
+//! threads serving requests). 256 B values moved within the machine's noise. The cost: after
+//! a burst an idle member's RSS comes down to its live memory in about 12 s instead of 2
+//! (after 20,000 puts of 10 KiB: 337 MiB as they end, 296 MiB 12 s later, 291 MiB 20 s later;
+//! with 1 s, 294 MiB 2 s later). 0 s cost a sixth of the rate.
 //!
 //! Best effort: a jemalloc that refuses the background thread or the new default keeps its own,
 //! and the member says so.
