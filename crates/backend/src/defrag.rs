@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use redb::{Durability, TableDefinition};
 
-use crate::{Backend, Bucket, Error, Result, lock};
+use crate::{Backend, Bucket, Error, Result, lock, pieces};
 
 /// Keys changed by one write transaction, or by every transaction since a round began.
 #[derive(Debug, Default)]
@@ -299,7 +299,7 @@ pub(crate) fn close_retired(old: Arc<redb::Database>) {
 
 /// Copies each of `changes` as `read` sees it into `copy` (removed when `read` lacks it), in
 /// one transaction of `durability`.
-fn copy_changes(
+pub(crate) fn copy_changes(
     read: &redb::ReadTransaction,
     copy: &redb::Database,
     changes: &Changes,
@@ -317,6 +317,18 @@ fn copy_changes(
             Err(e) => return Err(Error::storage(e)),
         };
         let mut target = tx.open_table(definition).map_err(Error::storage)?;
+        // The `key` bucket's long values: a changed key's pieces are copied with its head.
+        let (source_pieces, mut target_pieces) = if bucket == Bucket::KEY.name() {
+            let source = match read.open_table(pieces::TABLE) {
+                Ok(table) => Some(table),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(Error::storage(e)),
+            };
+            let target = tx.open_table(pieces::TABLE).map_err(Error::storage)?;
+            (source, Some(target))
+        } else {
+            (None, None)
+        };
         while let Some((_, key)) = keys.next_if(|(b, _)| *b == bucket) {
             let value = match &source {
                 Some(table) => {
@@ -324,14 +336,32 @@ fn copy_changes(
                 }
                 None => None,
             };
-            match value {
-                Some(value) => {
-                    target
-                        .insert(key.as_slice(), value.value())
+            let new_len = value
+                .as_ref()
+                .and_then(|value| pieces::head_len(Bucket::KEY, value.value()));
+            let old = match value {
+                Some(value) => target
+                    .insert(key.as_slice(), value.value())
+                    .map_err(Error::storage)?,
+                None => target.remove(key.as_slice()).map_err(Error::storage)?,
+            };
+            let old_len = old.and_then(|old| pieces::head_len(Bucket::KEY, old.value()));
+            let Some(target_pieces) = target_pieces.as_mut() else {
+                continue;
+            };
+            if let Some(old_len) = old_len {
+                pieces::remove(target_pieces, key, old_len)?;
+            }
+            if let Some(len) = new_len {
+                let Some(source_pieces) = &source_pieces else {
+                    return Err(Error::MissingPieces { len, found: 0 });
+                };
+                let mut joined = Vec::new();
+                pieces::join_into(source_pieces, key, len, &mut joined)?;
+                for (piece_key, piece) in pieces::pieces(key, &joined) {
+                    target_pieces
+                        .insert(piece_key.as_slice(), piece)
                         .map_err(Error::storage)?;
-                }
-                None => {
-                    target.remove(key.as_slice()).map_err(Error::storage)?;
                 }
             }
         }

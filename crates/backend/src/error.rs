@@ -25,6 +25,15 @@ pub enum Error {
     /// replaced meanwhile (a snapshot installed from the leader), and gave up.
     #[error("defragmentation gave up after {0} copies: the database was replaced during each")]
     DefragRestarted(usize),
+    /// A value stored in pieces (see the `pieces` module) lacks some of them: the file was
+    /// changed by something else, or damaged.
+    #[error("a value of {len} bytes stored in pieces has only {found} bytes of them")]
+    MissingPieces {
+        /// The value's length its head records.
+        len: usize,
+        /// The bytes of the pieces found.
+        found: usize,
+    },
     /// A snapshot image to restore has no digest and the check was not skipped (etcd's
     /// message).
     #[error("snapshot missing hash but --skip-hash-check=false")]

@@ -51,6 +51,7 @@ mod error;
 mod fuzz;
 pub mod metrics;
 mod pages;
+mod pieces;
 mod snapshot;
 pub mod transfer;
 
@@ -158,12 +159,16 @@ const STORED_BYTES: &[u8] = b"stored_bytes";
 /// stored bytes beside it.
 const PAGE_FILL: &[u8] = b"page_fill";
 
-/// The bytes of every key and value in `table`, read one by one.
-fn table_bytes(table: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Result<u64> {
+/// The bytes of every key and value in `bucket`'s `table`, read one by one (a value stored in
+/// pieces counted whole).
+fn table_bytes(
+    bucket: Bucket,
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+) -> Result<u64> {
     let mut total = 0u64;
     for item in table.iter().map_err(Error::storage)? {
         let (key, value) = item.map_err(Error::storage)?;
-        total += (key.value().len() + value.value().len()) as u64;
+        total += (key.value().len() + pieces::stored_len(bucket, value.value())) as u64;
     }
     Ok(total)
 }
@@ -385,6 +390,7 @@ impl Backend {
         for bucket in Bucket::ALL {
             tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
+        tx.tx.open_table(pieces::TABLE).map_err(Error::storage)?;
         let stored = match tx.recorded_stored_bytes()? {
             Some(bytes) => {
                 match tx.recorded_fill()? {
@@ -740,6 +746,7 @@ impl Backend {
         for bucket in Bucket::ALL {
             tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
+        tx.open_table(pieces::TABLE).map_err(Error::storage)?;
         // An image our backend wrote (a received snapshot's import) records its stored bytes:
         // they are read, with the kept keys' change, rather than every pair of the image
         // counted here (a second of a member's apply per GiB, which its peers would see as
@@ -810,7 +817,7 @@ impl Backend {
                 Err(redb::TableError::TableDoesNotExist(_)) => continue,
                 Err(e) => return Err(Error::storage(e)),
             };
-            total += table_bytes(&table)?;
+            total += table_bytes(bucket, &table)?;
         }
         let _ = self
             .logical_bytes
@@ -833,11 +840,14 @@ impl Backend {
         if let Some(changed) = &tx.changed {
             changed.borrow_mut().everything();
         }
+        let source_pieces = match source_tx.open_table(pieces::TABLE) {
+            Ok(table) => Some(table),
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(Error::storage(e)),
+        };
+        let mut joined = Vec::new();
         for bucket in Bucket::ALL {
-            {
-                let mut table = tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
-                table.retain(|_, _| false).map_err(Error::storage)?;
-            }
+            tx.clear(bucket)?;
             let source_table = match source_tx.open_table(bucket.table()) {
                 Ok(table) => table,
                 Err(redb::TableError::TableDoesNotExist(_)) => continue,
@@ -845,7 +855,14 @@ impl Backend {
             };
             for item in source_table.iter().map_err(Error::storage)? {
                 let (key, value) = item.map_err(Error::storage)?;
-                tx.put(bucket, key.value(), value.value())?;
+                let value = whole(
+                    source_pieces.as_ref(),
+                    bucket,
+                    key.value(),
+                    value.value(),
+                    &mut joined,
+                )?;
+                tx.put(bucket, key.value(), value)?;
             }
         }
         for (key, value) in kept {
@@ -912,6 +929,25 @@ const APPEND_RUN_MIN_BYTES: usize = 64 << 10;
 fn pair_at(bytes: &[u8], at: usize, key_len: usize, value_len: usize) -> (&[u8], &[u8]) {
     let key = &bytes[at..at + key_len];
     (key, &bytes[at + key_len..at + key_len + value_len])
+}
+
+/// The value `stored` under `key` of `bucket` stands for: itself, or when it is a head the
+/// pieces of `pieces` joined in `joined`.
+fn whole<'v>(
+    pieces: Option<&impl ReadableTable<&'static [u8], &'static [u8]>>,
+    bucket: Bucket,
+    key: &[u8],
+    stored: &'v [u8],
+    joined: &'v mut Vec<u8>,
+) -> Result<&'v [u8]> {
+    let Some(len) = pieces::head_len(bucket, stored) else {
+        return Ok(stored);
+    };
+    match pieces {
+        Some(table) => pieces::join_into(table, key, len, joined)?,
+        None => return Err(Error::MissingPieces { len, found: 0 }),
+    }
+    Ok(joined.as_slice())
 }
 
 /// Whether the keys of a buffer of pairs strictly ascend.
@@ -1039,7 +1075,7 @@ impl WriteTx<'_> {
         let mut total = 0u64;
         for bucket in Bucket::ALL {
             let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-            total += table_bytes(&table)?;
+            total += table_bytes(bucket, &table)?;
         }
         Ok(total)
     }
@@ -1067,17 +1103,47 @@ impl WriteTx<'_> {
     /// stays half full: about 1% of the file at 1,000,000 values of 1 KiB, what made it larger
     /// than etcd's. Fewer pairs (a slow writer's flush) go one by one, because the cursor
     /// balances the last two leaves it builds when the last one would be nearly empty, which
-    /// can leave a leaf two-thirds full per run.
+    /// can leave a leaf two-thirds full per run. A long value of the `key` bucket goes in as
+    /// its head and its pieces (the `pieces` module), the pieces through a cursor of their
+    /// own on the same condition.
     fn insert_all(&self, bucket: Bucket, bytes: &[u8], lens: &[(usize, usize)]) -> Result<()> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let appended = match (lens.first(), table.last().map_err(Error::storage)?) {
+        let mut appended = match (lens.first(), table.last().map_err(Error::storage)?) {
             (Some(&(key_len, _)), Some((last, _))) => bytes[..key_len] > *last.value(),
             (Some(_), None) => true,
             (None, _) => false,
         } && ascending(bytes, lens)
             && lens.iter().map(|&(key, value)| key + value).sum::<usize>() >= APPEND_RUN_MIN_BYTES;
+        // The long values' pieces (see the `pieces` module) go in through a cursor of their
+        // own, when they too lie past every piece there.
+        let first_long = {
+            let mut at = 0;
+            lens.iter().find_map(|&(key_len, value_len)| {
+                let (key, value) = pair_at(bytes, at, key_len, value_len);
+                at += key_len + value_len;
+                pieces::cut(bucket, key, value).then_some(key)
+            })
+        };
+        let mut pieces_table = match first_long {
+            Some(_) => Some(self.tx.open_table(pieces::TABLE).map_err(Error::storage)?),
+            None => None,
+        };
+        if appended
+            && let (Some(key), Some(table)) = (first_long, &pieces_table)
+            && let Some((last, _)) = table.last().map_err(Error::storage)?
+        {
+            appended = pieces::PieceKey::new(key, 0).as_slice() > last.value();
+        }
         let mut at = 0;
         if appended {
+            let mut pieces_cursor = match pieces_table.as_mut() {
+                Some(table) => Some(
+                    table
+                        .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                        .map_err(Error::storage)?,
+                ),
+                None => None,
+            };
             let mut cursor = table
                 .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
                 .map_err(Error::storage)?;
@@ -1085,46 +1151,77 @@ impl WriteTx<'_> {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
                 self.note(bucket, key);
-                cursor.insert_before(key, value).map_err(Error::storage)?;
+                match pieces_cursor.as_mut() {
+                    Some(pieces_cursor) if pieces::cut(bucket, key, value) => {
+                        cursor
+                            .insert_before(key, pieces::head(value.len()).as_slice())
+                            .map_err(Error::storage)?;
+                        for (piece_key, piece) in pieces::pieces(key, value) {
+                            pieces_cursor
+                                .insert_before(piece_key.as_slice(), piece)
+                                .map_err(Error::storage)?;
+                        }
+                    }
+                    _ => cursor.insert_before(key, value).map_err(Error::storage)?,
+                }
                 self.add((key.len() + value.len()) as i64);
             }
             cursor.close().map_err(Error::storage)?;
+            if let Some(cursor) = pieces_cursor {
+                cursor.close().map_err(Error::storage)?;
+            }
         } else {
             for &(key_len, value_len) in lens {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
-                self.insert_one(&mut table, bucket, key, value)?;
+                self.insert_one(&mut table, &mut pieces_table, bucket, key, value)?;
             }
         }
         self.writes.set(self.writes.get() + lens.len() as u64);
         Ok(())
     }
 
-    /// Inserts or overwrites one pair, counting the change in stored bytes.
-    fn insert_one(
-        &self,
+    /// Inserts or overwrites one pair (in pieces when long: `pieces`, the pieces' table,
+    /// opened when first needed), counting the change in stored bytes.
+    fn insert_one<'t>(
+        &'t self,
         table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+        pieces: &mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
         bucket: Bucket,
         key: &[u8],
         value: &[u8],
     ) -> Result<()> {
         self.note(bucket, key);
-        let old = table.insert(key, value).map_err(Error::storage)?;
-        let old_len = old.map(|v| key.len() + v.value().len()).unwrap_or(0);
+        let old = pieces::insert(bucket, table, pieces, &self.tx, key, value)?;
+        let old_len = old.map(|len| key.len() + len).unwrap_or(0);
         self.add((key.len() + value.len()) as i64 - old_len as i64);
         Ok(())
     }
 
+    /// Removes the pieces of the value `key` had, when its `stored` value was a head;
+    /// returns the whole value's length.
+    fn remove_pieces<'t>(
+        &'t self,
+        pieces: &mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
+        bucket: Bucket,
+        key: &[u8],
+        stored: &[u8],
+    ) -> Result<usize> {
+        let Some(len) = pieces::head_len(bucket, stored) else {
+            return Ok(stored.len());
+        };
+        if pieces.is_none() {
+            *pieces = Some(self.tx.open_table(pieces::TABLE).map_err(Error::storage)?);
+        }
+        if let Some(table) = pieces.as_mut() {
+            pieces::remove(table, key, len)?;
+        }
+        Ok(len)
+    }
+
     /// Remove `key` from `bucket`.
     pub fn delete(&self, bucket: Bucket, key: &[u8]) -> Result<()> {
-        self.flush_puts()?;
-        let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        self.note(bucket, key);
-        let old = table.remove(key).map_err(Error::storage)?;
-        if let Some(old) = old {
-            self.add(-((key.len() + old.value().len()) as i64));
-            self.writes.set(self.writes.get() + 1);
-        }
+        self.delete_all(bucket, [key])?;
         Ok(())
     }
 
@@ -1137,13 +1234,15 @@ impl WriteTx<'_> {
     ) -> Result<u64> {
         self.flush_puts()?;
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
+        let mut pieces = None;
         let mut removed = 0;
         let mut bytes = 0i64;
         for key in keys {
             self.note(bucket, key);
             if let Some(old) = table.remove(key).map_err(Error::storage)? {
                 removed += 1;
-                bytes += (key.len() + old.value().len()) as i64;
+                let len = self.remove_pieces(&mut pieces, bucket, key, old.value())?;
+                bytes += (key.len() + len) as i64;
             }
         }
         self.add(-bytes);
@@ -1157,6 +1256,7 @@ impl WriteTx<'_> {
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
         let mut removed = 0;
         let mut bytes = 0i64;
+        let mut heads = Vec::new();
         for item in table
             .extract_from_if(start..end, |_, _| true)
             .map_err(Error::storage)?
@@ -1164,7 +1264,14 @@ impl WriteTx<'_> {
             let (k, v) = item.map_err(Error::storage)?;
             self.note(bucket, k.value());
             removed += 1;
-            bytes += (k.value().len() + v.value().len()) as i64;
+            bytes += (k.value().len() + pieces::stored_len(bucket, v.value())) as i64;
+            if pieces::head_len(bucket, v.value()).is_some() {
+                heads.push((k.value().to_vec(), v.value().to_vec()));
+            }
+        }
+        let mut pieces = None;
+        for (key, head) in heads {
+            self.remove_pieces(&mut pieces, bucket, &key, &head)?;
         }
         self.add(-bytes);
         self.writes.set(self.writes.get() + removed);
@@ -1183,7 +1290,11 @@ impl WriteTx<'_> {
         for item in table.extract_if(|_, _| true).map_err(Error::storage)? {
             let (k, v) = item.map_err(Error::storage)?;
             removed += 1;
-            bytes += (k.value().len() + v.value().len()) as i64;
+            bytes += (k.value().len() + pieces::stored_len(bucket, v.value())) as i64;
+        }
+        if bucket == Bucket::KEY {
+            let mut pieces = self.tx.open_table(pieces::TABLE).map_err(Error::storage)?;
+            pieces.retain(|_, _| false).map_err(Error::storage)?;
         }
         self.add(-bytes);
         Ok(removed)
@@ -1204,8 +1315,16 @@ impl WriteTx<'_> {
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.flush_puts()?;
         let table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let value = table.get(key).map_err(Error::storage)?;
-        Ok(value.map(|v| v.value().to_vec()))
+        let Some(stored) = table.get(key).map_err(Error::storage)? else {
+            return Ok(None);
+        };
+        if pieces::head_len(bucket, stored.value()).is_none() {
+            return Ok(Some(stored.value().to_vec()));
+        }
+        let pieces = self.tx.open_table(pieces::TABLE).map_err(Error::storage)?;
+        let mut joined = Vec::new();
+        whole(Some(&pieces), bucket, key, stored.value(), &mut joined)?;
+        Ok(Some(joined))
     }
 
     /// Commit. With `durable == false` the commit is made durable anyway when the last durable
@@ -1296,6 +1415,15 @@ impl ReadTx {
         self.tx.open_table(bucket.table()).map_err(Error::storage)
     }
 
+    /// The table of long values' pieces (see the `pieces` module), if the file has one.
+    fn pieces(&self) -> Result<Option<Table>> {
+        match self.tx.open_table(pieces::TABLE) {
+            Ok(table) => Ok(Some(table)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(Error::storage(e)),
+        }
+    }
+
     /// Read `key`.
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.layers.lookup(bucket, key) {
@@ -1304,8 +1432,21 @@ impl ReadTx {
             batch::Seen::Unknown => {}
         }
         let table = self.table(bucket)?;
-        let value = table.get(key).map_err(Error::storage)?;
-        Ok(value.map(|v| v.value().to_vec()))
+        let Some(stored) = table.get(key).map_err(Error::storage)? else {
+            return Ok(None);
+        };
+        if pieces::head_len(bucket, stored.value()).is_none() {
+            return Ok(Some(stored.value().to_vec()));
+        }
+        let mut joined = Vec::new();
+        whole(
+            self.pieces()?.as_ref(),
+            bucket,
+            key,
+            stored.value(),
+            &mut joined,
+        )?;
+        Ok(Some(joined))
     }
 
     /// Look up each of `keys` in `bucket` under one open table, handing `visit` the key and
@@ -1317,15 +1458,24 @@ impl ReadTx {
         mut visit: impl FnMut(&[u8], Option<&[u8]>) -> bool,
     ) -> Result<()> {
         let table = self.table(bucket)?;
+        let mut pieces = None;
+        let mut joined = Vec::new();
         for key in keys {
             let key = key.as_ref();
             let go_on = match self.layers.lookup(bucket, key) {
                 batch::Seen::Value(value) => visit(key, Some(value)),
                 batch::Seen::Gone => visit(key, None),
-                batch::Seen::Unknown => {
-                    let value = table.get(key).map_err(Error::storage)?;
-                    visit(key, value.as_ref().map(|v| v.value()))
-                }
+                batch::Seen::Unknown => match table.get(key).map_err(Error::storage)? {
+                    Some(stored) => {
+                        let stored = stored.value();
+                        if pieces.is_none() && pieces::head_len(bucket, stored).is_some() {
+                            pieces = self.pieces()?;
+                        }
+                        let value = whole(pieces.as_ref(), bucket, key, stored, &mut joined)?;
+                        visit(key, Some(value))
+                    }
+                    None => visit(key, None),
+                },
             };
             if !go_on {
                 break;
@@ -1347,6 +1497,8 @@ impl ReadTx {
         let mut newer = newer.into_iter().peekable();
         if !cleared {
             let table = self.table(bucket)?;
+            let mut pieces = None;
+            let mut joined = Vec::new();
             let iter = match end {
                 Some(end) => table.range(start..end),
                 None => table.range(start..),
@@ -1369,7 +1521,14 @@ impl ReadTx {
                 if theirs {
                     continue;
                 }
-                if !visit(key, value.value()) {
+                let stored = value.value();
+                if pieces.is_none() && pieces::head_len(bucket, stored).is_some() {
+                    pieces = self.pieces()?;
+                }
+                if !visit(
+                    key,
+                    whole(pieces.as_ref(), bucket, key, stored, &mut joined)?,
+                ) {
                     return Ok(());
                 }
             }
@@ -1441,7 +1600,19 @@ impl ReadTx {
             if newer.contains_key(key.value()) {
                 continue;
             }
-            on_file = Some((key.value().to_vec(), value.value().to_vec()));
+            let mut joined = Vec::new();
+            let stored = value.value();
+            let value = match pieces::head_len(bucket, stored) {
+                Some(_) => whole(
+                    self.pieces()?.as_ref(),
+                    bucket,
+                    key.value(),
+                    stored,
+                    &mut joined,
+                )?,
+                None => stored,
+            };
+            on_file = Some((key.value().to_vec(), value.to_vec()));
             break;
         }
         Ok(match (newest, on_file) {
@@ -1458,7 +1629,7 @@ impl ReadTx {
             .list_tables()
             .map_err(Error::storage)?
             .map(|t| t.name().to_string())
-            .filter(|name| name != STATS.name())
+            .filter(|name| name != STATS.name() && name != pieces::TABLE.name())
             .collect();
         names.sort();
         Ok(names)

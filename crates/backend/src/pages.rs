@@ -255,8 +255,12 @@ fn measure(db: &redb::Database) -> Result<Fill> {
         page_bytes: 0,
         stored_bytes: 0,
     };
-    for bucket in Bucket::ALL {
-        let table = match read.open_table(bucket.table()) {
+    let tables = Bucket::ALL
+        .into_iter()
+        .map(Bucket::table)
+        .chain([crate::pieces::TABLE]);
+    for table in tables {
+        let table = match read.open_table(table) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => continue,
             Err(e) => return Err(Error::storage(e)),

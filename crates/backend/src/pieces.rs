@@ -1,0 +1,251 @@
+//! Long values of the `key` bucket, kept in pieces that fill the file's pages.
+//!
+//! redb keeps a value inside a B-tree leaf and allocates each leaf as a power of two pages,
+//! so a value longer than a page gets a leaf of its own: a revision of 10 KiB took a 16 KiB
+//! leaf, where bbolt puts it in three contiguous 4 KiB pages, and the file was 1.34x etcd's
+//! for the same 10 KiB values (1.61x the data). So a value of the `key` bucket longer than
+//! two pieces ([`cut`]) is stored as a *head* at its key (a marker byte that no encoded
+//! `mvccpb.KeyValue` begins with, as protobuf has no field 0, then the value's length: nine
+//! bytes) and its bytes, cut in order, under the key followed by each piece's number
+//! (big-endian `u32`) in the table [`TABLE`] beside the bucket. A piece is sized so that four
+//! of them fill a leaf exactly (redb 4.6's leaf: a 4-byte header, then two `u32` end offsets
+//! per pair, then the keys and values: `RawLeafBuilder::required_bytes`); the pieces of
+//! consecutive revisions are consecutive keys, so the last, shorter piece of one value shares
+//! a leaf with the next value's first ones, and only part of one slot per value is lost.
+//!
+//! Above the tables nothing sees a piece: the batches held in memory keep whole values, and
+//! every read of the file (gets, ranges, hashes, transfers, the bbolt export, `last`) joins
+//! the pieces again; only the paths of `lib.rs` that open the bucket's table, the
+//! defragmentation's copy of changed keys and the page walk know of them. The stored bytes
+//! (the quota's measure) count the whole value under its key, as before. A file written
+//! before pieces existed has no heads and reads as it did; a whole value in it is cut when it
+//! is next written.
+
+use redb::{ReadableTable, TableDefinition};
+
+use crate::{Bucket, Error, Result};
+
+/// The pieces of every long value, under its key and the piece's number.
+pub(crate) const TABLE: TableDefinition<'static, &'static [u8], &'static [u8]> =
+    TableDefinition::new("etcd-rs.pieces");
+
+/// The first byte of a head (an encoded `mvccpb.KeyValue` begins with its field 1's tag).
+const MARK: u8 = 0;
+/// A head: the marker, then the value's length (big-endian `u64`).
+const HEAD_LEN: usize = 9;
+/// The piece's number after the key.
+const NUMBER_LEN: usize = 4;
+/// redb 4.6's leaf page, less its 4-byte header.
+const LEAF_ROOM: usize = 4096 - 4;
+/// redb's end offsets of a pair's key and value in a leaf.
+const SLOT_OVERHEAD: usize = 8;
+/// Pieces a leaf holds.
+const PER_LEAF: usize = 4;
+/// Keys longer than this keep their values whole (a revision's key is 17 or 18 bytes).
+const MAX_KEY: usize = 64;
+
+/// The bytes of each piece of a value under a key of `key_len` bytes (the last piece may be
+/// shorter): four such pairs fill a leaf. 994 for a revision's 17 bytes.
+pub(crate) fn piece_len(key_len: usize) -> usize {
+    LEAF_ROOM / PER_LEAF - SLOT_OVERHEAD - NUMBER_LEN - key_len
+}
+
+/// Whether `value`, under `key` of `bucket`, is stored in pieces: a value of the `key` bucket
+/// longer than two pieces. Shorter ones share a leaf whole as well as in pieces (two of
+/// 1,988 bytes fill a leaf either way).
+pub(crate) fn cut(bucket: Bucket, key: &[u8], value: &[u8]) -> bool {
+    bucket == Bucket::KEY && key.len() <= MAX_KEY && value.len() > 2 * piece_len(key.len())
+}
+
+/// The head stored at the key of a value of `len` bytes.
+pub(crate) fn head(len: usize) -> [u8; HEAD_LEN] {
+    let mut head = [0u8; HEAD_LEN];
+    head[0] = MARK;
+    head[1..].copy_from_slice(&(len as u64).to_be_bytes());
+    head
+}
+
+/// The length of the value `stored` stands for, when it is a head of the `key` bucket.
+pub(crate) fn head_len(bucket: Bucket, stored: &[u8]) -> Option<usize> {
+    if bucket != Bucket::KEY || stored.len() != HEAD_LEN || stored[0] != MARK {
+        return None;
+    }
+    let len: [u8; 8] = stored[1..].try_into().ok()?;
+    usize::try_from(u64::from_be_bytes(len)).ok()
+}
+
+/// The bytes a stored value stands for: its whole length for a head, else its own.
+pub(crate) fn stored_len(bucket: Bucket, stored: &[u8]) -> usize {
+    head_len(bucket, stored).unwrap_or(stored.len())
+}
+
+/// A piece's key: the value's key, then the piece's number.
+pub(crate) struct PieceKey {
+    bytes: [u8; MAX_KEY + NUMBER_LEN],
+    len: usize,
+}
+
+impl PieceKey {
+    /// The key of piece `number` of the value under `key` (at most [`MAX_KEY`] bytes).
+    pub(crate) fn new(key: &[u8], number: u32) -> PieceKey {
+        let mut bytes = [0u8; MAX_KEY + NUMBER_LEN];
+        let key_len = key.len().min(MAX_KEY);
+        bytes[..key_len].copy_from_slice(&key[..key_len]);
+        bytes[key_len..key_len + NUMBER_LEN].copy_from_slice(&number.to_be_bytes());
+        PieceKey {
+            bytes,
+            len: key_len + NUMBER_LEN,
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The pieces of `value` under `key`, in order, with their keys.
+pub(crate) fn pieces<'v>(
+    key: &[u8],
+    value: &'v [u8],
+) -> impl Iterator<Item = (PieceKey, &'v [u8])> {
+    let key = PieceKey::new(key, 0);
+    value
+        .chunks(piece_len(key.len - NUMBER_LEN))
+        .enumerate()
+        .map(move |(number, piece)| {
+            let mut piece_key = PieceKey {
+                bytes: key.bytes,
+                len: key.len,
+            };
+            let at = key.len - NUMBER_LEN;
+            piece_key.bytes[at..key.len].copy_from_slice(&(number as u32).to_be_bytes());
+            (piece_key, piece)
+        })
+}
+
+/// How many pieces a value of `len` bytes under a key of `key_len` bytes is cut into.
+pub(crate) fn count(key_len: usize, len: usize) -> u32 {
+    u32::try_from(len.div_ceil(piece_len(key_len))).unwrap_or(u32::MAX)
+}
+
+/// Joins the pieces of the value of `len` bytes under `key` from `table` into `out` (cleared
+/// first).
+pub(crate) fn join_into(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    out.clear();
+    out.reserve(len);
+    let first = PieceKey::new(key, 0);
+    let last = PieceKey::new(key, u32::MAX);
+    for item in table
+        .range(first.as_slice()..=last.as_slice())
+        .map_err(Error::storage)?
+    {
+        let (piece_key, piece) = item.map_err(Error::storage)?;
+        // A longer key that begins with this one has its pieces among these.
+        if piece_key.value().len() == first.len {
+            out.extend_from_slice(piece.value());
+        }
+    }
+    if out.len() != len {
+        return Err(Error::MissingPieces {
+            len,
+            found: out.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Removes the pieces of a value of `len` bytes under `key` from `table`.
+pub(crate) fn remove(
+    table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+    key: &[u8],
+    len: usize,
+) -> Result<()> {
+    for number in 0..count(key.len(), len) {
+        table
+            .remove(PieceKey::new(key, number).as_slice())
+            .map_err(Error::storage)?;
+    }
+    Ok(())
+}
+
+/// Writes `value` under `key` into `table` (the bucket's, open for writing) and `pieces`:
+/// a head and its pieces when it is long, else whole. Returns the length of the value it
+/// replaced (its whole length when that was a head, whose pieces are gone too).
+pub(crate) fn insert<'t>(
+    bucket: Bucket,
+    table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+    pieces: &mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
+    tx: &'t redb::WriteTransaction,
+    key: &[u8],
+    value: &[u8],
+) -> Result<Option<usize>> {
+    let long = cut(bucket, key, value);
+    let old = if long {
+        table.insert(key, head(value.len()).as_slice())
+    } else {
+        table.insert(key, value)
+    }
+    .map_err(Error::storage)?;
+    let old = old.map(|old| (head_len(bucket, old.value()), old.value().len()));
+    if long || matches!(old, Some((Some(_), _))) {
+        if pieces.is_none() {
+            *pieces = Some(tx.open_table(TABLE).map_err(Error::storage)?);
+        }
+        if let Some(pieces) = pieces.as_mut() {
+            if let Some((Some(old_len), _)) = old {
+                remove(pieces, key, old_len)?;
+            }
+            if long {
+                for (piece_key, piece) in self::pieces(key, value) {
+                    pieces
+                        .insert(piece_key.as_slice(), piece)
+                        .map_err(Error::storage)?;
+                }
+            }
+        }
+    }
+    Ok(old.map(|(head, stored)| head.unwrap_or(stored)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_pieces_of_a_revision_fill_a_leaf() {
+        let key_len = 17;
+        let piece = piece_len(key_len);
+        assert_eq!(piece, 994);
+        let pairs = PER_LEAF * (SLOT_OVERHEAD + key_len + NUMBER_LEN + piece);
+        assert_eq!(4 + pairs, 4096);
+    }
+
+    #[test]
+    fn only_long_values_of_the_key_bucket_are_cut() {
+        let key = [7u8; 17];
+        assert!(!cut(Bucket::KEY, &key, &[1u8; 1988]));
+        assert!(cut(Bucket::KEY, &key, &[1u8; 1989]));
+        assert!(!cut(Bucket::LEASE, &key, &[1u8; 10_000]));
+        assert!(!cut(Bucket::KEY, &[1u8; 65], &[1u8; 10_000]));
+        let stored = head(10_240);
+        assert_eq!(head_len(Bucket::KEY, &stored), Some(10_240));
+        assert_eq!(head_len(Bucket::META, &stored), None);
+        // An encoded KeyValue begins with field 1's tag.
+        assert_eq!(head_len(Bucket::KEY, b"\x0a\x07abcdefg"), None);
+        let cut: Vec<(Vec<u8>, usize)> = pieces(&key, &[3u8; 2_500])
+            .map(|(k, piece)| (k.as_slice().to_vec(), piece.len()))
+            .collect();
+        assert_eq!(cut.len(), 3);
+        assert_eq!(count(17, 2_500), 3);
+        assert_eq!(cut[2].0[17..], 2u32.to_be_bytes());
+        assert_eq!(
+            cut.iter().map(|(_, len)| *len).collect::<Vec<_>>(),
+            [994, 994, 512]
+        );
+    }
+}
