@@ -1497,7 +1497,7 @@ impl ReadTx {
         let mut newer = newer.into_iter().peekable();
         if !cleared {
             let table = self.table(bucket)?;
-            let mut pieces = None;
+            let mut walk: Option<pieces::Walk> = None;
             let mut joined = Vec::new();
             let iter = match end {
                 Some(end) => table.range(start..end),
@@ -1522,13 +1522,23 @@ impl ReadTx {
                     continue;
                 }
                 let stored = value.value();
-                if pieces.is_none() && pieces::head_len(bucket, stored).is_some() {
-                    pieces = self.pieces()?;
-                }
-                if !visit(
-                    key,
-                    whole(pieces.as_ref(), bucket, key, stored, &mut joined)?,
-                ) {
+                let value = match pieces::head_len(bucket, stored) {
+                    Some(len) => {
+                        let walk = match walk.as_mut() {
+                            Some(walk) => walk,
+                            None => {
+                                let Some(table) = self.pieces()? else {
+                                    return Err(Error::MissingPieces { len, found: 0 });
+                                };
+                                walk.insert(pieces::Walk::new(table, key)?)
+                            }
+                        };
+                        walk.join_into(key, len, &mut joined)?;
+                        joined.as_slice()
+                    }
+                    None => stored,
+                };
+                if !visit(key, value) {
                     return Ok(());
                 }
             }

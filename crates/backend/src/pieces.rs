@@ -159,6 +159,58 @@ pub(crate) fn join_into(
     Ok(())
 }
 
+/// Joins the pieces of the heads that a walk of the bucket meets in key order, from one walk
+/// of the pieces' table: a lookup each would descend its tree again for every value (a
+/// member's start reads every revision this way, a watch's catch-up and a hash too).
+pub(crate) struct Walk {
+    table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    pieces: std::iter::Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>,
+}
+
+impl Walk {
+    /// A walk of `table` from the pieces of `key` on.
+    pub(crate) fn new(
+        table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+        key: &[u8],
+    ) -> Result<Walk> {
+        let first = PieceKey::new(key, 0);
+        let pieces = table
+            .range(first.as_slice()..)
+            .map_err(Error::storage)?
+            .peekable();
+        Ok(Walk { table, pieces })
+    }
+
+    /// Joins the pieces of the value of `len` bytes under `key` into `out` (cleared first);
+    /// `key` comes after every key joined before. Pieces before it (heads the walk passed
+    /// over) are skipped; when the walk does not find them whole where it is (another key's
+    /// pieces among them, an error), they are looked up.
+    pub(crate) fn join_into(&mut self, key: &[u8], len: usize, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        out.reserve(len);
+        let first = PieceKey::new(key, 0);
+        let last = PieceKey::new(key, u32::MAX);
+        while let Some(Ok((piece_key, _))) = self.pieces.peek() {
+            let piece_key = piece_key.value();
+            if piece_key < first.as_slice() {
+                self.pieces.next();
+                continue;
+            }
+            if piece_key > last.as_slice() || piece_key.len() != first.len {
+                break;
+            }
+            match self.pieces.next() {
+                Some(Ok((_, piece))) => out.extend_from_slice(piece.value()),
+                _ => break,
+            }
+        }
+        if out.len() != len {
+            join_into(&self.table, key, len, out)?;
+        }
+        Ok(())
+    }
+}
+
 /// Removes the pieces of a value of `len` bytes under `key` from `table`.
 pub(crate) fn remove(
     table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,

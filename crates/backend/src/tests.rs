@@ -1246,3 +1246,42 @@ fn long_values_fill_their_pages() {
         "{pages} pages for 2,000 values of 10 KiB: {ratio:.3}x"
     );
 }
+
+/// A range's walk joins each head's pieces from one pass over the pieces' table; where another
+/// key's pieces lie among them (a key that begins with another: not a revision's, but the
+/// bucket allows it) or a newer batch hides a head, it still reads every value whole.
+#[test]
+fn a_walk_joins_the_pieces_of_keys_that_begin_with_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Backend::open(&dir.path().join("db")).unwrap();
+    let keys: [&[u8]; 4] = [&[1, 2, 3], &[1, 2, 3, 0, 0, 0, 5], &[1, 2, 4], &[1, 2, 5]];
+    let mut pairs = std::collections::BTreeMap::new();
+    let tx = backend.write().unwrap();
+    for (i, key) in keys.iter().enumerate() {
+        let value = patterned(i as u32, 10_000 - i * 1_000);
+        tx.put(Bucket::KEY, key, &value).unwrap();
+        pairs.insert(key.to_vec(), value);
+    }
+    tx.commit(true).unwrap();
+    // The first key's seventh piece sorts after every piece of the second.
+    assert!(pieces::count(3, 10_000) > 6);
+    reads_whole(&backend, &pairs);
+    let batch = backend.batch();
+    batch.put(Bucket::KEY, keys[2], b"newer").unwrap();
+    batch.commit(false).unwrap();
+    pairs.insert(keys[2].to_vec(), b"newer".to_vec());
+    let mut seen = std::collections::BTreeMap::new();
+    backend
+        .read()
+        .unwrap()
+        .for_each_in(Bucket::KEY, &[1, 2, 3, 0], None, |key, value| {
+            seen.insert(key.to_vec(), value.to_vec());
+            true
+        })
+        .unwrap();
+    pairs.remove(keys[0]);
+    assert!(
+        seen == pairs,
+        "a walk from the second key read other values"
+    );
+}
