@@ -345,12 +345,13 @@ pub(crate) fn copy_changes(
                     .map_err(Error::storage)?,
                 None => target.remove(key.as_slice()).map_err(Error::storage)?,
             };
-            let old_len = old.and_then(|old| pieces::head_len(Bucket::KEY, old.value()));
+            let had_pieces =
+                old.is_some_and(|old| pieces::head_len(Bucket::KEY, old.value()).is_some());
             let Some(target_pieces) = target_pieces.as_mut() else {
                 continue;
             };
-            if let Some(old_len) = old_len {
-                pieces::remove(target_pieces, key, old_len)?;
+            if had_pieces {
+                pieces::remove(target_pieces, key)?;
             }
             if let Some(len) = new_len {
                 let Some(source_pieces) = &source_pieces else {

@@ -1214,7 +1214,7 @@ impl WriteTx<'_> {
             *pieces = Some(self.tx.open_table(pieces::TABLE).map_err(Error::storage)?);
         }
         if let Some(table) = pieces.as_mut() {
-            pieces::remove(table, key, len)?;
+            pieces::remove(table, key)?;
         }
         Ok(len)
     }

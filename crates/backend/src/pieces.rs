@@ -4,14 +4,18 @@
 //! so a value longer than a page gets a leaf of its own: a revision of 10 KiB took a 16 KiB
 //! leaf, where bbolt puts it in three contiguous 4 KiB pages, and the file was 1.34x etcd's
 //! for the same 10 KiB values (1.61x the data). So a value of the `key` bucket longer than
-//! two pieces ([`cut`]) is stored as a *head* at its key (a marker byte that no encoded
+//! 1,988 bytes ([`cut`]) is stored as a *head* at its key (a marker byte that no encoded
 //! `mvccpb.KeyValue` begins with, as protobuf has no field 0, then the value's length: nine
 //! bytes) and its bytes, cut in order, under the key followed by each piece's number
-//! (big-endian `u32`) in the table [`TABLE`] beside the bucket. A piece is sized so that four
-//! of them fill a leaf exactly (redb 4.6's leaf: a 4-byte header, then two `u32` end offsets
-//! per pair, then the keys and values: `RawLeafBuilder::required_bytes`); the pieces of
+//! (big-endian `u32`) in the table [`TABLE`] beside the bucket. Pieces are sized so that one
+//! to eight of them fill a leaf exactly (redb 4.6's leaf: a 4-byte header, then two `u32` end
+//! offsets per pair, then the keys and values: `RawLeafBuilder::required_bytes`), each value
+//! taking the size that puts it in the fewest leaves ([`piece_len`]); the pieces of
 //! consecutive revisions are consecutive keys, so the last, shorter piece of one value shares
-//! a leaf with the next value's first ones, and only part of one slot per value is lost.
+//! a leaf with the next value's first ones, and only part of one slot per value is lost:
+//! 2,000 revisions of 10 KiB take 1.055x their bytes in pages (whole, 1.6x). Readers join
+//! pieces without knowing their size (every key in the value's range, in order), and
+//! removals take that whole range, so the choice of sizes can change without a new format.
 //!
 //! Above the tables nothing sees a piece: the batches held in memory keep whole values, and
 //! every read of the file (gets, ranges, hashes, transfers, the bbolt export, `last`) joins
@@ -39,22 +43,40 @@ const NUMBER_LEN: usize = 4;
 const LEAF_ROOM: usize = 4096 - 4;
 /// redb's end offsets of a pair's key and value in a leaf.
 const SLOT_OVERHEAD: usize = 8;
-/// Pieces a leaf holds.
-const PER_LEAF: usize = 4;
+/// The most pieces a leaf holds (each value's choice ranges from one to this many).
+const MAX_PER_LEAF: usize = 8;
 /// Keys longer than this keep their values whole (a revision's key is 17 or 18 bytes).
 const MAX_KEY: usize = 64;
 
-/// The bytes of each piece of a value under a key of `key_len` bytes (the last piece may be
-/// shorter): four such pairs fill a leaf. 994 for a revision's 17 bytes.
-pub(crate) fn piece_len(key_len: usize) -> usize {
-    LEAF_ROOM / PER_LEAF - SLOT_OVERHEAD - NUMBER_LEN - key_len
+/// The bytes of a piece under a key of `key_len` bytes such that `per_leaf` of them fill a
+/// leaf: 994 for a revision's 17 bytes, four to a leaf.
+fn filling(key_len: usize, per_leaf: usize) -> usize {
+    LEAF_ROOM / per_leaf - SLOT_OVERHEAD - NUMBER_LEN - key_len
+}
+
+/// The bytes of each piece of a value of `len` bytes under a key of `key_len` bytes (its last
+/// piece may be shorter, and takes a whole slot of its leaf): of the sizes that fill a leaf
+/// (one to eight to a leaf), the one whose slots take the fewest leaves, and of those the
+/// longest. A revision of 10,240 bytes: four to a leaf it takes 11 slots, 2.75 leaves; three
+/// to a leaf, 8 slots, 2.67.
+pub(crate) fn piece_len(key_len: usize, len: usize) -> usize {
+    let mut best = (filling(key_len, 1), len.div_ceil(filling(key_len, 1)), 1);
+    for per_leaf in 2..=MAX_PER_LEAF {
+        let piece = filling(key_len, per_leaf);
+        let slots = len.div_ceil(piece);
+        // slots / per_leaf < best slots / best per_leaf
+        if slots * best.2 < best.1 * per_leaf {
+            best = (piece, slots, per_leaf);
+        }
+    }
+    best.0
 }
 
 /// Whether `value`, under `key` of `bucket`, is stored in pieces: a value of the `key` bucket
-/// longer than two pieces. Shorter ones share a leaf whole as well as in pieces (two of
-/// 1,988 bytes fill a leaf either way).
+/// longer than two pieces of four to a leaf (1,988 bytes under a revision's key). Shorter
+/// ones share a leaf whole as well as in pieces (two of 1,988 bytes fill a leaf either way).
 pub(crate) fn cut(bucket: Bucket, key: &[u8], value: &[u8]) -> bool {
-    bucket == Bucket::KEY && key.len() <= MAX_KEY && value.len() > 2 * piece_len(key.len())
+    bucket == Bucket::KEY && key.len() <= MAX_KEY && value.len() > 2 * filling(key.len(), 4)
 }
 
 /// The head stored at the key of a value of `len` bytes.
@@ -110,7 +132,7 @@ pub(crate) fn pieces<'v>(
 ) -> impl Iterator<Item = (PieceKey, &'v [u8])> {
     let key = PieceKey::new(key, 0);
     value
-        .chunks(piece_len(key.len - NUMBER_LEN))
+        .chunks(piece_len(key.len - NUMBER_LEN, value.len()))
         .enumerate()
         .map(move |(number, piece)| {
             let mut piece_key = PieceKey {
@@ -125,7 +147,7 @@ pub(crate) fn pieces<'v>(
 
 /// How many pieces a value of `len` bytes under a key of `key_len` bytes is cut into.
 pub(crate) fn count(key_len: usize, len: usize) -> u32 {
-    u32::try_from(len.div_ceil(piece_len(key_len))).unwrap_or(u32::MAX)
+    u32::try_from(len.div_ceil(piece_len(key_len, len))).unwrap_or(u32::MAX)
 }
 
 /// Joins the pieces of the value of `len` bytes under `key` from `table` into `out` (cleared
@@ -211,18 +233,19 @@ impl Walk {
     }
 }
 
-/// Removes the pieces of a value of `len` bytes under `key` from `table`.
+/// Removes the pieces of the value under `key` from `table` (however they were cut).
 pub(crate) fn remove(
     table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
     key: &[u8],
-    len: usize,
 ) -> Result<()> {
-    for number in 0..count(key.len(), len) {
-        table
-            .remove(PieceKey::new(key, number).as_slice())
-            .map_err(Error::storage)?;
-    }
-    Ok(())
+    let first = PieceKey::new(key, 0);
+    let last = PieceKey::new(key, u32::MAX);
+    // A longer key that begins with this one has its pieces among these.
+    table
+        .retain_in(first.as_slice()..=last.as_slice(), |piece_key, _| {
+            piece_key.len() != first.len
+        })
+        .map_err(Error::storage)
 }
 
 /// Writes `value` under `key` into `table` (the bucket's, open for writing) and `pieces`:
@@ -249,8 +272,8 @@ pub(crate) fn insert<'t>(
             *pieces = Some(tx.open_table(TABLE).map_err(Error::storage)?);
         }
         if let Some(pieces) = pieces.as_mut() {
-            if let Some((Some(old_len), _)) = old {
-                remove(pieces, key, old_len)?;
+            if let Some((Some(_), _)) = old {
+                remove(pieces, key)?;
             }
             if long {
                 for (piece_key, piece) in self::pieces(key, value) {
@@ -269,12 +292,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn four_pieces_of_a_revision_fill_a_leaf() {
+    fn pieces_fill_a_leaf_in_the_fewest_leaves() {
         let key_len = 17;
-        let piece = piece_len(key_len);
-        assert_eq!(piece, 994);
-        let pairs = PER_LEAF * (SLOT_OVERHEAD + key_len + NUMBER_LEN + piece);
-        assert_eq!(4 + pairs, 4096);
+        for per_leaf in 1..=MAX_PER_LEAF {
+            let pairs = per_leaf * (SLOT_OVERHEAD + key_len + NUMBER_LEN + filling(17, per_leaf));
+            assert!(
+                4 + pairs <= 4096 && 4096 - 4 - pairs < per_leaf,
+                "{per_leaf}"
+            );
+        }
+        assert_eq!(filling(key_len, 4), 994);
+        // 10,240 bytes: 13 of 789 (five to a leaf: 2.6 leaves), not 11 of 994 (four to a
+        // leaf: 2.75) nor 8 of 1,335 (2.67).
+        assert_eq!(piece_len(key_len, 10_240), 789);
+        assert_eq!(count(key_len, 10_240), 13);
+        // 4,000 bytes: one leaf, in one piece (the longest of the sizes that take one).
+        assert_eq!(count(key_len, 4_000), 1);
+        // 2,500 bytes: two of three to a leaf.
+        assert_eq!(piece_len(key_len, 2_500), 1_335);
     }
 
     #[test]
@@ -292,12 +327,12 @@ mod tests {
         let cut: Vec<(Vec<u8>, usize)> = pieces(&key, &[3u8; 2_500])
             .map(|(k, piece)| (k.as_slice().to_vec(), piece.len()))
             .collect();
-        assert_eq!(cut.len(), 3);
-        assert_eq!(count(17, 2_500), 3);
-        assert_eq!(cut[2].0[17..], 2u32.to_be_bytes());
+        assert_eq!(cut.len(), 2);
+        assert_eq!(count(17, 2_500), 2);
+        assert_eq!(cut[1].0[17..], 1u32.to_be_bytes());
         assert_eq!(
             cut.iter().map(|(_, len)| *len).collect::<Vec<_>>(),
-            [994, 994, 512]
+            [1_335, 1_165]
         );
     }
 }
