@@ -145,6 +145,7 @@ pub(crate) fn pieces<'v>(
         })
 }
 
+#[cfg(test)]
 /// How many pieces a value of `len` bytes under a key of `key_len` bytes is cut into.
 pub(crate) fn count(key_len: usize, len: usize) -> u32 {
     u32::try_from(len.div_ceil(piece_len(key_len, len))).unwrap_or(u32::MAX)
