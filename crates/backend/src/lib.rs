@@ -1116,14 +1116,24 @@ impl WriteTx<'_> {
             && lens.iter().map(|&(key, value)| key + value).sum::<usize>() >= APPEND_RUN_MIN_BYTES;
         // The long values' pieces (see the `pieces` module) go in through a cursor of their
         // own, when they too lie past every piece there.
-        let first_long = {
+        // The first long value's key, and whether every long value's key has its length (the
+        // pieces then ascend with the keys: a key that begins with another could put its
+        // pieces among the other's).
+        let (first_long, same_lengths) = {
             let mut at = 0;
-            lens.iter().find_map(|&(key_len, value_len)| {
+            let mut first: Option<&[u8]> = None;
+            let mut same = true;
+            for &(key_len, value_len) in lens {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
-                pieces::cut(bucket, key, value).then_some(key)
-            })
+                if pieces::cut(bucket, key, value) {
+                    let first = *first.get_or_insert(key);
+                    same &= first.len() == key.len();
+                }
+            }
+            (first, same)
         };
+        appended &= same_lengths;
         let mut pieces_table = match first_long {
             Some(_) => Some(self.tx.open_table(pieces::TABLE).map_err(Error::storage)?),
             None => None,

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use redb::{ReadableDatabase, ReadableTableMetadata};
+use redb::{ReadableDatabase, ReadableTableMetadata, TableHandle};
 
 use crate::{Bucket, Error, Result, lock};
 
@@ -259,15 +259,22 @@ fn measure(db: &redb::Database) -> Result<Fill> {
         .into_iter()
         .map(Bucket::table)
         .chain([crate::pieces::TABLE]);
-    for table in tables {
-        let table = match read.open_table(table) {
+    for definition in tables {
+        let table = match read.open_table(definition) {
             Ok(table) => table,
             Err(redb::TableError::TableDoesNotExist(_)) => continue,
             Err(e) => return Err(Error::storage(e)),
         };
         let stats = table.stats().map_err(Error::storage)?;
         fill.page_bytes += stats.stored_bytes() + stats.metadata_bytes() + stats.fragmented_bytes();
-        fill.stored_bytes += stats.stored_bytes();
+        // The stored bytes the fill is applied to count a long value whole under its key: its
+        // pieces' keys are pages' overhead here (a revision's key and the piece's number).
+        let overhead = if definition.name() == crate::pieces::TABLE.name() {
+            table.len().map_err(Error::storage)? * crate::pieces::REVISION_PIECE_KEY_LEN
+        } else {
+            0
+        };
+        fill.stored_bytes += stats.stored_bytes().saturating_sub(overhead);
     }
     Ok(fill)
 }

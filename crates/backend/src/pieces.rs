@@ -48,6 +48,12 @@ const MAX_PER_LEAF: usize = 8;
 /// Keys longer than this keep their values whole (a revision's key is 17 or 18 bytes).
 const MAX_KEY: usize = 64;
 
+/// The bytes of a piece's key under a revision's key (17 bytes), with its number.
+pub(crate) const REVISION_PIECE_KEY_LEN: u64 = 17 + NUMBER_LEN as u64;
+
+/// The most bytes a join reserves ahead (a damaged head's length is not trusted further).
+const RESERVE_MAX: usize = 16 << 20;
+
 /// The bytes of a piece under a key of `key_len` bytes such that `per_leaf` of them fill a
 /// leaf: 994 for a revision's 17 bytes, four to a leaf.
 fn filling(key_len: usize, per_leaf: usize) -> usize {
@@ -160,7 +166,7 @@ pub(crate) fn join_into(
     out: &mut Vec<u8>,
 ) -> Result<()> {
     out.clear();
-    out.reserve(len);
+    out.reserve(len.min(RESERVE_MAX));
     let first = PieceKey::new(key, 0);
     let last = PieceKey::new(key, u32::MAX);
     for item in table
@@ -210,7 +216,7 @@ impl Walk {
     /// pieces among them, an error), they are looked up.
     pub(crate) fn join_into(&mut self, key: &[u8], len: usize, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
-        out.reserve(len);
+        out.reserve(len.min(RESERVE_MAX));
         let first = PieceKey::new(key, 0);
         let last = PieceKey::new(key, u32::MAX);
         while let Some(Ok((piece_key, _))) = self.pieces.peek() {
