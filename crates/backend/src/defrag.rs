@@ -319,13 +319,10 @@ pub(crate) fn copy_changes(
         let mut target = tx.open_table(definition).map_err(Error::storage)?;
         // The `key` bucket's long values: a changed key's pieces are copied with its head.
         let (source_pieces, mut target_pieces) = if bucket == Bucket::KEY.name() {
-            let source = match read.open_table(pieces::TABLE) {
-                Ok(table) => Some(table),
-                Err(redb::TableError::TableDoesNotExist(_)) => None,
-                Err(e) => return Err(Error::storage(e)),
-            };
-            let target = tx.open_table(pieces::TABLE).map_err(Error::storage)?;
-            (source, Some(target))
+            (
+                pieces::ReadPieces::open(read)?,
+                Some(pieces::WritePieces::open(&tx)?),
+            )
         } else {
             (None, None)
         };
@@ -351,19 +348,15 @@ pub(crate) fn copy_changes(
                 continue;
             };
             if had_pieces {
-                pieces::remove(target_pieces, key)?;
+                target_pieces.remove(key)?;
             }
             if let Some(len) = new_len {
                 let Some(source_pieces) = &source_pieces else {
                     return Err(Error::MissingPieces { len, found: 0 });
                 };
                 let mut joined = Vec::new();
-                pieces::join_into(source_pieces, key, len, &mut joined)?;
-                for (piece_key, piece) in pieces::pieces(key, &joined) {
-                    target_pieces
-                        .insert(piece_key.as_slice(), piece)
-                        .map_err(Error::storage)?;
-                }
+                source_pieces.join_into(key, len, &mut joined)?;
+                target_pieces.insert(key, &joined)?;
             }
         }
     }

@@ -390,7 +390,7 @@ impl Backend {
         for bucket in Bucket::ALL {
             tx.tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
-        tx.tx.open_table(pieces::TABLE).map_err(Error::storage)?;
+        pieces::WritePieces::open(&tx.tx)?;
         let stored = match tx.recorded_stored_bytes()? {
             Some(bytes) => {
                 match tx.recorded_fill()? {
@@ -746,7 +746,7 @@ impl Backend {
         for bucket in Bucket::ALL {
             tx.open_table(bucket.table()).map_err(Error::storage)?;
         }
-        tx.open_table(pieces::TABLE).map_err(Error::storage)?;
+        pieces::WritePieces::open(&tx)?;
         // An image our backend wrote (a received snapshot's import) records its stored bytes:
         // they are read, with the kept keys' change, rather than every pair of the image
         // counted here (a second of a member's apply per GiB, which its peers would see as
@@ -840,11 +840,7 @@ impl Backend {
         if let Some(changed) = &tx.changed {
             changed.borrow_mut().everything();
         }
-        let source_pieces = match source_tx.open_table(pieces::TABLE) {
-            Ok(table) => Some(table),
-            Err(redb::TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(Error::storage(e)),
-        };
+        let source_pieces = pieces::ReadPieces::open(&source_tx)?;
         let mut joined = Vec::new();
         for bucket in Bucket::ALL {
             tx.clear(bucket)?;
@@ -934,7 +930,7 @@ fn pair_at(bytes: &[u8], at: usize, key_len: usize, value_len: usize) -> (&[u8],
 /// The value `stored` under `key` of `bucket` stands for: itself, or when it is a head the
 /// pieces of `pieces` joined in `joined`.
 fn whole<'v>(
-    pieces: Option<&impl ReadableTable<&'static [u8], &'static [u8]>>,
+    pieces: Option<&pieces::ReadPieces>,
     bucket: Bucket,
     key: &[u8],
     stored: &'v [u8],
@@ -944,7 +940,7 @@ fn whole<'v>(
         return Ok(stored);
     };
     match pieces {
-        Some(table) => pieces::join_into(table, key, len, joined)?,
+        Some(tables) => tables.join_into(key, len, joined)?,
         None => return Err(Error::MissingPieces { len, found: 0 }),
     }
     Ok(joined.as_slice())
@@ -1134,25 +1130,36 @@ impl WriteTx<'_> {
             (first, same)
         };
         appended &= same_lengths;
-        let mut pieces_table = match first_long {
-            Some(_) => Some(self.tx.open_table(pieces::TABLE).map_err(Error::storage)?),
+        let mut pieces_tables = match first_long {
+            Some(_) => Some(pieces::WritePieces::open(&self.tx)?),
             None => None,
         };
-        if appended
-            && let (Some(key), Some(table)) = (first_long, &pieces_table)
-            && let Some((last, _)) = table.last().map_err(Error::storage)?
-        {
-            appended = pieces::PieceKey::new(key, 0).as_slice() > last.value();
+        if appended && let (Some(key), Some(tables)) = (first_long, &pieces_tables) {
+            let first = pieces::PieceKey::new(key, 0);
+            for table in [&tables.large, &tables.small] {
+                if let Some((last, _)) = table.last().map_err(Error::storage)? {
+                    appended &= first.as_slice() > last.value();
+                }
+            }
         }
         let mut at = 0;
         if appended {
-            let mut pieces_cursor = match pieces_table.as_mut() {
-                Some(table) => Some(
-                    table
-                        .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
-                        .map_err(Error::storage)?,
+            let (mut large_cursor, mut small_cursor) = match pieces_tables.as_mut() {
+                Some(tables) => (
+                    Some(
+                        tables
+                            .large
+                            .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                            .map_err(Error::storage)?,
+                    ),
+                    Some(
+                        tables
+                            .small
+                            .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                            .map_err(Error::storage)?,
+                    ),
                 ),
-                None => None,
+                None => (None, None),
             };
             let mut cursor = table
                 .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
@@ -1161,13 +1168,19 @@ impl WriteTx<'_> {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
                 self.note(bucket, key);
-                match pieces_cursor.as_mut() {
-                    Some(pieces_cursor) if pieces::cut(bucket, key, value) => {
+                match (large_cursor.as_mut(), small_cursor.as_mut()) {
+                    (Some(large_cursor), Some(small_cursor)) if pieces::cut(bucket, key, value) => {
                         cursor
                             .insert_before(key, pieces::head(value.len()).as_slice())
                             .map_err(Error::storage)?;
-                        for (piece_key, piece) in pieces::pieces(key, value) {
-                            pieces_cursor
+                        let cut = pieces::Cut::new(key, value);
+                        for (piece_key, piece) in cut.large() {
+                            large_cursor
+                                .insert_before(piece_key.as_slice(), piece)
+                                .map_err(Error::storage)?;
+                        }
+                        for (piece_key, piece) in cut.small() {
+                            small_cursor
                                 .insert_before(piece_key.as_slice(), piece)
                                 .map_err(Error::storage)?;
                         }
@@ -1177,14 +1190,14 @@ impl WriteTx<'_> {
                 self.add((key.len() + value.len()) as i64);
             }
             cursor.close().map_err(Error::storage)?;
-            if let Some(cursor) = pieces_cursor {
-                cursor.close().map_err(Error::storage)?;
+            for pieces_cursor in [large_cursor, small_cursor].into_iter().flatten() {
+                pieces_cursor.close().map_err(Error::storage)?;
             }
         } else {
             for &(key_len, value_len) in lens {
                 let (key, value) = pair_at(bytes, at, key_len, value_len);
                 at += key_len + value_len;
-                self.insert_one(&mut table, &mut pieces_table, bucket, key, value)?;
+                self.insert_one(&mut table, &mut pieces_tables, bucket, key, value)?;
             }
         }
         self.writes.set(self.writes.get() + lens.len() as u64);
@@ -1196,7 +1209,7 @@ impl WriteTx<'_> {
     fn insert_one<'t>(
         &'t self,
         table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
-        pieces: &mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
+        pieces: &mut Option<pieces::WritePieces<'t>>,
         bucket: Bucket,
         key: &[u8],
         value: &[u8],
@@ -1212,7 +1225,7 @@ impl WriteTx<'_> {
     /// returns the whole value's length.
     fn remove_pieces<'t>(
         &'t self,
-        pieces: &mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
+        pieces: &mut Option<pieces::WritePieces<'t>>,
         bucket: Bucket,
         key: &[u8],
         stored: &[u8],
@@ -1221,10 +1234,10 @@ impl WriteTx<'_> {
             return Ok(stored.len());
         };
         if pieces.is_none() {
-            *pieces = Some(self.tx.open_table(pieces::TABLE).map_err(Error::storage)?);
+            *pieces = Some(pieces::WritePieces::open(&self.tx)?);
         }
         if let Some(table) = pieces.as_mut() {
-            pieces::remove(table, key)?;
+            table.remove(key)?;
         }
         Ok(len)
     }
@@ -1303,8 +1316,7 @@ impl WriteTx<'_> {
             bytes += (k.value().len() + pieces::stored_len(bucket, v.value())) as i64;
         }
         if bucket == Bucket::KEY {
-            let mut pieces = self.tx.open_table(pieces::TABLE).map_err(Error::storage)?;
-            pieces.retain(|_, _| false).map_err(Error::storage)?;
+            pieces::WritePieces::open(&self.tx)?.clear()?;
         }
         self.add(-bytes);
         Ok(removed)
@@ -1331,9 +1343,10 @@ impl WriteTx<'_> {
         if pieces::head_len(bucket, stored.value()).is_none() {
             return Ok(Some(stored.value().to_vec()));
         }
-        let pieces = self.tx.open_table(pieces::TABLE).map_err(Error::storage)?;
         let mut joined = Vec::new();
-        whole(Some(&pieces), bucket, key, stored.value(), &mut joined)?;
+        if let Some(len) = pieces::head_len(bucket, stored.value()) {
+            pieces::WritePieces::open(&self.tx)?.join_into(key, len, &mut joined)?;
+        }
         Ok(Some(joined))
     }
 
@@ -1425,13 +1438,9 @@ impl ReadTx {
         self.tx.open_table(bucket.table()).map_err(Error::storage)
     }
 
-    /// The table of long values' pieces (see the `pieces` module), if the file has one.
-    fn pieces(&self) -> Result<Option<Table>> {
-        match self.tx.open_table(pieces::TABLE) {
-            Ok(table) => Ok(Some(table)),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-            Err(e) => Err(Error::storage(e)),
-        }
+    /// The tables of long values' pieces (see the `pieces` module), if the file has them.
+    fn pieces(&self) -> Result<Option<pieces::ReadPieces>> {
+        pieces::ReadPieces::open(&self.tx)
     }
 
     /// Read `key`.
@@ -1649,7 +1658,9 @@ impl ReadTx {
             .list_tables()
             .map_err(Error::storage)?
             .map(|t| t.name().to_string())
-            .filter(|name| name != STATS.name() && name != pieces::TABLE.name())
+            .filter(|name| {
+                name != STATS.name() && name != pieces::TABLE.name() && name != pieces::LARGE.name()
+            })
             .collect();
         names.sort();
         Ok(names)

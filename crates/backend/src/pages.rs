@@ -258,7 +258,7 @@ fn measure(db: &redb::Database) -> Result<Fill> {
     let tables = Bucket::ALL
         .into_iter()
         .map(Bucket::table)
-        .chain([crate::pieces::TABLE]);
+        .chain([crate::pieces::TABLE, crate::pieces::LARGE]);
     for definition in tables {
         let table = match read.open_table(definition) {
             Ok(table) => table,
@@ -269,7 +269,9 @@ fn measure(db: &redb::Database) -> Result<Fill> {
         fill.page_bytes += stats.stored_bytes() + stats.metadata_bytes() + stats.fragmented_bytes();
         // The stored bytes the fill is applied to count a long value whole under its key: its
         // pieces' keys are pages' overhead here (a revision's key and the piece's number).
-        let overhead = if definition.name() == crate::pieces::TABLE.name() {
+        let overhead = if definition.name() == crate::pieces::TABLE.name()
+            || definition.name() == crate::pieces::LARGE.name()
+        {
             table.len().map_err(Error::storage)? * crate::pieces::REVISION_PIECE_KEY_LEN
         } else {
             0

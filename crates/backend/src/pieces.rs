@@ -7,15 +7,24 @@
 //! 1,988 bytes ([`cut`]) is stored as a *head* at its key (a marker byte that no encoded
 //! `mvccpb.KeyValue` begins with, as protobuf has no field 0, then the value's length: nine
 //! bytes) and its bytes, cut in order, under the key followed by each piece's number
-//! (big-endian `u32`) in the table [`TABLE`] beside the bucket. Pieces are sized so that one
-//! to eight of them fill a leaf exactly (redb 4.6's leaf: a 4-byte header, then two `u32` end
-//! offsets per pair, then the keys and values: `RawLeafBuilder::required_bytes`), each value
-//! taking the size that puts it in the fewest leaves ([`piece_len`]); the pieces of
-//! consecutive revisions are consecutive keys, so the last, shorter piece of one value shares
-//! a leaf with the next value's first ones, and only part of one slot per value is lost:
-//! 2,000 revisions of 10 KiB take 1.055x their bytes in pages (whole, 1.6x). Readers join
-//! pieces without knowing their size (every key in the value's range, in order), and
-//! removals take that whole range, so the choice of sizes can change without a new format.
+//! (big-endian `u32`), in two tables beside the bucket ([`Cut`]):
+//!
+//! - *large* pieces ([`LARGE`]), each exactly filling a leaf of 2, 4, 8 or 16 pages of its
+//!   own (redb keeps a leaf of one pair whatever its size, and only that), the longest that
+//!   fits what is left, while at least two pages' worth is left;
+//! - then *small* pieces ([`TABLE`]) of what is left, sized so that one to eight of them fill a
+//!   leaf exactly, the size that puts that rest in the fewest leaves ([`piece_len`]). The small
+//!   pieces of consecutive revisions are consecutive keys of their table, so the rest of one
+//!   value shares a leaf with the next one's, and only part of one slot per value is lost.
+//!
+//! (redb 4.6's leaf: a 4-byte header, then two `u32` end offsets per pair, then the keys and
+//! values: `RawLeafBuilder::required_bytes`.) 2,000 revisions of 10 KiB take 1.038x their bytes
+//! in pages (whole, 1.6x). A value of 10 KiB is then read in two or three page reads (a leaf of
+//! two pages, and the rest's) rather than the four of small pieces alone: redb reads each
+//! page it does not cache with a call of its own, and a range of such values spent most of its
+//! time there. Readers join pieces without knowing their sizes (every key in the value's
+//! range, in order, large ones first), and removals take those whole ranges, so the choice of
+//! sizes can change without a new format.
 //!
 //! Above the tables nothing sees a piece: the batches held in memory keep whole values, and
 //! every read of the file (gets, ranges, hashes, transfers, the bbolt export, `last`) joins
@@ -29,9 +38,14 @@ use redb::{ReadableTable, TableDefinition};
 
 use crate::{Bucket, Error, Result};
 
-/// The pieces of every long value, under its key and the piece's number.
+/// The small pieces of every long value (several to a leaf), under its key and the piece's
+/// number.
 pub(crate) const TABLE: TableDefinition<'static, &'static [u8], &'static [u8]> =
     TableDefinition::new("etcd-rs.pieces");
+/// The large pieces of every long value (each a leaf of its own), under its key and the
+/// piece's number.
+pub(crate) const LARGE: TableDefinition<'static, &'static [u8], &'static [u8]> =
+    TableDefinition::new("etcd-rs.large");
 
 /// The first byte of a head (an encoded `mvccpb.KeyValue` begins with its field 1's tag).
 const MARK: u8 = 0;
@@ -45,6 +59,8 @@ const LEAF_ROOM: usize = 4096 - 4;
 const SLOT_OVERHEAD: usize = 8;
 /// The most pieces a leaf holds (each value's choice ranges from one to this many).
 const MAX_PER_LEAF: usize = 8;
+/// The most pages of a leaf that holds a large piece alone.
+const LARGE_MAX_PAGES: usize = 16;
 /// Keys longer than this keep their values whole (a revision's key is 17 or 18 bytes).
 const MAX_KEY: usize = 64;
 
@@ -131,42 +147,105 @@ impl PieceKey {
     }
 }
 
-/// The pieces of `value` under `key`, in order, with their keys.
-pub(crate) fn pieces<'v>(
-    key: &[u8],
+/// The bytes of a large piece under a key of `key_len` bytes that fills a leaf of `pages`
+/// pages alone: 8,159 for a revision's key and two pages.
+fn alone(key_len: usize, pages: usize) -> usize {
+    pages * 4096 - 4 - SLOT_OVERHEAD - NUMBER_LEN - key_len
+}
+
+/// The longest large piece no longer than `left` bytes (a leaf of 2, 4, 8 or 16 pages alone),
+/// if there is one.
+fn large_len(key_len: usize, left: usize) -> Option<usize> {
+    let mut best = None;
+    let mut pages = 2;
+    while pages <= LARGE_MAX_PAGES && alone(key_len, pages) <= left {
+        best = Some(alone(key_len, pages));
+        pages *= 2;
+    }
+    best
+}
+
+/// The bytes of `len` that go in large pieces: each the longest that fits what is left.
+fn large_bytes(key_len: usize, len: usize) -> usize {
+    let mut at = 0;
+    while let Some(piece) = large_len(key_len, len - at) {
+        at += piece;
+    }
+    at
+}
+
+/// The piece after `key`'s template numbered `number`.
+fn numbered(template: &PieceKey, number: usize) -> PieceKey {
+    let mut key = PieceKey {
+        bytes: template.bytes,
+        len: template.len,
+    };
+    let at = template.len - NUMBER_LEN;
+    key.bytes[at..template.len].copy_from_slice(&(number as u32).to_be_bytes());
+    key
+}
+
+/// How a long value is cut: large pieces, each a leaf of its own (`LARGE`), then what is left
+/// in small pieces (`TABLE`), both in order with their keys.
+pub(crate) struct Cut<'v> {
+    key: PieceKey,
     value: &'v [u8],
-) -> impl Iterator<Item = (PieceKey, &'v [u8])> {
-    let key = PieceKey::new(key, 0);
-    value
-        .chunks(piece_len(key.len - NUMBER_LEN, value.len()))
-        .enumerate()
-        .map(move |(number, piece)| {
-            let mut piece_key = PieceKey {
-                bytes: key.bytes,
-                len: key.len,
-            };
-            let at = key.len - NUMBER_LEN;
-            piece_key.bytes[at..key.len].copy_from_slice(&(number as u32).to_be_bytes());
-            (piece_key, piece)
+    large_end: usize,
+}
+
+impl<'v> Cut<'v> {
+    /// The cut of `value` under `key` (at most [`MAX_KEY`] bytes).
+    pub(crate) fn new(key: &[u8], value: &'v [u8]) -> Cut<'v> {
+        let key = PieceKey::new(key, 0);
+        let large_end = large_bytes(key.len - NUMBER_LEN, value.len());
+        Cut {
+            key,
+            value,
+            large_end,
+        }
+    }
+
+    /// The large pieces.
+    pub(crate) fn large(&self) -> impl Iterator<Item = (PieceKey, &'v [u8])> + '_ {
+        let key_len = self.key.len - NUMBER_LEN;
+        let value = self.value;
+        let mut at = 0;
+        let mut number = 0;
+        std::iter::from_fn(move || {
+            let piece = large_len(key_len, value.len() - at)?;
+            let item = (numbered(&self.key, number), &value[at..at + piece]);
+            at += piece;
+            number += 1;
+            Some(item)
         })
+    }
+
+    /// The small pieces (what the large ones leave).
+    pub(crate) fn small(&self) -> impl Iterator<Item = (PieceKey, &'v [u8])> + '_ {
+        let tail = &self.value[self.large_end..];
+        let len = piece_len(self.key.len - NUMBER_LEN, tail.len()).max(1);
+        tail.chunks(len)
+            .enumerate()
+            .map(|(number, piece)| (numbered(&self.key, number), piece))
+    }
 }
 
 #[cfg(test)]
-/// How many pieces a value of `len` bytes under a key of `key_len` bytes is cut into.
-pub(crate) fn count(key_len: usize, len: usize) -> u32 {
-    u32::try_from(len.div_ceil(piece_len(key_len, len))).unwrap_or(u32::MAX)
+/// How many pieces, large and small, a value of `len` bytes under a key of `key_len` bytes is
+/// cut into.
+pub(crate) fn count(key_len: usize, len: usize) -> (u32, u32) {
+    let value = vec![0u8; len];
+    let key = vec![0u8; key_len];
+    let cut = Cut::new(&key, &value);
+    (cut.large().count() as u32, cut.small().count() as u32)
 }
 
-/// Joins the pieces of the value of `len` bytes under `key` from `table` into `out` (cleared
-/// first).
-pub(crate) fn join_into(
+/// Appends the pieces of `table` under `key` to `out`.
+fn append_range(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     key: &[u8],
-    len: usize,
     out: &mut Vec<u8>,
 ) -> Result<()> {
-    out.clear();
-    out.reserve(len.min(RESERVE_MAX));
     let first = PieceKey::new(key, 0);
     let last = PieceKey::new(key, u32::MAX);
     for item in table
@@ -179,6 +258,22 @@ pub(crate) fn join_into(
             out.extend_from_slice(piece.value());
         }
     }
+    Ok(())
+}
+
+/// Joins the pieces of the value of `len` bytes under `key` from the tables `large` and
+/// `small` into `out` (cleared first).
+pub(crate) fn join_into(
+    large: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    small: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    key: &[u8],
+    len: usize,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    out.clear();
+    out.reserve(len.min(RESERVE_MAX));
+    append_range(large, key, out)?;
+    append_range(small, key, out)?;
     if out.len() != len {
         return Err(Error::MissingPieces {
             len,
@@ -188,26 +283,84 @@ pub(crate) fn join_into(
     Ok(())
 }
 
+/// The two tables of pieces of a read transaction.
+pub(crate) struct ReadPieces {
+    large: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    small: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+}
+
+impl ReadPieces {
+    /// Both tables of `tx`, when the file has them.
+    pub(crate) fn open(tx: &redb::ReadTransaction) -> Result<Option<ReadPieces>> {
+        let open = |definition| match tx.open_table(definition) {
+            Ok(table) => Ok(Some(table)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(Error::storage(e)),
+        };
+        Ok(match (open(LARGE)?, open(TABLE)?) {
+            (Some(large), Some(small)) => Some(ReadPieces { large, small }),
+            _ => None,
+        })
+    }
+
+    /// Joins the pieces of the value of `len` bytes under `key` into `out` (cleared first).
+    pub(crate) fn join_into(&self, key: &[u8], len: usize, out: &mut Vec<u8>) -> Result<()> {
+        join_into(&self.large, &self.small, key, len, out)
+    }
+}
+
+/// One table's pieces in key order, from the pieces of the first key joined on.
+type Pieces = std::iter::Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>;
+
 /// Joins the pieces of the heads that a walk of the bucket meets in key order, from one walk
-/// of the pieces' table: a lookup each would descend its tree again for every value (a
+/// of each table of pieces: a lookup each would descend their trees again for every value (a
 /// member's start reads every revision this way, a watch's catch-up and a hash too).
 pub(crate) struct Walk {
-    table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
-    pieces: std::iter::Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>,
+    tables: ReadPieces,
+    large: Pieces,
+    small: Pieces,
+}
+
+/// Appends the pieces under `key` that `pieces` has next to `out`, skipping those before
+/// them; stops at a piece of another key.
+fn take_pieces(pieces: &mut Pieces, key: &[u8], out: &mut Vec<u8>) {
+    let first = PieceKey::new(key, 0);
+    let last = PieceKey::new(key, u32::MAX);
+    while let Some(Ok((piece_key, _))) = pieces.peek() {
+        let piece_key = piece_key.value();
+        if piece_key < first.as_slice() {
+            pieces.next();
+            continue;
+        }
+        if piece_key > last.as_slice() || piece_key.len() != first.len {
+            break;
+        }
+        match pieces.next() {
+            Some(Ok((_, piece))) => out.extend_from_slice(piece.value()),
+            _ => break,
+        }
+    }
 }
 
 impl Walk {
-    /// A walk of `table` from the pieces of `key` on.
-    pub(crate) fn new(
-        table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
-        key: &[u8],
-    ) -> Result<Walk> {
+    /// A walk of `tables` from the pieces of `key` on.
+    pub(crate) fn new(tables: ReadPieces, key: &[u8]) -> Result<Walk> {
         let first = PieceKey::new(key, 0);
-        let pieces = table
+        let large = tables
+            .large
             .range(first.as_slice()..)
             .map_err(Error::storage)?
             .peekable();
-        Ok(Walk { table, pieces })
+        let small = tables
+            .small
+            .range(first.as_slice()..)
+            .map_err(Error::storage)?
+            .peekable();
+        Ok(Walk {
+            tables,
+            large,
+            small,
+        })
     }
 
     /// Joins the pieces of the value of `len` bytes under `key` into `out` (cleared first);
@@ -217,31 +370,17 @@ impl Walk {
     pub(crate) fn join_into(&mut self, key: &[u8], len: usize, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         out.reserve(len.min(RESERVE_MAX));
-        let first = PieceKey::new(key, 0);
-        let last = PieceKey::new(key, u32::MAX);
-        while let Some(Ok((piece_key, _))) = self.pieces.peek() {
-            let piece_key = piece_key.value();
-            if piece_key < first.as_slice() {
-                self.pieces.next();
-                continue;
-            }
-            if piece_key > last.as_slice() || piece_key.len() != first.len {
-                break;
-            }
-            match self.pieces.next() {
-                Some(Ok((_, piece))) => out.extend_from_slice(piece.value()),
-                _ => break,
-            }
-        }
+        take_pieces(&mut self.large, key, out);
+        take_pieces(&mut self.small, key, out);
         if out.len() != len {
-            join_into(&self.table, key, len, out)?;
+            self.tables.join_into(key, len, out)?;
         }
         Ok(())
     }
 }
 
 /// Removes the pieces of the value under `key` from `table` (however they were cut).
-pub(crate) fn remove(
+fn remove_from(
     table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
     key: &[u8],
 ) -> Result<()> {
@@ -255,13 +394,63 @@ pub(crate) fn remove(
         .map_err(Error::storage)
 }
 
-/// Writes `value` under `key` into `table` (the bucket's, open for writing) and `pieces`:
-/// a head and its pieces when it is long, else whole. Returns the length of the value it
-/// replaced (its whole length when that was a head, whose pieces are gone too).
+/// The two tables of pieces, open in a write transaction.
+pub(crate) struct WritePieces<'t> {
+    pub(crate) large: redb::Table<'t, &'static [u8], &'static [u8]>,
+    pub(crate) small: redb::Table<'t, &'static [u8], &'static [u8]>,
+}
+
+impl<'t> WritePieces<'t> {
+    /// Both tables of `tx` (created when missing).
+    pub(crate) fn open(tx: &'t redb::WriteTransaction) -> Result<WritePieces<'t>> {
+        Ok(WritePieces {
+            large: tx.open_table(LARGE).map_err(Error::storage)?,
+            small: tx.open_table(TABLE).map_err(Error::storage)?,
+        })
+    }
+
+    /// Removes the pieces of the value under `key`.
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Result<()> {
+        remove_from(&mut self.large, key)?;
+        remove_from(&mut self.small, key)
+    }
+
+    /// Inserts the pieces of `value` under `key`.
+    pub(crate) fn insert(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        let cut = Cut::new(key, value);
+        for (piece_key, piece) in cut.large() {
+            self.large
+                .insert(piece_key.as_slice(), piece)
+                .map_err(Error::storage)?;
+        }
+        for (piece_key, piece) in cut.small() {
+            self.small
+                .insert(piece_key.as_slice(), piece)
+                .map_err(Error::storage)?;
+        }
+        Ok(())
+    }
+
+    /// Joins the pieces of the value of `len` bytes under `key` into `out` (cleared first).
+    pub(crate) fn join_into(&self, key: &[u8], len: usize, out: &mut Vec<u8>) -> Result<()> {
+        join_into(&self.large, &self.small, key, len, out)
+    }
+
+    /// Removes every piece.
+    pub(crate) fn clear(&mut self) -> Result<()> {
+        self.large.retain(|_, _| false).map_err(Error::storage)?;
+        self.small.retain(|_, _| false).map_err(Error::storage)
+    }
+}
+
+/// Writes `value` under `key` into `table` (the bucket's, open for writing) and `pieces`
+/// (opened from `tx` when first needed): a head and its pieces when it is long, else whole.
+/// Returns the length of the value it replaced (its whole length when that was a head, whose
+/// pieces are gone too).
 pub(crate) fn insert<'t>(
     bucket: Bucket,
     table: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
-    pieces: &mut Option<redb::Table<'t, &'static [u8], &'static [u8]>>,
+    pieces: &mut Option<WritePieces<'t>>,
     tx: &'t redb::WriteTransaction,
     key: &[u8],
     value: &[u8],
@@ -276,18 +465,14 @@ pub(crate) fn insert<'t>(
     let old = old.map(|old| (head_len(bucket, old.value()), old.value().len()));
     if long || matches!(old, Some((Some(_), _))) {
         if pieces.is_none() {
-            *pieces = Some(tx.open_table(TABLE).map_err(Error::storage)?);
+            *pieces = Some(WritePieces::open(tx)?);
         }
         if let Some(pieces) = pieces.as_mut() {
             if let Some((Some(_), _)) = old {
-                remove(pieces, key)?;
+                pieces.remove(key)?;
             }
             if long {
-                for (piece_key, piece) in self::pieces(key, value) {
-                    pieces
-                        .insert(piece_key.as_slice(), piece)
-                        .map_err(Error::storage)?;
-                }
+                pieces.insert(key, value)?;
             }
         }
     }
@@ -309,14 +494,34 @@ mod tests {
             );
         }
         assert_eq!(filling(key_len, 4), 994);
-        // 10,240 bytes: 13 of 789 (five to a leaf: 2.6 leaves), not 11 of 994 (four to a
-        // leaf: 2.75) nor 8 of 1,335 (2.67).
+        // 10,240 bytes in small pieces alone: 13 of 789 (five to a leaf: 2.6 leaves), not 11
+        // of 994 (four to a leaf: 2.75) nor 8 of 1,335 (2.67).
         assert_eq!(piece_len(key_len, 10_240), 789);
-        assert_eq!(count(key_len, 10_240), 13);
         // 4,000 bytes: one leaf, in one piece (the longest of the sizes that take one).
-        assert_eq!(count(key_len, 4_000), 1);
+        assert_eq!(count(key_len, 4_000), (0, 1));
         // 2,500 bytes: two of three to a leaf.
         assert_eq!(piece_len(key_len, 2_500), 1_335);
+    }
+
+    #[test]
+    fn large_pieces_fill_a_leaf_of_their_own() {
+        let key_len = 17;
+        for pages in [2, 4, 8, 16] {
+            let pair = 4 + SLOT_OVERHEAD + key_len + NUMBER_LEN + alone(key_len, pages);
+            assert_eq!(pair, pages * 4096);
+        }
+        // 10,240 bytes: 8,159 in a leaf of two pages, 2,081 in four small pieces of seven
+        // to a leaf.
+        let value = [5u8; 10_240];
+        let cut = Cut::new(&[7u8; 17], &value);
+        let large: Vec<usize> = cut.large().map(|(_, piece)| piece.len()).collect();
+        let small: Vec<usize> = cut.small().map(|(_, piece)| piece.len()).collect();
+        assert_eq!(large, [8_159]);
+        assert_eq!(small, [555, 555, 555, 416]);
+        // 100,000 bytes: leaves of 16 and 8 pages, then one small piece.
+        assert_eq!(count(key_len, 100_000), (2, 1));
+        // Exactly one large piece: no small one.
+        assert_eq!(count(key_len, 8_159), (1, 0));
     }
 
     #[test]
@@ -331,11 +536,14 @@ mod tests {
         assert_eq!(head_len(Bucket::META, &stored), None);
         // An encoded KeyValue begins with field 1's tag.
         assert_eq!(head_len(Bucket::KEY, b"\x0a\x07abcdefg"), None);
-        let cut: Vec<(Vec<u8>, usize)> = pieces(&key, &[3u8; 2_500])
+        let value = [3u8; 2_500];
+        let cut = Cut::new(&key, &value);
+        assert_eq!(cut.large().count(), 0);
+        let cut: Vec<(Vec<u8>, usize)> = cut
+            .small()
             .map(|(k, piece)| (k.as_slice().to_vec(), piece.len()))
             .collect();
         assert_eq!(cut.len(), 2);
-        assert_eq!(count(17, 2_500), 2);
         assert_eq!(cut[1].0[17..], 1u32.to_be_bytes());
         assert_eq!(
             cut.iter().map(|(_, len)| *len).collect::<Vec<_>>(),

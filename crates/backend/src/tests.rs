@@ -897,22 +897,29 @@ fn patterned(seed: u32, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Checks that the pieces' table holds exactly the pieces of the heads in the `key` bucket's
-/// file table (none left behind by an overwrite or a removal); returns how many.
-fn pieces_match_heads(backend: &Backend) -> u64 {
+/// Checks that the tables of pieces hold exactly the pieces of the heads in the `key`
+/// bucket's file table (none left behind by an overwrite or a removal); returns how many
+/// large and small pieces they hold.
+fn pieces_match_heads(backend: &Backend) -> (u64, u64) {
     let read = backend.read().unwrap();
     let table = read.tx.open_table(Bucket::KEY.table()).unwrap();
-    let pieces = read.tx.open_table(pieces::TABLE).unwrap();
-    let mut expected = 0u64;
+    let tables = pieces::ReadPieces::open(&read.tx).unwrap().unwrap();
+    let mut expected = (0u64, 0u64);
     let mut joined = Vec::new();
     for item in table.iter().unwrap() {
         let (key, value) = item.unwrap();
         if let Some(len) = pieces::head_len(Bucket::KEY, value.value()) {
-            expected += u64::from(pieces::count(key.value().len(), len));
-            pieces::join_into(&pieces, key.value(), len, &mut joined).unwrap();
+            let (large, small) = pieces::count(key.value().len(), len);
+            expected.0 += u64::from(large);
+            expected.1 += u64::from(small);
+            tables.join_into(key.value(), len, &mut joined).unwrap();
         }
     }
-    assert_eq!(pieces.len().unwrap(), expected, "pieces without a head");
+    let held = (
+        read.tx.open_table(pieces::LARGE).unwrap().len().unwrap(),
+        read.tx.open_table(pieces::TABLE).unwrap().len().unwrap(),
+    );
+    assert_eq!(held, expected, "pieces without a head");
     expected
 }
 
@@ -1020,9 +1027,9 @@ fn long_values_are_kept_in_pieces_and_read_whole() {
     backend.write().unwrap().commit(true).unwrap();
     reads_whole(&backend, &pairs);
     let cut = pieces_match_heads(&backend);
-    // 1,989 (1: two to a leaf), 2,500 (2), 10,240 (13), 100,000 (25), 3,977 (1);
-    // 50 of 10,240, 50 of 3,000 (4), 50 of 25,000 (19).
-    assert_eq!(cut, 1 + 2 + 13 + 25 + 1 + 50 * (13 + 4 + 19));
+    // Large and small: 1,989 (0, 1), 2,500 (0, 2), 10,240 (1, 4), 100,000 (2, 1: of 16 and
+    // 8 pages), 3,977 (0, 1); 50 of 10,240, 50 of 3,000 (0, 4), 50 of 25,000 (2, 1).
+    assert_eq!(cut, (3 + 50 * 3, 9 + 50 * (4 + 4 + 1)));
 
     // A snapshot, a restored image and a stream of pairs carry them whole.
     let snapshot = backend.snapshot().unwrap();
@@ -1100,7 +1107,7 @@ fn overwrites_and_removals_of_long_values_take_their_pieces_along() {
     tx.commit(true).unwrap();
     pairs.clear();
     reads_whole(&backend, &pairs);
-    assert_eq!(pieces_match_heads(&backend), 0);
+    assert_eq!(pieces_match_heads(&backend), (0, 0));
 }
 
 #[test]
@@ -1130,7 +1137,7 @@ fn a_whole_long_value_of_an_older_file_reads_as_it_was() {
             .as_ref(),
         pairs.get(&revision_key(1))
     );
-    assert_eq!(pieces_match_heads(&backend), 0);
+    assert_eq!(pieces_match_heads(&backend), (0, 0));
     // Written again, it is cut.
     let new = patterned(2, 12_000);
     let tx = backend.write().unwrap();
@@ -1139,7 +1146,7 @@ fn a_whole_long_value_of_an_older_file_reads_as_it_was() {
     pairs.insert(revision_key(1), new);
     backend.write().unwrap().commit(true).unwrap();
     reads_whole(&backend, &pairs);
-    assert_eq!(pieces_match_heads(&backend), 3);
+    assert_eq!(pieces_match_heads(&backend), (1, 1));
 }
 
 #[test]
@@ -1232,18 +1239,19 @@ fn long_values_fill_their_pages() {
         backend.write().unwrap().commit(true).unwrap();
     }
     let read = backend.read().unwrap();
-    let mut pages = 0;
-    for table in [Bucket::KEY.table(), pieces::TABLE] {
+    // The bytes of their pages (a leaf of a large piece is several pages).
+    let mut bytes = 0;
+    for table in [Bucket::KEY.table(), pieces::TABLE, pieces::LARGE] {
         let stats = read.tx.open_table(table).unwrap().stats().unwrap();
-        pages += stats.leaf_pages() + stats.branch_pages();
+        bytes += stats.stored_bytes() + stats.metadata_bytes() + stats.fragmented_bytes();
     }
     let data = 2_000 * (17 + 10_240);
-    let ratio = (pages * 4096) as f64 / data as f64;
-    // Thirteen pieces, five to a leaf: 2.6 pages a value (5,200 leaves, 1.04x), and the
-    // heads' and branch pages: 1.055x measured.
+    let ratio = bytes as f64 / data as f64;
+    // A leaf of two pages and four small pieces of seven to a leaf: 2.57 pages a value
+    // (1.03x), and the heads' and branch pages: 1.038x measured.
     assert!(
-        ratio <= 1.07,
-        "{pages} pages for 2,000 values of 10 KiB: {ratio:.3}x"
+        ratio <= 1.05,
+        "{bytes} bytes of pages for 2,000 values of 10 KiB: {ratio:.3}x"
     );
 }
 
@@ -1254,17 +1262,17 @@ fn long_values_fill_their_pages() {
 fn a_walk_joins_the_pieces_of_keys_that_begin_with_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Backend::open(&dir.path().join("db")).unwrap();
-    let keys: [&[u8]; 4] = [&[1, 2, 3], &[1, 2, 3, 0, 0, 0, 2], &[1, 2, 4], &[1, 2, 5]];
+    let keys: [&[u8]; 4] = [&[1, 2, 3], &[1, 2, 3, 0, 0, 0, 0], &[1, 2, 4], &[1, 2, 5]];
     let mut pairs = std::collections::BTreeMap::new();
     let tx = backend.write().unwrap();
     for (i, key) in keys.iter().enumerate() {
-        let value = patterned(i as u32, 10_000 - i * 1_000);
+        let value = patterned(i as u32, [100_000, 9_000, 8_000, 7_000][i]);
         tx.put(Bucket::KEY, key, &value).unwrap();
         pairs.insert(key.to_vec(), value);
     }
     tx.commit(true).unwrap();
-    // The first key's fourth piece sorts after every piece of the second.
-    assert!(pieces::count(3, 10_000) > 3);
+    // The first key's second large piece sorts after every large piece of the second.
+    assert!(pieces::count(3, 100_000).0 > 1);
     reads_whole(&backend, &pairs);
     let batch = backend.batch();
     batch.put(Bucket::KEY, keys[2], b"newer").unwrap();
