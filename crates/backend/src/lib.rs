@@ -1443,6 +1443,33 @@ impl ReadTx {
         pieces::ReadPieces::open(&self.tx)
     }
 
+    /// The value `stored` under `key` stands for, its pieces joined in `joined` through
+    /// `walk` (begun at the first head) when it is a head: for readers that meet many keys in
+    /// order.
+    fn walk_whole<'v>(
+        &self,
+        walk: &mut Option<pieces::Walk>,
+        bucket: Bucket,
+        key: &[u8],
+        stored: &'v [u8],
+        joined: &'v mut Vec<u8>,
+    ) -> Result<&'v [u8]> {
+        let Some(len) = pieces::head_len(bucket, stored) else {
+            return Ok(stored);
+        };
+        let walk = match walk {
+            Some(walk) => walk,
+            None => {
+                let Some(tables) = self.pieces()? else {
+                    return Err(Error::MissingPieces { len, found: 0 });
+                };
+                walk.insert(pieces::Walk::new(tables))
+            }
+        };
+        walk.join_into(key, len, joined)?;
+        Ok(joined.as_slice())
+    }
+
     /// Read `key`.
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.layers.lookup(bucket, key) {
@@ -1477,7 +1504,7 @@ impl ReadTx {
         mut visit: impl FnMut(&[u8], Option<&[u8]>) -> bool,
     ) -> Result<()> {
         let table = self.table(bucket)?;
-        let mut pieces = None;
+        let mut walk = None;
         let mut joined = Vec::new();
         for key in keys {
             let key = key.as_ref();
@@ -1486,11 +1513,8 @@ impl ReadTx {
                 batch::Seen::Gone => visit(key, None),
                 batch::Seen::Unknown => match table.get(key).map_err(Error::storage)? {
                     Some(stored) => {
-                        let stored = stored.value();
-                        if pieces.is_none() && pieces::head_len(bucket, stored).is_some() {
-                            pieces = self.pieces()?;
-                        }
-                        let value = whole(pieces.as_ref(), bucket, key, stored, &mut joined)?;
+                        let value =
+                            self.walk_whole(&mut walk, bucket, key, stored.value(), &mut joined)?;
                         visit(key, Some(value))
                     }
                     None => visit(key, None),
@@ -1516,7 +1540,7 @@ impl ReadTx {
         let mut newer = newer.into_iter().peekable();
         if !cleared {
             let table = self.table(bucket)?;
-            let mut walk: Option<pieces::Walk> = None;
+            let mut walk = None;
             let mut joined = Vec::new();
             let iter = match end {
                 Some(end) => table.range(start..end),
@@ -1540,23 +1564,7 @@ impl ReadTx {
                 if theirs {
                     continue;
                 }
-                let stored = value.value();
-                let value = match pieces::head_len(bucket, stored) {
-                    Some(len) => {
-                        let walk = match walk.as_mut() {
-                            Some(walk) => walk,
-                            None => {
-                                let Some(table) = self.pieces()? else {
-                                    return Err(Error::MissingPieces { len, found: 0 });
-                                };
-                                walk.insert(pieces::Walk::new(table, key)?)
-                            }
-                        };
-                        walk.join_into(key, len, &mut joined)?;
-                        joined.as_slice()
-                    }
-                    None => stored,
-                };
+                let value = self.walk_whole(&mut walk, bucket, key, value.value(), &mut joined)?;
                 if !visit(key, value) {
                     return Ok(());
                 }

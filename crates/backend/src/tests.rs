@@ -977,6 +977,17 @@ fn reads_whole(backend: &Backend, pairs: &std::collections::BTreeMap<Vec<u8>, Ve
     })
     .unwrap();
     assert!(each == expected, "get_each read other values");
+    // Keys behind the walk, and far ahead of it.
+    let mut order: Vec<&Vec<u8>> = pairs.keys().rev().collect();
+    order.extend(pairs.keys().step_by(20));
+    let mut each = Vec::new();
+    read.get_each(Bucket::KEY, order.iter(), |_, value| {
+        each.push(value.map(<[u8]>::to_vec));
+        true
+    })
+    .unwrap();
+    let wanted: Vec<Option<Vec<u8>>> = order.iter().map(|key| pairs.get(*key).cloned()).collect();
+    assert!(each == wanted, "get_each out of order read other values");
     assert_eq!(
         read.last(Bucket::KEY).unwrap(),
         pairs.last_key_value().map(|(k, v)| (k.clone(), v.clone()))
