@@ -245,13 +245,18 @@ fn append_range(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     key: &[u8],
     out: &mut Vec<u8>,
+    until: usize,
 ) -> Result<()> {
     let first = PieceKey::new(key, 0);
     let last = PieceKey::new(key, u32::MAX);
-    for item in table
+    let mut pieces = table
         .range(first.as_slice()..=last.as_slice())
-        .map_err(Error::storage)?
-    {
+        .map_err(Error::storage)?;
+    // Not one step past the bytes expected: the next piece may be another leaf to read.
+    while out.len() < until {
+        let Some(item) = pieces.next() else {
+            break;
+        };
         let (piece_key, piece) = item.map_err(Error::storage)?;
         // A longer key that begins with this one has its pieces among these.
         if piece_key.value().len() == first.len {
@@ -262,7 +267,9 @@ fn append_range(
 }
 
 /// Joins the pieces of the value of `len` bytes under `key` from the tables `large` and
-/// `small` into `out` (cleared first).
+/// `small` into `out` (cleared first). Each table is read up to the bytes the cut of today
+/// puts there (a range stepping past them would read the next value's leaf), and both whole
+/// when that does not join the value (pieces cut otherwise).
 pub(crate) fn join_into(
     large: &impl ReadableTable<&'static [u8], &'static [u8]>,
     small: &impl ReadableTable<&'static [u8], &'static [u8]>,
@@ -272,8 +279,13 @@ pub(crate) fn join_into(
 ) -> Result<()> {
     out.clear();
     out.reserve(len.min(RESERVE_MAX));
-    append_range(large, key, out)?;
-    append_range(small, key, out)?;
+    append_range(large, key, out, large_bytes(key.len(), len))?;
+    append_range(small, key, out, len)?;
+    if out.len() != len {
+        out.clear();
+        append_range(large, key, out, usize::MAX)?;
+        append_range(small, key, out, usize::MAX)?;
+    }
     if out.len() != len {
         return Err(Error::MissingPieces {
             len,
@@ -312,9 +324,11 @@ impl ReadPieces {
 /// One table's pieces in key order, from the pieces of a key joined on.
 type Pieces = std::iter::Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>;
 
-/// Pieces of other keys a walk steps over before it seeks the key's own instead (a descent of
-/// the table's tree).
-const SKIP_MAX: usize = 16;
+/// Pieces of other keys a walk steps over in the table of small pieces before it seeks the
+/// key's own instead (a descent of the table's tree; a few pieces share a leaf). In the
+/// table of large pieces each step is a leaf to read: a key whose pieces are not next is
+/// sought.
+const SKIP_MAX: usize = 4;
 
 /// Joins the pieces of the heads a reader meets in key order from one walk of each table of
 /// pieces, rather than a lookup each, which would descend their trees again for every value
@@ -340,15 +354,23 @@ enum Taken {
 }
 
 /// Appends the pieces under `key` that `pieces` has next to `out`, skipping at most
-/// [`SKIP_MAX`] before them; stops at a piece of another key.
-fn take_pieces(pieces: &mut Pieces, key: &[u8], out: &mut Vec<u8>) -> Taken {
+/// `skip_max` before them, until `out` holds `until` bytes; stops at a piece of another key.
+fn take_pieces(
+    pieces: &mut Pieces,
+    key: &[u8],
+    out: &mut Vec<u8>,
+    until: usize,
+    skip_max: usize,
+) -> Taken {
     let first = PieceKey::new(key, 0);
     let last = PieceKey::new(key, u32::MAX);
     let mut skipped = 0;
-    while let Some(Ok((piece_key, _))) = pieces.peek() {
+    while out.len() < until
+        && let Some(Ok((piece_key, _))) = pieces.peek()
+    {
         let piece_key = piece_key.value();
         if piece_key < first.as_slice() {
-            if skipped == SKIP_MAX {
+            if skipped == skip_max {
                 return Taken::Far;
             }
             skipped += 1;
@@ -374,10 +396,11 @@ fn walk_to(
     behind: bool,
     key: &[u8],
     out: &mut Vec<u8>,
+    (until, skip_max): (usize, usize),
 ) -> Result<()> {
     let start = out.len();
     if !behind && let Some(pieces) = walk.as_mut() {
-        match take_pieces(pieces, key, out) {
+        match take_pieces(pieces, key, out, until, skip_max) {
             Taken::Here => return Ok(()),
             Taken::Far => out.truncate(start),
         }
@@ -389,7 +412,7 @@ fn walk_to(
             .map_err(Error::storage)?
             .peekable(),
     );
-    take_pieces(pieces, key, out);
+    take_pieces(pieces, key, out, until, 0);
     Ok(())
 }
 
@@ -411,8 +434,23 @@ impl Walk {
         out.clear();
         out.reserve(len.min(RESERVE_MAX));
         let behind = key <= self.last.as_slice();
-        walk_to(&self.tables.large, &mut self.large, behind, key, out)?;
-        walk_to(&self.tables.small, &mut self.small, behind, key, out)?;
+        let large = large_bytes(key.len(), len);
+        walk_to(
+            &self.tables.large,
+            &mut self.large,
+            behind,
+            key,
+            out,
+            (large, 0),
+        )?;
+        walk_to(
+            &self.tables.small,
+            &mut self.small,
+            behind,
+            key,
+            out,
+            (len, SKIP_MAX),
+        )?;
         self.last.clear();
         self.last.extend_from_slice(key);
         if out.len() != len {
