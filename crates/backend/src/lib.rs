@@ -1433,6 +1433,23 @@ pub struct ReadTx {
 
 type Table = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 
+/// A value as a reader meets it: whole, from a batch not yet in the file, or as the file
+/// stores it (maybe a head of pieces).
+enum Met<'a> {
+    Whole(&'a [u8]),
+    Stored(&'a [u8]),
+}
+
+impl Met<'_> {
+    /// The length of the value it stands for.
+    fn len(&self, bucket: Bucket) -> usize {
+        match self {
+            Met::Whole(value) => value.len(),
+            Met::Stored(stored) => pieces::stored_len(bucket, stored),
+        }
+    }
+}
+
 impl ReadTx {
     fn table(&self, bucket: Bucket) -> Result<Table> {
         self.tx.open_table(bucket.table()).map_err(Error::storage)
@@ -1496,28 +1513,56 @@ impl ReadTx {
     }
 
     /// Look up each of `keys` in `bucket` under one open table, handing `visit` the key and
-    /// its value as stored (no copy), until `visit` returns `false`.
+    /// its value (as stored, without a copy, unless it was stored in pieces), until `visit`
+    /// returns `false`.
     pub fn get_each<K: AsRef<[u8]>>(
         &self,
         bucket: Bucket,
         keys: impl IntoIterator<Item = K>,
         mut visit: impl FnMut(&[u8], Option<&[u8]>) -> bool,
     ) -> Result<()> {
-        let table = self.table(bucket)?;
         let mut walk = None;
         let mut joined = Vec::new();
+        self.get_each_met(bucket, keys, |key, met| {
+            let value = match met {
+                Some(Met::Whole(value)) => Some(value),
+                Some(Met::Stored(stored)) => {
+                    Some(self.walk_whole(&mut walk, bucket, key, stored, &mut joined)?)
+                }
+                None => None,
+            };
+            Ok(visit(key, value))
+        })
+    }
+
+    /// [`Self::get_each`] handing `visit` each value's length only (a value stored in pieces
+    /// is not read).
+    pub fn get_each_len<K: AsRef<[u8]>>(
+        &self,
+        bucket: Bucket,
+        keys: impl IntoIterator<Item = K>,
+        mut visit: impl FnMut(&[u8], Option<usize>) -> bool,
+    ) -> Result<()> {
+        self.get_each_met(bucket, keys, |key, met| {
+            Ok(visit(key, met.map(|met| met.len(bucket))))
+        })
+    }
+
+    fn get_each_met<K: AsRef<[u8]>>(
+        &self,
+        bucket: Bucket,
+        keys: impl IntoIterator<Item = K>,
+        mut visit: impl FnMut(&[u8], Option<Met<'_>>) -> Result<bool>,
+    ) -> Result<()> {
+        let table = self.table(bucket)?;
         for key in keys {
             let key = key.as_ref();
             let go_on = match self.layers.lookup(bucket, key) {
-                batch::Seen::Value(value) => visit(key, Some(value)),
-                batch::Seen::Gone => visit(key, None),
+                batch::Seen::Value(value) => visit(key, Some(Met::Whole(value)))?,
+                batch::Seen::Gone => visit(key, None)?,
                 batch::Seen::Unknown => match table.get(key).map_err(Error::storage)? {
-                    Some(stored) => {
-                        let value =
-                            self.walk_whole(&mut walk, bucket, key, stored.value(), &mut joined)?;
-                        visit(key, Some(value))
-                    }
-                    None => visit(key, None),
+                    Some(stored) => visit(key, Some(Met::Stored(stored.value())))?,
+                    None => visit(key, None)?,
                 },
             };
             if !go_on {
@@ -1536,12 +1581,44 @@ impl ReadTx {
         end: Option<&[u8]>,
         mut visit: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
+        let mut walk = None;
+        let mut joined = Vec::new();
+        self.for_each_met_in(bucket, start, end, |key, met| {
+            let value = match met {
+                Met::Whole(value) => value,
+                Met::Stored(stored) => {
+                    self.walk_whole(&mut walk, bucket, key, stored, &mut joined)?
+                }
+            };
+            Ok(visit(key, value))
+        })
+    }
+
+    /// [`Self::for_each_in`] handing `visit` each value's length only (a value stored in
+    /// pieces is not read).
+    pub fn for_each_len_in(
+        &self,
+        bucket: Bucket,
+        start: &[u8],
+        end: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], usize) -> bool,
+    ) -> Result<()> {
+        self.for_each_met_in(bucket, start, end, |key, met| {
+            Ok(visit(key, met.len(bucket)))
+        })
+    }
+
+    fn for_each_met_in(
+        &self,
+        bucket: Bucket,
+        start: &[u8],
+        end: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], Met<'_>) -> Result<bool>,
+    ) -> Result<()> {
         let (newer, cleared) = batch::range(&self.layers, bucket, start, end);
         let mut newer = newer.into_iter().peekable();
         if !cleared {
             let table = self.table(bucket)?;
-            let mut walk = None;
-            let mut joined = Vec::new();
             let iter = match end {
                 Some(end) => table.range(start..end),
                 None => table.range(start..),
@@ -1556,7 +1633,7 @@ impl ReadTx {
                 while let Some((newer_key, newer_value)) = newer.next_if(|(k, _)| *k <= key) {
                     theirs |= newer_key == key;
                     if let Some(newer_value) = newer_value
-                        && !visit(newer_key, newer_value)
+                        && !visit(newer_key, Met::Whole(newer_value))?
                     {
                         return Ok(());
                     }
@@ -1564,15 +1641,14 @@ impl ReadTx {
                 if theirs {
                     continue;
                 }
-                let value = self.walk_whole(&mut walk, bucket, key, value.value(), &mut joined)?;
-                if !visit(key, value) {
+                if !visit(key, Met::Stored(value.value()))? {
                     return Ok(());
                 }
             }
         }
         for (key, value) in newer {
             if let Some(value) = value
-                && !visit(key, value)
+                && !visit(key, Met::Whole(value))?
             {
                 break;
             }

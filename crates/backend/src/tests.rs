@@ -988,6 +988,23 @@ fn reads_whole(backend: &Backend, pairs: &std::collections::BTreeMap<Vec<u8>, Ve
     .unwrap();
     let wanted: Vec<Option<Vec<u8>>> = order.iter().map(|key| pairs.get(*key).cloned()).collect();
     assert!(each == wanted, "get_each out of order read other values");
+    let mut lens = Vec::new();
+    read.for_each_len_in(Bucket::KEY, &[], None, |key, len| {
+        lens.push((key.to_vec(), len));
+        true
+    })
+    .unwrap();
+    let mut each_len = Vec::new();
+    read.get_each_len(Bucket::KEY, pairs.keys(), |key, len| {
+        each_len.push((key.to_vec(), len.unwrap_or(usize::MAX)));
+        true
+    })
+    .unwrap();
+    let wanted: Vec<(Vec<u8>, usize)> = pairs.iter().map(|(k, v)| (k.clone(), v.len())).collect();
+    assert!(
+        lens == wanted && each_len == wanted,
+        "lengths read other values'"
+    );
     assert_eq!(
         read.last(Bucket::KEY).unwrap(),
         pairs.last_key_value().map(|(k, v)| (k.clone(), v.clone()))

@@ -224,9 +224,10 @@ impl EncodedRange {
 impl EncodedRange {
     /// The sum of `weigh` over the lengths of the encoded key-values from the `from`-th up to
     /// (not including) the `take`-th: what a large answer's length is counted from before it
-    /// is written. Their values are read in revision order (the order does not change a sum):
-    /// by one scan of the backend when their revisions lie close together there (a range
-    /// written in key order), each looked up otherwise.
+    /// is written. Their values' lengths are read in revision order (the order does not change
+    /// a sum): by one scan of the backend when their revisions lie close together there (a
+    /// range written in key order), each looked up otherwise; a long value's length is in
+    /// its head, and its pieces are not read.
     pub fn sum_lens_from(
         &self,
         from: usize,
@@ -254,21 +255,21 @@ impl EncodedRange {
         if span < 2 * wanted.len() as u64 {
             let mut next = wanted.iter().map(|rev| rev.to_bytes()).peekable();
             let end = Revision::new(last.main, last.sub.saturating_add(1)).to_bytes();
-            read.for_each_in(Bucket::KEY, &first.to_bytes(), Some(&end), |key, value| {
+            read.for_each_len_in(Bucket::KEY, &first.to_bytes(), Some(&end), |key, len| {
                 while next.next_if(|want| want.as_slice() < key).is_some() {}
                 if next.next_if(|want| want.as_slice() == key).is_some() {
-                    total += weigh(value.len());
+                    total += weigh(len);
                     found += 1;
                 }
                 next.peek().is_some()
             })?;
         } else {
-            read.get_each(
+            read.get_each_len(
                 Bucket::KEY,
                 wanted.iter().map(|rev| rev.to_bytes()),
-                |_, value| match value {
-                    Some(value) => {
-                        total += weigh(value.len());
+                |_, len| match len {
+                    Some(len) => {
+                        total += weigh(len);
                         found += 1;
                         true
                     }
