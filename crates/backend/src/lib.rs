@@ -840,8 +840,8 @@ impl Backend {
         if let Some(changed) = &tx.changed {
             changed.borrow_mut().everything();
         }
-        let source_pieces = pieces::ReadPieces::open(&source_tx)?;
         let mut joined = Vec::new();
+        let mut walk = None;
         for bucket in Bucket::ALL {
             tx.clear(bucket)?;
             let source_table = match source_tx.open_table(bucket.table()) {
@@ -852,7 +852,8 @@ impl Backend {
             for item in source_table.iter().map_err(Error::storage)? {
                 let (key, value) = item.map_err(Error::storage)?;
                 let value = whole(
-                    source_pieces.as_ref(),
+                    || pieces::ReadPieces::open(&source_tx),
+                    &mut walk,
                     bucket,
                     key.value(),
                     value.value(),
@@ -927,10 +928,12 @@ fn pair_at(bytes: &[u8], at: usize, key_len: usize, value_len: usize) -> (&[u8],
     (key, &bytes[at + key_len..at + key_len + value_len])
 }
 
-/// The value `stored` under `key` of `bucket` stands for: itself, or when it is a head the
-/// pieces of `pieces` joined in `joined`.
+/// The value `stored` under `key` of `bucket` stands for: itself, or when it is a head its
+/// pieces joined in `joined` through `walk` (begun at the first head met, on the tables that
+/// `open` gives): for readers that meet many keys in order, or one.
 fn whole<'v>(
-    pieces: Option<&pieces::ReadPieces>,
+    open: impl FnOnce() -> Result<Option<pieces::ReadPieces>>,
+    walk: &mut Option<pieces::Walk>,
     bucket: Bucket,
     key: &[u8],
     stored: &'v [u8],
@@ -939,10 +942,16 @@ fn whole<'v>(
     let Some(len) = pieces::head_len(bucket, stored) else {
         return Ok(stored);
     };
-    match pieces {
-        Some(tables) => tables.join_into(key, len, joined)?,
-        None => return Err(Error::MissingPieces { len, found: 0 }),
-    }
+    let walk = match walk {
+        Some(walk) => walk,
+        None => {
+            let Some(tables) = open()? else {
+                return Err(Error::MissingPieces { len, found: 0 });
+            };
+            walk.insert(pieces::Walk::new(tables))
+        }
+    };
+    walk.join_into(key, len, joined)?;
     Ok(joined.as_slice())
 }
 
@@ -1440,6 +1449,37 @@ enum Met<'a> {
     Stored(&'a [u8]),
 }
 
+/// Joins the long values a reader meets (see [`whole`]), keeping its walk and its buffer from
+/// one to the next.
+#[derive(Default)]
+struct Joiner {
+    walk: Option<pieces::Walk>,
+    joined: Vec<u8>,
+}
+
+impl Joiner {
+    /// The whole value `met` under `key` stands for.
+    fn value<'a>(
+        &'a mut self,
+        read: &ReadTx,
+        bucket: Bucket,
+        key: &[u8],
+        met: Met<'a>,
+    ) -> Result<&'a [u8]> {
+        match met {
+            Met::Whole(value) => Ok(value),
+            Met::Stored(stored) => whole(
+                || read.pieces(),
+                &mut self.walk,
+                bucket,
+                key,
+                stored,
+                &mut self.joined,
+            ),
+        }
+    }
+}
+
 impl Met<'_> {
     /// The length of the value it stands for.
     fn len(&self, bucket: Bucket) -> usize {
@@ -1460,33 +1500,6 @@ impl ReadTx {
         pieces::ReadPieces::open(&self.tx)
     }
 
-    /// The value `stored` under `key` stands for, its pieces joined in `joined` through
-    /// `walk` (begun at the first head) when it is a head: for readers that meet many keys in
-    /// order.
-    fn walk_whole<'v>(
-        &self,
-        walk: &mut Option<pieces::Walk>,
-        bucket: Bucket,
-        key: &[u8],
-        stored: &'v [u8],
-        joined: &'v mut Vec<u8>,
-    ) -> Result<&'v [u8]> {
-        let Some(len) = pieces::head_len(bucket, stored) else {
-            return Ok(stored);
-        };
-        let walk = match walk {
-            Some(walk) => walk,
-            None => {
-                let Some(tables) = self.pieces()? else {
-                    return Err(Error::MissingPieces { len, found: 0 });
-                };
-                walk.insert(pieces::Walk::new(tables))
-            }
-        };
-        walk.join_into(key, len, joined)?;
-        Ok(joined.as_slice())
-    }
-
     /// Read `key`.
     pub fn get(&self, bucket: Bucket, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.layers.lookup(bucket, key) {
@@ -1498,18 +1511,16 @@ impl ReadTx {
         let Some(stored) = table.get(key).map_err(Error::storage)? else {
             return Ok(None);
         };
-        if pieces::head_len(bucket, stored.value()).is_none() {
-            return Ok(Some(stored.value().to_vec()));
-        }
         let mut joined = Vec::new();
-        whole(
-            self.pieces()?.as_ref(),
+        let value = whole(
+            || self.pieces(),
+            &mut None,
             bucket,
             key,
             stored.value(),
             &mut joined,
         )?;
-        Ok(Some(joined))
+        Ok(Some(value.to_vec()))
     }
 
     /// Look up each of `keys` in `bucket` under one open table, handing `visit` the key and
@@ -1521,14 +1532,10 @@ impl ReadTx {
         keys: impl IntoIterator<Item = K>,
         mut visit: impl FnMut(&[u8], Option<&[u8]>) -> bool,
     ) -> Result<()> {
-        let mut walk = None;
-        let mut joined = Vec::new();
+        let mut joiner = Joiner::default();
         self.get_each_met(bucket, keys, |key, met| {
             let value = match met {
-                Some(Met::Whole(value)) => Some(value),
-                Some(Met::Stored(stored)) => {
-                    Some(self.walk_whole(&mut walk, bucket, key, stored, &mut joined)?)
-                }
+                Some(met) => Some(joiner.value(self, bucket, key, met)?),
                 None => None,
             };
             Ok(visit(key, value))
@@ -1581,16 +1588,9 @@ impl ReadTx {
         end: Option<&[u8]>,
         mut visit: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        let mut walk = None;
-        let mut joined = Vec::new();
+        let mut joiner = Joiner::default();
         self.for_each_met_in(bucket, start, end, |key, met| {
-            let value = match met {
-                Met::Whole(value) => value,
-                Met::Stored(stored) => {
-                    self.walk_whole(&mut walk, bucket, key, stored, &mut joined)?
-                }
-            };
-            Ok(visit(key, value))
+            Ok(visit(key, joiner.value(self, bucket, key, met)?))
         })
     }
 
@@ -1714,17 +1714,14 @@ impl ReadTx {
                 continue;
             }
             let mut joined = Vec::new();
-            let stored = value.value();
-            let value = match pieces::head_len(bucket, stored) {
-                Some(_) => whole(
-                    self.pieces()?.as_ref(),
-                    bucket,
-                    key.value(),
-                    stored,
-                    &mut joined,
-                )?,
-                None => stored,
-            };
+            let value = whole(
+                || self.pieces(),
+                &mut None,
+                bucket,
+                key.value(),
+                value.value(),
+                &mut joined,
+            )?;
             on_file = Some((key.value().to_vec(), value.to_vec()));
             break;
         }

@@ -325,43 +325,26 @@ fn defragment_shrinks_the_file() {
 /// A defragmentation while a writer commits without pause and a reader holds an old
 /// snapshot: every committed write is in the new file (and after a reopen), deletions too,
 /// the old reader still reads its snapshot, and the writer committed during the rewrite.
-#[test]
-fn defragment_while_writes_go_on_loses_nothing() {
+/// Defragments `backend` while a thread commits one write transaction after another, each
+/// made by `write` with its number, from before the rewrite begins until it is over and at
+/// least `at_least` were made; returns how many were, and how many committed during the
+/// rewrite.
+fn defragment_beside_a_writer(
+    backend: &std::sync::Arc<Backend>,
+    at_least: u32,
+    write: impl Fn(&WriteTx<'_>, u32) + Send + 'static,
+) -> (u32, u32) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU32};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("db");
-    let backend = Arc::new(Backend::open(&path).unwrap());
-    let tx = backend.write().unwrap();
-    for i in 0u32..20_000 {
-        tx.put(Bucket::KEY, &i.to_be_bytes(), &[7u8; 512]).unwrap();
-    }
-    tx.commit(true).unwrap();
-    let tx = backend.write().unwrap();
-    tx.delete_range(Bucket::KEY, &0u32.to_be_bytes(), &10_000u32.to_be_bytes())
-        .unwrap();
-    tx.commit(true).unwrap();
-    let old_reader = backend.read().unwrap();
-
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU32::new(0));
     let writer = {
         let (backend, stop, written) = (backend.clone(), stop.clone(), written.clone());
         std::thread::spawn(move || {
             let mut n = 0u32;
-            while !stop.load(Ordering::Acquire) || n < 100 {
+            while !stop.load(Ordering::Acquire) || n < at_least {
                 let tx = backend.write().unwrap();
-                tx.put(
-                    Bucket::META,
-                    format!("w{n:08}").as_bytes(),
-                    &n.to_be_bytes(),
-                )
-                .unwrap();
-                // Deletes and overwrites of the copied keys too.
-                tx.delete(Bucket::KEY, &(10_000 + n % 10_000).to_be_bytes())
-                    .unwrap();
-                tx.put(Bucket::KEY, &(n % 10_000).to_be_bytes(), &n.to_be_bytes())
-                    .unwrap();
+                write(&tx, n);
                 tx.commit(false).unwrap();
                 n += 1;
                 written.store(n, Ordering::Release);
@@ -381,8 +364,40 @@ fn defragment_while_writes_go_on_loses_nothing() {
     backend.defragment().unwrap();
     let at_end = written.load(Ordering::Acquire);
     stop.store(true, Ordering::Release);
-    let n = writer.join().unwrap();
-    assert!(at_end > at_start, "no write committed during the rewrite");
+    (writer.join().unwrap(), at_end - at_start)
+}
+
+#[test]
+fn defragment_while_writes_go_on_loses_nothing() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let backend = Arc::new(Backend::open(&path).unwrap());
+    let tx = backend.write().unwrap();
+    for i in 0u32..20_000 {
+        tx.put(Bucket::KEY, &i.to_be_bytes(), &[7u8; 512]).unwrap();
+    }
+    tx.commit(true).unwrap();
+    let tx = backend.write().unwrap();
+    tx.delete_range(Bucket::KEY, &0u32.to_be_bytes(), &10_000u32.to_be_bytes())
+        .unwrap();
+    tx.commit(true).unwrap();
+    let old_reader = backend.read().unwrap();
+
+    let (n, during) = defragment_beside_a_writer(&backend, 100, |tx, n| {
+        tx.put(
+            Bucket::META,
+            format!("w{n:08}").as_bytes(),
+            &n.to_be_bytes(),
+        )
+        .unwrap();
+        // Deletes and overwrites of the copied keys too.
+        tx.delete(Bucket::KEY, &(10_000 + n % 10_000).to_be_bytes())
+            .unwrap();
+        tx.put(Bucket::KEY, &(n % 10_000).to_be_bytes(), &n.to_be_bytes())
+            .unwrap();
+    });
+    assert!(during > 0, "no write committed during the rewrite");
 
     let check = |backend: &Backend| {
         let read = backend.read().unwrap();
@@ -1180,7 +1195,6 @@ fn a_whole_long_value_of_an_older_file_reads_as_it_was() {
 #[test]
 fn defragment_while_long_values_change_loses_nothing() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU32};
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(Backend::open(&dir.path().join("db")).unwrap());
     let tx = backend.write().unwrap();
@@ -1193,37 +1207,16 @@ fn defragment_while_long_values_change_loses_nothing() {
         .unwrap();
     }
     tx.commit(true).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU32::new(0));
-    let writer = {
-        let (backend, stop, written) = (backend.clone(), stop.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut n = 0u32;
-            while !stop.load(Ordering::Acquire) || n < 50 {
-                let main = u64::from(n % 2_000);
-                let tx = backend.write().unwrap();
-                // Each change of a copied key: long over long, short over long, a removal.
-                match n % 3 {
-                    0 => tx.put(Bucket::KEY, &revision_key(main), &patterned(n, 9_000)),
-                    1 => tx.put(Bucket::KEY, &revision_key(main), &n.to_be_bytes()),
-                    _ => tx.delete(Bucket::KEY, &revision_key(main)),
-                }
-                .unwrap();
-                tx.commit(false).unwrap();
-                n += 1;
-                written.store(n, Ordering::Release);
-            }
-            n
-        })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while written.load(Ordering::Acquire) < 10 {
-        assert!(std::time::Instant::now() < deadline, "no write");
-        std::thread::yield_now();
-    }
-    backend.defragment().unwrap();
-    stop.store(true, Ordering::Release);
-    let n = writer.join().unwrap();
+    let (n, _) = defragment_beside_a_writer(&backend, 50, |tx, n| {
+        let main = u64::from(n % 2_000);
+        // Each change of a copied key: long over long, short over long, a removal.
+        match n % 3 {
+            0 => tx.put(Bucket::KEY, &revision_key(main), &patterned(n, 9_000)),
+            1 => tx.put(Bucket::KEY, &revision_key(main), &n.to_be_bytes()),
+            _ => tx.delete(Bucket::KEY, &revision_key(main)),
+        }
+        .unwrap();
+    });
     let mut pairs = std::collections::BTreeMap::new();
     for main in 0..2_000u64 {
         pairs.insert(revision_key(main), patterned(main as u32, 6_000));
