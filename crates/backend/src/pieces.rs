@@ -79,8 +79,8 @@ fn filling(key_len: usize, per_leaf: usize) -> usize {
 /// The bytes of each piece of a value of `len` bytes under a key of `key_len` bytes (its last
 /// piece may be shorter, and takes a whole slot of its leaf): of the sizes that fill a leaf
 /// (one to eight to a leaf), the one whose slots take the fewest leaves, and of those the
-/// longest. A revision of 10,240 bytes: four to a leaf it takes 11 slots, 2.75 leaves; three
-/// to a leaf, 8 slots, 2.67.
+/// longest. 10,240 bytes: four to a leaf take 11 slots, 2.75 leaves; three to a leaf, 8
+/// slots, 2.67; five to a leaf, 13 slots, 2.6 (the choice).
 pub(crate) fn piece_len(key_len: usize, len: usize) -> usize {
     let mut best = (filling(key_len, 1), len.div_ceil(filling(key_len, 1)), 1);
     for per_leaf in 2..=MAX_PER_LEAF {
@@ -240,7 +240,7 @@ pub(crate) fn count(key_len: usize, len: usize) -> (u32, u32) {
     (cut.large().count() as u32, cut.small().count() as u32)
 }
 
-/// Appends the pieces of `table` under `key` to `out`.
+/// Appends the pieces of `table` under `key` to `out`, until it holds `until` bytes.
 fn append_range(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
     key: &[u8],
