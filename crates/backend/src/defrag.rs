@@ -299,7 +299,7 @@ pub(crate) fn close_retired(old: Arc<redb::Database>) {
 
 /// Copies each of `changes` as `read` sees it into `copy` (removed when `read` lacks it), in
 /// one transaction of `durability`.
-pub(crate) fn copy_changes(
+fn copy_changes(
     read: &redb::ReadTransaction,
     copy: &redb::Database,
     changes: &Changes,

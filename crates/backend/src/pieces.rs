@@ -230,9 +230,9 @@ impl<'v> Cut<'v> {
     }
 }
 
-#[cfg(test)]
 /// How many pieces, large and small, a value of `len` bytes under a key of `key_len` bytes is
 /// cut into.
+#[cfg(test)]
 pub(crate) fn count(key_len: usize, len: usize) -> (u32, u32) {
     let value = vec![0u8; len];
     let key = vec![0u8; key_len];
