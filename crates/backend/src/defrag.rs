@@ -172,10 +172,10 @@ impl Backend {
             barrier.abort().map_err(Error::storage)?;
             read
         };
-        let copy = redb::Database::builder()
-            .set_cache_size(crate::CACHE_BYTES)
-            .create(copy_path)
-            .map_err(Error::storage)?;
+        let mut builder = redb::Database::builder();
+        builder.set_cache_size(crate::CACHE_BYTES);
+        let (copy, retire) =
+            crate::file::open(&builder, copy_path, true).map_err(Error::storage)?;
         // Each commit of the copy durable: its pages reach the disk 16 MiB at a time, not all
         // at once in the commit made with the writer held, which then writes only the last
         // changes (with the copy's rounds not durable, puts waited up to a third of a second
@@ -244,10 +244,7 @@ impl Backend {
         let flushed = self.flushed_generation.load(Ordering::Acquire);
         self.durable_generation.fetch_max(flushed, Ordering::AcqRel);
         *lock(&self.last_durable) = self.now();
-        *self
-            .db
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(copy);
+        self.swap_file(copy, retire);
         self.tracker.stop();
         // The old file's writer, given up: the applier waiting behind it begins again on the
         // new file.
@@ -267,9 +264,10 @@ impl Backend {
 }
 
 /// Closes the file a defragmentation replaced once its last reader is done, on a thread of its
-/// own. Closing a redb file records its allocator state and syncs it, a tenth of a second or
-/// more on a big file; whoever drops the last handle does it, and that was often the applier
-/// (its transaction begun on the old file, given up and begun again on the new one), so every
+/// own. Closing a redb file records its allocator state (its syncs are off once the file is
+/// retired, see the `file` module, but the writes remain: a tenth of a second or more on a big
+/// file); whoever drops the last handle does it, and that was often the applier (its
+/// transaction begun on the old file, given up and begun again on the new one), so every
 /// write waited for it.
 pub(crate) fn close_retired(old: Arc<redb::Database>) {
     let closer = std::thread::Builder::new()

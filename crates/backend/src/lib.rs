@@ -47,6 +47,7 @@ mod batch;
 mod defrag;
 mod dirsync;
 mod error;
+mod file;
 #[cfg(test)]
 mod fuzz;
 pub mod metrics;
@@ -226,6 +227,8 @@ pub struct Backend {
     /// defragmentation swaps in the rewritten file (`defrag`), and the old one closes when
     /// its last reader is done.
     db: RwLock<Arc<redb::Database>>,
+    /// The switch of the file in `db`, thrown when another is swapped in (`file`).
+    retire: Mutex<file::Retire>,
     /// Keys written while a defragmentation copies the file (`defrag`).
     tracker: defrag::Tracker,
     /// Held by the one defragmentation running.
@@ -336,20 +339,18 @@ impl Backend {
         // file damaged since it was written (a flipped bit on the disk) is refused here rather
         // than read as data; an unclean shutdown costs the same full read anyway.
         let fell_back = Arc::new(AtomicBool::new(false));
-        let db = redb::Builder::new()
+        let mut builder = redb::Builder::new();
+        builder
             .set_cache_size(CACHE_BYTES)
             .set_check_integrity_on_open(true)
-            .set_repair_callback(note_fall_back(fell_back.clone()))
-            .create(path)
-            .map_err(|e| match e {
-                redb::DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => {
-                    Error::Damaged {
-                        path: path.to_path_buf(),
-                        reason: format!("failed the integrity check ({reason})"),
-                    }
-                }
-                e => Error::storage(e),
-            })?;
+            .set_repair_callback(note_fall_back(fell_back.clone()));
+        let (db, retire) = file::open(&builder, path, true).map_err(|e| match e {
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => Error::Damaged {
+                path: path.to_path_buf(),
+                reason: format!("failed the integrity check ({reason})"),
+            },
+            e => Error::storage(e),
+        })?;
         // The file's name is durable from here on (also one a crash left unsynced), before
         // the first durable commit relies on it.
         sync_dir(parent).map_err(Error::Io)?;
@@ -363,6 +364,7 @@ impl Backend {
         }
         let backend = Backend {
             db: RwLock::new(Arc::new(db)),
+            retire: Mutex::new(retire),
             tracker: defrag::Tracker::default(),
             defragmenting: Mutex::new(()),
             path: path.to_path_buf(),
@@ -577,6 +579,16 @@ impl Backend {
         &self.path
     }
 
+    /// Puts `new` in the place of the database file, which it was renamed over: the file
+    /// replaced syncs nothing from now on (`file`). Its handles close it.
+    fn swap_file(&self, new: redb::Database, retire: file::Retire) {
+        *self
+            .db
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+        std::mem::replace(&mut *lock(&self.retire), retire).now();
+    }
+
     /// The database file in use now.
     fn current(&self) -> Arc<redb::Database> {
         self.db
@@ -724,13 +736,12 @@ impl Backend {
     }
 
     fn swap_unguarded(&self, image: &Path, keep_meta: &[&[u8]]) -> Result<()> {
-        let new = redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
-            .open(image)
-            .map_err(|e| Error::Damaged {
-                path: image.to_path_buf(),
-                reason: e.to_string(),
-            })?;
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(CACHE_BYTES);
+        let (new, retire) = file::open(&builder, image, false).map_err(|e| Error::Damaged {
+            path: image.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         // The writer held from here to the swap: no commit lands in the old file meanwhile.
         // It takes in the batches published so far, so the kept keys are their newest values;
         // the rest of them the image replaces.
@@ -783,10 +794,7 @@ impl Backend {
             .unwrap_or(Path::new("."));
         sync_dir(parent).map_err(Error::Io)?;
         *lock(&self.last_durable) = self.now();
-        *self
-            .db
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+        self.swap_file(new, retire);
         // Set while the writer is held: no flush can add to the count meanwhile.
         if let Some(bytes) = stored {
             self.logical_bytes.store(bytes, Ordering::Relaxed);

@@ -691,6 +691,44 @@ fn a_file_swapped_in_brings_its_recorded_stored_bytes() {
     assert_eq!(backend.stored_bytes(), recorded - (6 + 4) - 40);
 }
 
+/// The file a defragmentation or an image replaced syncs no more (it is unlinked); the one
+/// swapped in goes on syncing, and holds what was committed.
+#[test]
+fn a_replaced_file_is_retired_and_the_file_swapped_in_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let backend = Backend::open(&path).unwrap();
+    let first = lock(&backend.retire).share();
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"k", b"1").unwrap();
+    tx.commit(true).unwrap();
+    assert!(!first.thrown());
+
+    backend.defragment().unwrap();
+    assert!(first.thrown());
+    let second = lock(&backend.retire).share();
+    assert!(!second.thrown());
+
+    let image = dir.path().join("image");
+    {
+        let other = Backend::open(&image).unwrap();
+        let tx = other.write().unwrap();
+        tx.put(Bucket::KEY, b"k", b"2").unwrap();
+        tx.commit(true).unwrap();
+    }
+    backend.replace_with_file(&image, &[]).unwrap();
+    assert!(second.thrown());
+    assert!(!lock(&backend.retire).thrown());
+    let tx = backend.write().unwrap();
+    tx.put(Bucket::KEY, b"j", b"3").unwrap();
+    tx.commit(true).unwrap();
+    drop(backend);
+    let backend = Backend::open(&path).unwrap();
+    let read = backend.read().unwrap();
+    assert_eq!(read.get(Bucket::KEY, b"k").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(read.get(Bucket::KEY, b"j").unwrap(), Some(b"3".to_vec()));
+}
+
 #[test]
 fn a_file_swapped_in_replaces_every_bucket_but_the_kept_meta_keys() {
     let dir = tempfile::tempdir().unwrap();
