@@ -54,8 +54,10 @@ const TRAILER_LEN: u64 = 16;
 /// memory. Each durable commit sends that much to the disk at once, and a WAL fsync made
 /// meanwhile waits for it: one client putting 500 times a second during a defragmentation of
 /// 1,000,000 keys of 1 KiB saw a p99 of 18-22 ms with 16 MiB (the WAL's fsyncs slow once per
-/// commit), 7-10 ms with 4 MiB, for the same defragmentation time (10-11 s, five each).
-const COPY_COMMIT_BYTES: u64 = 4 << 20;
+/// commit) and 7-10 ms with 4 MiB, but the defragmentation of the scale section's member
+/// (`scripts/bench-compare`, `BENCH_SCALE=1`) took 12.1 s with 4 MiB against 6.1-6.3 s with
+/// 16 MiB (etcd 3.4: 10.8 s, every request waiting).
+const COPY_COMMIT_BYTES: u64 = 16 << 20;
 /// Page cache for the copy: it is written once and read once, so a small one is enough.
 const COPY_CACHE_BYTES: usize = 16 << 20;
 
