@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use etcdrs_wal::{EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
+use etcdrs_wal::{EntryPayload, EntryRecord, HardState as WalHardState, SnapshotMark, Wal};
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState};
 use raft::storage::MemStorage;
@@ -98,7 +98,7 @@ pub fn write_imported_log(
             term: snapshot.1,
         })?;
     }
-    let records = entry_records(entries)?;
+    let records = wal_entries(entries);
     let hard_state = WalHardState {
         term: hard_state.term,
         vote: hard_state.vote,
@@ -115,20 +115,31 @@ pub fn read_log(wal_dir: &Path) -> Result<Vec<Entry>> {
     state.entries.iter().map(decode_entry).collect()
 }
 
-/// Entries as the WAL stores them.
-pub(crate) fn entry_records(entries: &[Entry]) -> Result<Vec<EntryRecord>> {
-    entries
-        .iter()
-        .map(|e| {
-            Ok(EntryRecord {
-                index: e.index,
-                term: e.term,
-                data: e
-                    .write_to_bytes()
-                    .map_err(|err| Error::Corrupt(err.to_string()))?,
-            })
-        })
-        .collect()
+/// A raft entry as the WAL stores it: its `eraftpb` encoding, written straight into the WAL's
+/// write buffer ([`etcdrs_wal::EntryPayload`]).
+pub(crate) struct WalEntry<'a>(&'a Entry);
+
+/// `entries` as the WAL saves them.
+pub(crate) fn wal_entries(entries: &[Entry]) -> Vec<WalEntry<'_>> {
+    entries.iter().map(WalEntry).collect()
+}
+
+impl EntryPayload for WalEntry<'_> {
+    fn index(&self) -> u64 {
+        self.0.index
+    }
+
+    fn term(&self) -> u64 {
+        self.0.term
+    }
+
+    fn payload_len(&self) -> usize {
+        self.0.compute_size() as usize
+    }
+
+    fn write_payload(&self, buf: &mut Vec<u8>) -> std::result::Result<(), String> {
+        self.0.write_to_vec(buf).map_err(|e| e.to_string())
+    }
 }
 
 pub(crate) fn decode_entry(record: &EntryRecord) -> Result<Entry> {
@@ -185,7 +196,7 @@ impl Recovered {
 
 impl LogStore for Wal {
     fn save(&mut self, hard_state: Option<&HardState>, entries: &[Entry]) -> Result<()> {
-        let records = entry_records(entries)?;
+        let records = wal_entries(entries);
         let wal_hard_state = hard_state.map(|hs| WalHardState {
             term: hs.term,
             vote: hs.vote,

@@ -82,6 +82,14 @@ pub enum Error {
         /// The format limit, see FORMAT.md.
         max: u32,
     },
+    /// An entry's payload could not be encoded, or did not have the length it announced.
+    #[error("wal: entry {index} could not be encoded: {reason}")]
+    EntryEncoding {
+        /// The entry's index.
+        index: u64,
+        /// What went wrong.
+        reason: String,
+    },
     /// An earlier write or sync failed; the tail is in an unknown state and this handle
     /// accepts no more writes. Reopen the WAL (which repairs the tail) after a restart.
     #[error("wal: an earlier write failed; this wal accepts no more writes")]

@@ -53,5 +53,5 @@ mod types;
 mod wal;
 
 pub use error::{CorruptReason, Error, Result};
-pub use types::{EntryRecord, HardState, SnapshotMark, WalState};
+pub use types::{EntryPayload, EntryRecord, HardState, SnapshotMark, WalState};
 pub use wal::{DEFAULT_SEGMENT_SIZE, Options, Wal, WriteStats};

@@ -17,7 +17,7 @@
 use std::io::{self, Read};
 
 use crate::error::{CorruptReason, Error, Result};
-use crate::types::{EntryRecord, HardState, SnapshotMark};
+use crate::types::{EntryPayload, EntryRecord, HardState, SnapshotMark};
 
 /// Bytes before the payload.
 pub(crate) const HEADER_LEN: usize = 13;
@@ -77,7 +77,9 @@ fn encode_with(
             max: MAX_PAYLOAD_LEN,
         })?;
     let start = buf.len();
-    buf.reserve(HEADER_LEN + payload_len);
+    // One byte more than the frame: rust-protobuf's writer into a `Vec` reserves a byte after
+    // its last write, which would otherwise move the whole buffer when the frame fills it.
+    buf.reserve(HEADER_LEN + payload_len + 1);
     buf.extend_from_slice(&[0; HEADER_LEN]);
     buf[start + TYPE_OFFSET] = record_type as u8;
     write_payload(buf);
@@ -95,12 +97,32 @@ pub(crate) fn encode_metadata(buf: &mut Vec<u8>, metadata: &[u8]) -> Result<()> 
     })
 }
 
-pub(crate) fn encode_entry(buf: &mut Vec<u8>, entry: &EntryRecord) -> Result<()> {
-    let payload_len = ENTRY_FIXED_LEN.saturating_add(entry.data.len());
+pub(crate) fn encode_entry<E: EntryPayload>(buf: &mut Vec<u8>, entry: &E) -> Result<()> {
+    let data_len = entry.payload_len();
+    let payload_len = ENTRY_FIXED_LEN.saturating_add(data_len);
+    let start = buf.len();
+    let mut encoded = Ok(());
     encode_with(buf, RecordType::Entry, payload_len, |buf| {
-        buf.extend_from_slice(&entry.index.to_le_bytes());
-        buf.extend_from_slice(&entry.term.to_le_bytes());
-        buf.extend_from_slice(&entry.data);
+        buf.extend_from_slice(&entry.index().to_le_bytes());
+        buf.extend_from_slice(&entry.term().to_le_bytes());
+        let before = buf.len();
+        encoded = entry.write_payload(buf).and_then(|()| {
+            let written = buf.len() - before;
+            if written == data_len {
+                Ok(())
+            } else {
+                Err(format!("{written} bytes written, {data_len} announced"))
+            }
+        });
+        // The frame keeps its announced length whatever happened; it is dropped below.
+        buf.resize(before + data_len, 0);
+    })?;
+    encoded.map_err(|reason| {
+        buf.truncate(start);
+        Error::EntryEncoding {
+            index: entry.index(),
+            reason,
+        }
     })
 }
 

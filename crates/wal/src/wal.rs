@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::record;
 use crate::segment::{self, SegmentHeader, SegmentName};
-use crate::types::{EntryRecord, HardState, SnapshotMark, WalState};
+use crate::types::{EntryPayload, HardState, SnapshotMark, WalState};
 
 use dir::{create_dir_all_synced, lock_dir, remove_stale_tmp, sync_parent_dir};
 use replay::{Replay, SegmentEnd, check_consecutive, corrupt, file_len, replay_segment};
@@ -311,7 +311,11 @@ impl Wal {
     /// The batch must be contiguous and start at or below `last_index() + 1`; a lower start
     /// overwrites the conflicting tail, as raft does. Otherwise this fails with
     /// [`Error::IndexGap`] and writes nothing. Calling with nothing to save is a no-op.
-    pub fn save(&mut self, hard_state: Option<HardState>, entries: &[EntryRecord]) -> Result<()> {
+    pub fn save<E: EntryPayload>(
+        &mut self,
+        hard_state: Option<HardState>,
+        entries: &[E],
+    ) -> Result<()> {
         self.ensure_writable()?;
         if hard_state.is_none() && entries.is_empty() {
             return Ok(());
@@ -332,9 +336,9 @@ impl Wal {
 
         // Mirror replay: entries at or below the snapshot mark are skipped there.
         if let Some(last) = entries.last()
-            && last.index > self.snapshot.index
+            && last.index() > self.snapshot.index
         {
-            self.last_index = last.index;
+            self.last_index = last.index();
         }
         if let Some(hard_state) = hard_state {
             self.hard_state = hard_state;
@@ -589,21 +593,21 @@ impl Wal {
 }
 
 /// A batch must be contiguous and must not leave a hole after `last_index`.
-fn check_continuity(last_index: u64, entries: &[EntryRecord]) -> Result<()> {
+fn check_continuity<E: EntryPayload>(last_index: u64, entries: &[E]) -> Result<()> {
     let Some(first) = entries.first() else {
         return Ok(());
     };
-    if first.index > last_index.saturating_add(1) {
+    if first.index() > last_index.saturating_add(1) {
         return Err(Error::IndexGap {
             last_index,
-            found: first.index,
+            found: first.index(),
         });
     }
     for pair in entries.windows(2) {
-        if pair[1].index != pair[0].index.saturating_add(1) {
+        if pair[1].index() != pair[0].index().saturating_add(1) {
             return Err(Error::IndexGap {
-                last_index: pair[0].index,
-                found: pair[1].index,
+                last_index: pair[0].index(),
+                found: pair[1].index(),
             });
         }
     }

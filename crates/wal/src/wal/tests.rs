@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::error::CorruptReason;
+use crate::types::EntryRecord;
 
 fn entry(index: u64, term: u64) -> EntryRecord {
     EntryRecord {
@@ -179,9 +180,11 @@ fn hard_state_last_wins() {
     let mut wal = Wal::create(dir.path(), b"").unwrap();
     wal.save(Some(hard_state(1, 0, 0)), &entries(1..=2, 1))
         .unwrap();
-    wal.save(Some(hard_state(2, 3, 2)), &[]).unwrap();
+    wal.save(Some(hard_state(2, 3, 2)), &[] as &[EntryRecord])
+        .unwrap();
     wal.save(None, &entries(3..=3, 2)).unwrap();
-    wal.save(Some(hard_state(2, 3, 1)), &[]).unwrap();
+    wal.save(Some(hard_state(2, 3, 1)), &[] as &[EntryRecord])
+        .unwrap();
     drop(wal);
     let (_, state) = Wal::open(dir.path()).unwrap();
     // The last written wins, even when it is "smaller": the WAL does not interpret it.
@@ -280,12 +283,66 @@ fn save_rejects_gaps_and_mark_regressions_without_writing() {
     wal.save(None, &entries(4..=4, 1)).unwrap();
 }
 
+/// An entry whose payload is not as long as it says.
+struct Lying {
+    index: u64,
+    announced: usize,
+}
+
+impl EntryPayload for Lying {
+    fn index(&self) -> u64 {
+        self.index
+    }
+
+    fn term(&self) -> u64 {
+        1
+    }
+
+    fn payload_len(&self) -> usize {
+        self.announced
+    }
+
+    fn write_payload(&self, buf: &mut Vec<u8>) -> std::result::Result<(), String> {
+        buf.extend_from_slice(b"three");
+        Ok(())
+    }
+}
+
+#[test]
+fn an_entry_longer_or_shorter_than_announced_is_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut wal = Wal::create(dir.path(), b"").unwrap();
+    wal.save(None, &entries(1..=2, 1)).unwrap();
+    let size = records_end(&last_segment(dir.path()));
+    for announced in [3, 9] {
+        let refused = wal
+            .save(
+                Some(hard_state(1, 1, 3)),
+                &[Lying {
+                    index: 3,
+                    announced,
+                }],
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&refused, Error::EntryEncoding { index: 3, reason } if reason.contains(&format!("{announced} announced"))),
+            "{refused}"
+        );
+        assert_eq!(records_end(&last_segment(dir.path())), size);
+    }
+    // The handle is not poisoned, and the log goes on where it was.
+    wal.save(None, &entries(3..=3, 1)).unwrap();
+    drop(wal);
+    let (_, state) = Wal::open(dir.path()).unwrap();
+    assert_eq!(state.entries, entries(1..=3, 1));
+}
+
 #[test]
 fn empty_save_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut wal = Wal::create(dir.path(), b"").unwrap();
     let size = records_end(&last_segment(dir.path()));
-    wal.save(None, &[]).unwrap();
+    wal.save(None, &[] as &[EntryRecord]).unwrap();
     assert_eq!(records_end(&last_segment(dir.path())), size);
 }
 
@@ -769,14 +826,17 @@ fn a_hard_state_changing_only_the_commit_index_is_written_without_a_sync() {
         .unwrap();
     let synced = wal.write_stats().syncs;
     // The commit index alone: written, not synced.
-    wal.save(Some(hard_state(1, 1, 2)), &[]).unwrap();
+    wal.save(Some(hard_state(1, 1, 2)), &[] as &[EntryRecord])
+        .unwrap();
     assert_eq!(wal.write_stats().syncs, synced);
     // Entries, a new term or a vote each need the sync.
     wal.save(None, &entries(3..=3, 1)).unwrap();
     assert_eq!(wal.write_stats().syncs, synced + 1);
-    wal.save(Some(hard_state(2, 1, 2)), &[]).unwrap();
+    wal.save(Some(hard_state(2, 1, 2)), &[] as &[EntryRecord])
+        .unwrap();
     assert_eq!(wal.write_stats().syncs, synced + 2);
-    wal.save(Some(hard_state(2, 3, 2)), &[]).unwrap();
+    wal.save(Some(hard_state(2, 3, 2)), &[] as &[EntryRecord])
+        .unwrap();
     assert_eq!(wal.write_stats().syncs, synced + 3);
     drop(wal);
     // Written all the same: a clean reopen reads the last commit index.
