@@ -930,10 +930,20 @@ const PUTS_FLUSH_BYTES: usize = 4 << 20;
 /// may waste from about 12 leaves on; 16 pages' worth, for a margin.
 const APPEND_RUN_MIN_BYTES: usize = 64 << 10;
 
-/// The key and the value of the pair at `at` in a buffer of pairs laid end to end.
-fn pair_at(bytes: &[u8], at: usize, key_len: usize, value_len: usize) -> (&[u8], &[u8]) {
-    let key = &bytes[at..at + key_len];
-    (key, &bytes[at + key_len..at + key_len + value_len])
+/// A key and its value, borrowed from wherever they are held.
+type Pair<'a> = (&'a [u8], &'a [u8]);
+
+/// The pairs laid end to end in `bytes`, `lens` giving each key's and value's length.
+fn pairs_in<'a>(bytes: &'a [u8], lens: &[(usize, usize)]) -> Vec<Pair<'a>> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&(key_len, value_len)| {
+            let key = &bytes[at..at + key_len];
+            let value = &bytes[at + key_len..at + key_len + value_len];
+            at += key_len + value_len;
+            (key, value)
+        })
+        .collect()
 }
 
 /// The value `stored` under `key` of `bucket` stands for: itself, or when it is a head its
@@ -964,18 +974,8 @@ fn whole<'v>(
 }
 
 /// Whether the keys of a buffer of pairs strictly ascend.
-fn ascending(bytes: &[u8], lens: &[(usize, usize)]) -> bool {
-    let mut previous: Option<&[u8]> = None;
-    let mut at = 0;
-    for &(key_len, value_len) in lens {
-        let key = &bytes[at..at + key_len];
-        if previous.is_some_and(|previous| key <= previous) {
-            return false;
-        }
-        previous = Some(key);
-        at += key_len + value_len;
-    }
-    true
+fn ascending(pairs: &[Pair<'_>]) -> bool {
+    pairs.windows(2).all(|pair| pair[0].0 < pair[1].0)
 }
 
 impl WriteTx<'_> {
@@ -986,25 +986,44 @@ impl WriteTx<'_> {
     /// consecutive batches into one bucket (every put's new revision) reach its table as one
     /// run, which `insert_all` can append whole. Batch by batch, the `meta` bucket's
     /// consistent index between them cut the runs short. The tables are independent, so
-    /// the order between buckets changes nothing.
+    /// the order between buckets changes nothing. The pairs go in from the batches' own
+    /// buffers, [`PUTS_FLUSH_BYTES`] at a time, never copied into the held puts.
     fn absorb(&mut self) -> Result<()> {
         let layers = self.backend.published();
+        self.flush_puts()?;
         for name in Bucket::ALL {
+            let mut run: Vec<Pair<'_>> = Vec::new();
+            let mut run_bytes = 0;
             for bucket in layers.iter().filter_map(|layer| layer.bucket(name)) {
                 if bucket.cleared {
+                    self.insert_all(name, &run)?;
+                    run.clear();
+                    run_bytes = 0;
                     self.clear(bucket.bucket)?;
                 }
                 let mut removed = Vec::new();
                 for (key, value) in &bucket.entries {
                     match value {
-                        Some(value) => self.put(bucket.bucket, key, value)?,
+                        Some(value) => {
+                            run.push((key, value));
+                            run_bytes += key.len() + value.len();
+                            if run_bytes >= PUTS_FLUSH_BYTES {
+                                self.insert_all(name, &run)?;
+                                run.clear();
+                                run_bytes = 0;
+                            }
+                        }
                         None => removed.push(key.as_slice()),
                     }
                 }
                 if !removed.is_empty() {
+                    self.insert_all(name, &run)?;
+                    run.clear();
+                    run_bytes = 0;
                     self.delete_all(bucket.bucket, removed)?;
                 }
             }
+            self.insert_all(name, &run)?;
         }
         if let Some(layer) = layers.last() {
             self.absorbed = layer.generation;
@@ -1048,7 +1067,7 @@ impl WriteTx<'_> {
     /// buffer (no copy into the held puts).
     pub fn put_batch(&self, batch: &transfer::Batch) -> Result<()> {
         self.flush_puts()?;
-        self.insert_all(batch.bucket, &batch.bytes, &batch.lens)
+        self.insert_all(batch.bucket, &pairs_in(&batch.bytes, &batch.lens))
     }
 
     /// The stored bytes recorded by the last commit ([`STATS`]), if its record is there and
@@ -1099,14 +1118,13 @@ impl WriteTx<'_> {
         let Some(bucket) = puts.bucket.take() else {
             return Ok(());
         };
-        let result = self.insert_all(bucket, &puts.bytes, &puts.lens);
+        let result = self.insert_all(bucket, &pairs_in(&puts.bytes, &puts.lens));
         puts.bytes.clear();
         puts.lens.clear();
         result
     }
 
-    /// Inserts the pairs laid end to end in `bytes` (`lens` gives each key's and value's
-    /// length) into `bucket`, in order.
+    /// Inserts `pairs` into `bucket`, in order.
     ///
     /// Pairs that all lie past the table's greatest key, in ascending order, and are many
     /// (new revisions in the `key` bucket: a flush of a loaded member's puts, a restore's, a
@@ -1119,26 +1137,30 @@ impl WriteTx<'_> {
     /// can leave a leaf two-thirds full per run. A long value of the `key` bucket goes in as
     /// its head and its pieces (the `pieces` module), the pieces through a cursor of their
     /// own on the same condition.
-    fn insert_all(&self, bucket: Bucket, bytes: &[u8], lens: &[(usize, usize)]) -> Result<()> {
+    fn insert_all(&self, bucket: Bucket, pairs: &[Pair<'_>]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
         let mut table = self.tx.open_table(bucket.table()).map_err(Error::storage)?;
-        let mut appended = match (lens.first(), table.last().map_err(Error::storage)?) {
-            (Some(&(key_len, _)), Some((last, _))) => bytes[..key_len] > *last.value(),
+        let mut appended = match (pairs.first(), table.last().map_err(Error::storage)?) {
+            (Some(&(first, _)), Some((last, _))) => first > last.value(),
             (Some(_), None) => true,
             (None, _) => false,
-        } && ascending(bytes, lens)
-            && lens.iter().map(|&(key, value)| key + value).sum::<usize>() >= APPEND_RUN_MIN_BYTES;
+        } && ascending(pairs)
+            && pairs
+                .iter()
+                .map(|(key, value)| key.len() + value.len())
+                .sum::<usize>()
+                >= APPEND_RUN_MIN_BYTES;
         // The long values' pieces (see the `pieces` module) go in through a cursor of their
         // own, when they too lie past every piece there.
         // The first long value's key, and whether every long value's key has its length (the
         // pieces then ascend with the keys: a key that begins with another could put its
         // pieces among the other's).
         let (first_long, same_lengths) = {
-            let mut at = 0;
             let mut first: Option<&[u8]> = None;
             let mut same = true;
-            for &(key_len, value_len) in lens {
-                let (key, value) = pair_at(bytes, at, key_len, value_len);
-                at += key_len + value_len;
+            for &(key, value) in pairs {
                 if pieces::cut(bucket, key, value) {
                     let first = *first.get_or_insert(key);
                     same &= first.len() == key.len();
@@ -1159,7 +1181,6 @@ impl WriteTx<'_> {
                 }
             }
         }
-        let mut at = 0;
         if appended {
             let (mut large_cursor, mut small_cursor) = match pieces_tables.as_mut() {
                 Some(tables) => (
@@ -1181,9 +1202,7 @@ impl WriteTx<'_> {
             let mut cursor = table
                 .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
                 .map_err(Error::storage)?;
-            for &(key_len, value_len) in lens {
-                let (key, value) = pair_at(bytes, at, key_len, value_len);
-                at += key_len + value_len;
+            for &(key, value) in pairs {
                 self.note(bucket, key);
                 match (large_cursor.as_mut(), small_cursor.as_mut()) {
                     (Some(large_cursor), Some(small_cursor)) if pieces::cut(bucket, key, value) => {
@@ -1211,13 +1230,11 @@ impl WriteTx<'_> {
                 pieces_cursor.close().map_err(Error::storage)?;
             }
         } else {
-            for &(key_len, value_len) in lens {
-                let (key, value) = pair_at(bytes, at, key_len, value_len);
-                at += key_len + value_len;
+            for &(key, value) in pairs {
                 self.insert_one(&mut table, &mut pieces_tables, bucket, key, value)?;
             }
         }
-        self.writes.set(self.writes.get() + lens.len() as u64);
+        self.writes.set(self.writes.get() + pairs.len() as u64);
         Ok(())
     }
 

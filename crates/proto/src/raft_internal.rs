@@ -276,11 +276,15 @@ pub enum Payload {
 }
 
 /// Decodes an `EntryNormal` entry's data as etcd 3.4's `applyEntryNormal` does.
-pub fn decode_entry(data: &[u8]) -> Result<Payload, prost::DecodeError> {
-    if data.is_empty() {
+///
+/// Given the entry's data as [`bytes::Bytes`] (raft's entries hold it so), the decoder reads each
+/// bytes field out of it without a copy of its own before the one into the message's field: with
+/// large values the decode of a `&[u8]` copied each value twice.
+pub fn decode_entry<B: bytes::Buf + Clone>(data: B) -> Result<Payload, prost::DecodeError> {
+    if !data.has_remaining() {
         return Ok(Payload::Noop);
     }
-    match InternalRaftRequest::decode(data) {
+    match InternalRaftRequest::decode(data.clone()) {
         Ok(mut request) => match request.v2.take() {
             Some(v2) => Ok(Payload::V2(v2)),
             None => Ok(Payload::V3(Box::new(request))),

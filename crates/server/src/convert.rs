@@ -270,7 +270,7 @@ fn write_converted(member: &etcdrs_etcddir::EtcdMember, root: &Path) -> Result<(
 /// etcd-rs reads (the same payloads), except a `ConfChangeV2`, which etcd never writes.
 fn check_entry(entry: &Entry) -> Result<()> {
     match entry.get_entry_type() {
-        EntryType::EntryNormal => crate::request::decode(&entry.data)
+        EntryType::EntryNormal => crate::request::decode(entry.data.clone())
             .map(|_| ())
             .map_err(|e| {
                 fatal(format!(

@@ -117,7 +117,7 @@ fn streams() -> Vec<(&'static str, Vec<u8>)> {
 fn decode_entry(entry: &Entry) {
     match entry.get_entry_type() {
         EntryType::EntryNormal => {
-            let _ = crate::request::decode(&entry.data);
+            let _ = crate::request::decode(entry.data.clone());
         }
         _ => {
             if let Ok(change) = EtcdConfChange::decode(&entry.data)

@@ -252,7 +252,7 @@ fn v2_put(id: u64, path: &str, val: String) -> V2Request {
 }
 
 /// Reads an `EntryNormal` entry's data by etcd's rule.
-pub fn decode(data: &[u8]) -> Result<Decoded, prost::DecodeError> {
+pub fn decode<B: bytes::Buf + Clone>(data: B) -> Result<Decoded, prost::DecodeError> {
     Ok(match etcd::decode_entry(data)? {
         Payload::Noop => Decoded::Noop,
         Payload::V2(v2) => decode_v2(v2),
@@ -522,7 +522,7 @@ mod tests {
         for op in ops {
             for form in [PublishForm::V2, PublishForm::V3] {
                 let data = encode(9, Some(&proposer), op.clone(), form);
-                let decoded = decode(&data).expect("decodes");
+                let decoded = decode(&data[..]).expect("decodes");
                 let expected_proposer = match (&op, form) {
                     // etcd 3.4's v2 request has no header.
                     (
@@ -600,7 +600,7 @@ mod tests {
                     val: val.into(),
                     ..Default::default()
                 }
-                .encode_to_vec(),
+                .encode_to_vec()[..],
             )
             .expect("decodes")
         };
@@ -639,7 +639,7 @@ mod tests {
         assert_eq!(v2("PUT", "/0/downgrade", "{"), Decoded::Ignored { id: 3 });
         assert_eq!(v2("PUT", "/foo", "x"), Decoded::Ignored { id: 3 });
         assert_eq!(v2("SYNC", "", ""), Decoded::Ignored { id: 3 });
-        assert_eq!(decode(&[]).ok(), Some(Decoded::Noop));
+        assert_eq!(decode(&[][..]).ok(), Some(Decoded::Noop));
         assert_eq!(PublishForm::for_cluster_version("3.4.0"), PublishForm::V2);
         assert_eq!(PublishForm::for_cluster_version("3.5.0"), PublishForm::V2);
         assert_eq!(PublishForm::for_cluster_version("3.6.0"), PublishForm::V3);

@@ -116,10 +116,19 @@ impl Entries {
 }
 
 impl RecentValues {
-    /// Keeps `written` (in revision order, all after what is kept), dropping the oldest beyond
-    /// the budget and those kept longer than [`MAX_AGE`]. Called with each commit, also one
-    /// that wrote no large value.
-    pub(crate) fn record(&self, written: &[(Revision, Vec<u8>)]) {
+    /// `value` copied into the chunk kept values share (module docs), for [`record`]. The
+    /// writer copies each large value here as it stores it, and hands the stored bytes
+    /// themselves to the backend: one copy instead of two.
+    ///
+    /// [`record`]: RecentValues::record
+    pub(crate) fn keep(&self, value: &[u8]) -> Bytes {
+        self.inner.write().copy(value)
+    }
+
+    /// Keeps `written` (in revision order, all after what is kept; each value from
+    /// [`keep`](RecentValues::keep)), dropping the oldest beyond the budget and those kept
+    /// longer than [`MAX_AGE`]. Called with each commit, also one that wrote no large value.
+    pub(crate) fn record(&self, written: &[(Revision, Bytes)]) {
         self.record_at(written, Instant::now());
     }
 
@@ -129,7 +138,7 @@ impl RecentValues {
         self.record_at(&[], now);
     }
 
-    fn record_at(&self, written: &[(Revision, Vec<u8>)], now: Instant) {
+    fn record_at(&self, written: &[(Revision, Bytes)], now: Instant) {
         if written.is_empty() && !self.inner.read().oldest_expired(now) {
             return;
         }
@@ -139,9 +148,8 @@ impl RecentValues {
             if inner.values.back().is_some_and(|(last, _, _)| last >= rev) {
                 inner.reset();
             }
-            let value = inner.copy(value);
             inner.bytes += value.len() + ENTRY_OVERHEAD;
-            inner.values.push_back((*rev, value, now));
+            inner.values.push_back((*rev, value.clone(), now));
         }
         while inner.bytes > BUDGET || inner.oldest_expired(now) {
             inner.pop_oldest();
@@ -187,8 +195,8 @@ impl RecentValues {
 mod tests {
     use super::*;
 
-    fn value(len: usize, fill: u8) -> Vec<u8> {
-        vec![fill; len]
+    fn value(len: usize, fill: u8) -> Bytes {
+        Bytes::from(vec![fill; len])
     }
 
     #[test]
@@ -265,7 +273,7 @@ mod tests {
         let recent = RecentValues::default();
         let revs: Vec<Revision> = (1..=40).map(|main| Revision::new(main, 0)).collect();
         // Values of several sizes, one larger than a chunk's quarter (kept on its own).
-        let written: Vec<(Revision, Vec<u8>)> = revs
+        let written: Vec<(Revision, Bytes)> = revs
             .iter()
             .map(|rev| {
                 let len = if rev.main == 20 {
@@ -276,10 +284,28 @@ mod tests {
                 (*rev, value(len, rev.main as u8))
             })
             .collect();
-        recent.record(&written);
+        let kept: Vec<(Revision, Bytes)> = written
+            .iter()
+            .map(|(rev, value)| (*rev, recent.keep(value)))
+            .collect();
+        recent.record(&kept);
+        // The values of a chunk's quarter or less (under 1 MiB together) lie one after the
+        // other in one chunk; the larger one is elsewhere.
+        let small: Vec<&Bytes> = kept
+            .iter()
+            .filter(|(rev, _)| rev.main != 20)
+            .map(|(_, value)| value)
+            .collect();
+        for pair in small.windows(2) {
+            assert_eq!(
+                pair[0].as_ptr() as usize + pair[0].len(),
+                pair[1].as_ptr() as usize,
+                "a value not right after its predecessor in their chunk"
+            );
+        }
         let found = recent.lookup(&revs);
         for (i, (_, want)) in written.iter().enumerate() {
-            assert_eq!(found.get(i).map(|b| &b[..]), Some(want.as_slice()));
+            assert_eq!(found.get(i).map(|b| &b[..]), Some(&want[..]));
         }
         // Nothing asked for is kept: nothing is allocated for the answer.
         assert!(recent.lookup(&[Revision::new(0, 5)]).is_empty());

@@ -15,7 +15,7 @@ pub struct WriteBatch<'a> {
     pub(super) tx: BatchTx<'a>,
     pub(super) changes: Vec<Change>,
     /// The large key-values it stored, for the store's record of them (`recent`).
-    pub(super) large: Vec<(Revision, Vec<u8>)>,
+    pub(super) large: Vec<(Revision, bytes::Bytes)>,
 }
 
 impl<'a> WriteBatch<'a> {
@@ -263,13 +263,12 @@ impl Txn<'_, '_> {
         };
         let stored = kv.encode_to_vec();
         if stored.len() >= super::recent::LARGE {
-            self.batch.tx.put(Bucket::KEY, &rev.to_bytes(), &stored)?;
-            self.batch.large.push((rev, stored));
-        } else {
-            self.batch
-                .tx
-                .put_owned(Bucket::KEY, &rev.to_bytes(), stored)?;
+            let kept = self.batch.store.recent.keep(&stored);
+            self.batch.large.push((rev, kept));
         }
+        self.batch
+            .tx
+            .put_owned(Bucket::KEY, &rev.to_bytes(), stored)?;
         let lessor = &self.batch.store.lessor;
         let old_lease = lessor.lease_of(key);
         if old_lease != lease {

@@ -294,7 +294,7 @@ impl Applier {
                     if entry.data.is_empty() {
                         continue;
                     }
-                    let decoded = crate::request::decode(entry.data.as_ref())
+                    let decoded = crate::request::decode(entry.data.clone())
                         .map_err(|e| ServerError::Fatal(format!("decode raft request: {e}")))?;
                     let (id, proposer, op) = match decoded {
                         Decoded::Noop => continue,
