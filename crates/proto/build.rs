@@ -24,6 +24,9 @@ const JSON_PACKAGES: &[&str] = &[
     "v3electionpb",
 ];
 
+/// The one bytes field generated as `bytes::Bytes` rather than `Vec<u8>`.
+const PUT_VALUE: &str = ".etcdserverpb.PutRequest.value";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // prost-build does not emit these itself.
     println!("cargo:rerun-if-changed=build.rs");
@@ -40,6 +43,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     // `prost::Name`: the JSON gateway finds a request's descriptor by its full name.
     config.enable_type_names();
+    // A put's value as `bytes::Bytes`: decoded from a request's own buffer it is not copied,
+    // and a large value is copied once on its way into the raft entry instead of twice.
+    config.bytes([PUT_VALUE]);
     // Without the `grpc` feature, the messages alone: no service code, nothing of tonic.
     let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     tonic_prost_build::configure()

@@ -60,7 +60,7 @@ async fn fill(global: &GlobalOpts, opts: &ListOpts, endpoint: &str) -> Result<()
             while i < opts.fill {
                 let req = PutRequest {
                     key: key(&opts.prefix, i),
-                    value: value(&mut rng, &opts),
+                    value: value(&mut rng, &opts).into(),
                     ..Default::default()
                 };
                 let _: PutResponse = call(&mut put, &req, timeout).await?;
@@ -161,7 +161,7 @@ pub async fn list(global: &GlobalOpts, opts: &ListOpts) -> Result<Value> {
                     tokio::time::sleep_until(next).await;
                     let req = PutRequest {
                         key: key(&opts.prefix, rng.random_range(0..opts.fill)),
-                        value: value(&mut rng, &opts),
+                        value: value(&mut rng, &opts).into(),
                         ..Default::default()
                     };
                     let _: PutResponse = call(&mut put, &req, timeout).await?;

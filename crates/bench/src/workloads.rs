@@ -38,7 +38,7 @@ impl Worker for PutWorker {
         };
         let req = PutRequest {
             key: self.keys.key(n),
-            value: self.value.to_vec(),
+            value: self.value.to_vec().into(),
             ..Default::default()
         };
         self.kv.call::<_, PutResponse>(&req).await.map(drop)
@@ -130,7 +130,7 @@ impl Worker for TxnPutWorker {
                 RequestOp {
                     request: Some(request_op::Request::RequestPut(PutRequest {
                         key: self.keys.key(n),
-                        value: self.value.to_vec(),
+                        value: self.value.to_vec().into(),
                         ..Default::default()
                     })),
                 }

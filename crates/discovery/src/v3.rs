@@ -391,7 +391,7 @@ impl Discovery {
         loop {
             let request = PutRequest {
                 key: key.as_bytes().to_vec(),
-                value: entry.as_bytes().to_vec(),
+                value: entry.as_bytes().to_vec().into(),
                 ..PutRequest::default()
             };
             let result = self

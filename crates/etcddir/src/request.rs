@@ -111,7 +111,7 @@ mod tests {
             }),
             put: Some(pb::PutRequest {
                 key: b"k".to_vec(),
-                value: b"v".to_vec(),
+                value: b"v".to_vec().into(),
                 ..Default::default()
             }),
             ..Default::default()

@@ -252,7 +252,7 @@ async fn grant_and_put(
         .into_inner();
     let put = PutRequest {
         key: key.to_vec(),
-        value: value.to_vec(),
+        value: bytes::Bytes::copy_from_slice(value),
         lease: grant.id,
         ..Default::default()
     };

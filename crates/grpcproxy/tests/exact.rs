@@ -100,7 +100,7 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
     let put = kv
         .put(PutRequest {
             key: b"y".to_vec(),
-            value: b"1".to_vec(),
+            value: b"1".to_vec().into(),
             ..Default::default()
         })
         .await
@@ -119,7 +119,7 @@ async fn exact_watchers_get_their_own_cluster_watcher() {
     // Everybody gets the event, with the proxy's watch ids.
     kv.put(PutRequest {
         key: b"x".to_vec(),
-        value: b"v".to_vec(),
+        value: b"v".to_vec().into(),
         ..Default::default()
     })
     .await

@@ -128,7 +128,7 @@ fn prev_of(txn: &Txn<'_, '_>, key: &[u8]) -> Result<Option<KeyValue>> {
 
 /// Apply a put inside `txn`.
 pub fn put(txn: &mut Txn<'_, '_>, req: &PutRequest) -> Result<PutResponse> {
-    let mut value = req.value.as_slice();
+    let mut value = &req.value[..];
     let mut lease = req.lease;
     let prev = if req.ignore_value || req.ignore_lease || req.prev_kv {
         prev_of(txn, &req.key)?

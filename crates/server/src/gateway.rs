@@ -668,7 +668,7 @@ mod tests {
         ]);
         let a: PutRequest = r.next().await.unwrap().unwrap();
         let b: PutRequest = r.next().await.unwrap().unwrap();
-        assert_eq!((a.key, a.value), (b"foo".to_vec(), b"bar".to_vec()));
+        assert_eq!((a.key, &a.value[..]), (b"foo".to_vec(), &b"bar"[..]));
         assert_eq!(b.key, b"a".to_vec());
         assert!(r.next::<PutRequest>().await.is_none());
     }

@@ -420,7 +420,7 @@ mod tests {
         let ops = [
             Op::Put(PutRequest {
                 key: b"k".to_vec(),
-                value: b"v".to_vec(),
+                value: b"v".to_vec().into(),
                 lease: 5,
                 ..Default::default()
             }),
@@ -576,7 +576,7 @@ mod tests {
 
         let put = PutRequest {
             key: b"k".to_vec(),
-            value: b"v".to_vec(),
+            value: b"v".to_vec().into(),
             ..Default::default()
         };
         let data = encode(2, None, Op::Put(put), PublishForm::V3);

@@ -254,7 +254,7 @@ async fn new_token(
     }
     let v3 = PutRequest {
         key: path.clone().into_bytes(),
-        value: size.to_string().into_bytes(),
+        value: size.to_string().into_bytes().into(),
         ..PutRequest::default()
     };
     if let Err(status) = Kv::put(&keys.rpc, tonic::Request::new(v3)).await {

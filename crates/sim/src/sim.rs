@@ -555,7 +555,7 @@ fn cas_request(key: u64, expect: Option<u64>, new: u64) -> TxnRequest {
         success: vec![RequestOp {
             request: Some(Request::RequestPut(PutRequest {
                 key: key_bytes(key),
-                value: new.to_string().into_bytes(),
+                value: new.to_string().into_bytes().into(),
                 ..PutRequest::default()
             })),
         }],

@@ -69,7 +69,7 @@ pub(super) fn put_op(key: &[u8], value: Vec<u8>, lease: i64) -> RequestOp {
     RequestOp {
         request: Some(request_op::Request::RequestPut(PutRequest {
             key: key.to_vec(),
-            value,
+            value: value.into(),
             lease,
             ..Default::default()
         })),

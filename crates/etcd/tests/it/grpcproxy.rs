@@ -2001,7 +2001,7 @@ async fn range_stream_is_unimplemented_as_in_etcds_proxy() {
     // The fallback: a range through the proxy.
     kv.put(PutRequest {
         key: b"k".to_vec(),
-        value: b"v".to_vec(),
+        value: b"v".to_vec().into(),
         ..Default::default()
     })
     .await

@@ -904,7 +904,7 @@ async fn direct_kv_calls_are_answered_as_tonic_answers_them() {
     .encode_to_vec();
     let put = etcdrs_proto::etcdserverpb::PutRequest {
         key: b"k".to_vec(),
-        value: b"v".to_vec(),
+        value: b"v".to_vec().into(),
         ..Default::default()
     }
     .encode_to_vec();
@@ -921,7 +921,7 @@ async fn direct_kv_calls_are_answered_as_tonic_answers_them() {
     let oversized = framed(
         &etcdrs_proto::etcdserverpb::PutRequest {
             key: b"k".to_vec(),
-            value: vec![b'x'; 1024 + 512 * 1024 + 100],
+            value: vec![b'x'; 1024 + 512 * 1024 + 100].into(),
             ..Default::default()
         }
         .encode_to_vec(),

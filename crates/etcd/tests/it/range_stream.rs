@@ -46,7 +46,7 @@ async fn seed(
             .map(|&i| RequestOp {
                 request: Some(OpRequest::RequestPut(PutRequest {
                     key: format!("{prefix}{i:06}").into_bytes(),
-                    value: vec![b'a' + (i % 26) as u8; value_len(i)],
+                    value: vec![b'a' + (i % 26) as u8; value_len(i)].into(),
                     ..Default::default()
                 })),
             })
@@ -424,7 +424,7 @@ async fn later_pages_read_at_the_first_pages_revision_and_wait_for_the_reader() 
         writer
             .put(PutRequest {
                 key: key.into(),
-                value: b"written after the first message".to_vec(),
+                value: b"written after the first message".to_vec().into(),
                 ..Default::default()
             })
             .await
@@ -467,7 +467,7 @@ async fn later_pages_read_at_the_first_pages_revision_and_wait_for_the_reader() 
     let head = writer
         .put(PutRequest {
             key: b"t".to_vec(),
-            value: b"v".to_vec(),
+            value: b"v".to_vec().into(),
             ..Default::default()
         })
         .await

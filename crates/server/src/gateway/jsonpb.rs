@@ -397,7 +397,7 @@ mod tests {
                 RequestOp {
                     request: Some(request_op::Request::RequestPut(PutRequest {
                         key: b"foo".to_vec(),
-                        value: b"bar".to_vec(),
+                        value: b"bar".to_vec().into(),
                         ..Default::default()
                     }))
                 },

@@ -125,7 +125,7 @@ pub(super) fn put_op(key: &[u8], value: &[u8], lease: i64) -> RequestOp {
     RequestOp {
         request: Some(OpRequest::RequestPut(PutRequest {
             key: key.to_vec(),
-            value: value.to_vec(),
+            value: bytes::Bytes::copy_from_slice(value),
             lease,
             ..PutRequest::default()
         })),

@@ -50,7 +50,7 @@ pub(super) fn op_put(key: Vec<u8>, value: Vec<u8>) -> RequestOp {
     RequestOp {
         request: Some(OpRequest::RequestPut(PutRequest {
             key,
-            value,
+            value: value.into(),
             ..PutRequest::default()
         })),
     }

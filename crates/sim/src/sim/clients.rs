@@ -113,7 +113,7 @@ impl Sim {
                     Kind::Put(value) => {
                         request.put = Some(PutRequest {
                             key: key_bytes(key),
-                            value: value.to_string().into_bytes(),
+                            value: value.to_string().into_bytes().into(),
                             ..PutRequest::default()
                         })
                     }

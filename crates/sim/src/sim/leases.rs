@@ -96,7 +96,7 @@ impl Sim {
                 header: Some(self.admin_header(self.next_request + 1, i)),
                 put: Some(PutRequest {
                     key: format!("lease-{id}").into_bytes(),
-                    value: b"held".to_vec(),
+                    value: b"held".to_vec().into(),
                     lease: id,
                     ..PutRequest::default()
                 }),

@@ -159,7 +159,7 @@ impl Harness {
 fn put(key: &str, value: &str) -> Op {
     Op::Put(PutRequest {
         key: key.as_bytes().to_vec(),
-        value: value.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec().into(),
         ..Default::default()
     })
 }
