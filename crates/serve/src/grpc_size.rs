@@ -12,10 +12,13 @@ pub async fn grpc_size_error(mut response: axum::response::Response) -> axum::re
 /// [`grpc_size_error`] on the headers of a response (a trailers-only gRPC answer carries its
 /// status there), for callers outside axum's middleware.
 pub fn rewrite_size_error(headers: &mut axum::http::HeaderMap) {
-    if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"11") {
+    if headers.get(crate::names::GRPC_STATUS).map(|v| v.as_bytes()) != Some(b"11") {
         return;
     }
-    let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) else {
+    let Some(message) = headers
+        .get(crate::names::GRPC_MESSAGE)
+        .and_then(|v| v.to_str().ok())
+    else {
         return;
     };
     let message = etcdrs_proto::rpctypes::decode_grpc_message(message.as_bytes());

@@ -18,6 +18,7 @@
 //! - [`process`]: the `process_*` series of Go's process collector, for both `/metrics`.
 //! - [`unary`]: a unary gRPC call answered before any router (the request's one message read
 //!   whole, the answer's body), or handed on with what was read replayed.
+//! - [`names`]: the header names looked up per request, parsed at compile time.
 //! - [`grpc_metrics`]: go-grpc-prometheus's `grpc_server_*` series and etcd's message byte and
 //!   client request counters, counted by [`grpc_metrics::wire::CountGrpc`] around a router.
 //!
@@ -36,6 +37,7 @@ pub mod h2authority;
 pub mod keepalive;
 pub mod leader;
 pub mod listener;
+pub mod names;
 pub mod process;
 pub mod unary;
 pub mod watch_limits;

@@ -168,7 +168,9 @@ where
         if this.pending.is_some() {
             match &polled {
                 Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(status) = frame.trailers_ref().and_then(|t| t.get("grpc-status"))
+                    if let Some(status) = frame
+                        .trailers_ref()
+                        .and_then(|t| t.get(crate::names::GRPC_STATUS))
                         && let Some(pending) = this.pending.take()
                     {
                         pending.finish(status_code(status));
@@ -292,7 +294,7 @@ where
         let mut pending = this.pending.take();
         Poll::Ready(result.map(|response| {
             // An error answered at once carries its status among the headers.
-            if let Some(status) = response.headers().get("grpc-status")
+            if let Some(status) = response.headers().get(crate::names::GRPC_STATUS)
                 && let Some(call) = pending.take()
             {
                 call.finish(status_code(status));

@@ -84,7 +84,7 @@ impl DirectKv {
         // A compressed body is tonic's to refuse (no compression is accepted).
         let encoded = request
             .headers()
-            .get("grpc-encoding")
+            .get(etcdrs_serve::names::GRPC_ENCODING)
             .is_some_and(|v| v.as_bytes() != b"identity");
         let (parts, body) = request.into_parts();
         let Some(method) = method.filter(|_| !encoded) else {

@@ -54,10 +54,10 @@ impl Rpc {
 
     /// These services, acting with the credentials `request` carries.
     pub(crate) fn as_caller<T>(&self, request: &tonic::Request<T>) -> Rpc {
-        let metadata = request.metadata();
-        let token = metadata
-            .get("token")
-            .or_else(|| metadata.get("authorization"))
+        let headers = request.metadata().as_ref();
+        let token = headers
+            .get(etcdrs_serve::names::TOKEN)
+            .or_else(|| headers.get(axum::http::header::AUTHORIZATION))
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let common_name = request
@@ -98,10 +98,10 @@ impl Rpc {
         &self,
         request: &tonic::Request<T>,
     ) -> Result<Option<crate::auth::AuthInfo>, tonic::Status> {
-        let metadata = request.metadata();
-        let token = metadata
-            .get("token")
-            .or_else(|| metadata.get("authorization"))
+        let headers = request.metadata().as_ref();
+        let token = headers
+            .get(etcdrs_serve::names::TOKEN)
+            .or_else(|| headers.get(axum::http::header::AUTHORIZATION))
             .and_then(|v| v.to_str().ok())
             .or(self.caller.token.as_deref());
         let common_name = request
