@@ -15,12 +15,12 @@ BIN=$1 TOTAL=$2 VALSIZE=$3 PORT=${PORT:-25379}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TOOL=${ETCD_BENCHMARK:-$ROOT/../shared/tools/etcd-benchmark}
 DIR=$(mktemp -d /tmp/bench-instructions.XXXXXX)
+# shellcheck source=lib/member.sh
+source "$ROOT/scripts/lib/member.sh"
+member_flags "$DIR/data" "$PORT"
 trap 'kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; rm -rf "$DIR"' EXIT
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$DIR/callgrind.out" \
-  "$BIN" --name m --data-dir "$DIR/data" --listen-client-urls "http://127.0.0.1:$PORT" \
-  --advertise-client-urls "http://127.0.0.1:$PORT" --listen-peer-urls "http://127.0.0.1:$((PORT + 1))" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$((PORT + 1))" \
-  --initial-cluster "m=http://127.0.0.1:$((PORT + 1))" --quota-backend-bytes 8589934592 >"$DIR/log" 2>&1 &
+  "$BIN" "${MEMBER_FLAGS[@]}" >"$DIR/log" 2>&1 &
 PID=$!
 for _ in $(seq 300); do
   ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$PORT" endpoint health >/dev/null 2>&1 && break

@@ -12,11 +12,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TOOL=${ETCD_BENCHMARK:-$ROOT/../shared/tools/etcd-benchmark}
 BENCH=$ROOT/target/release/bench
 DIR=$(mktemp -d /tmp/bench-maintenance.XXXXXX)
+# shellcheck source=lib/member.sh
+source "$ROOT/scripts/lib/member.sh"
+QUOTA=17179869184 member_flags "$DIR/data" "$PORT"
 trap 'kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; rm -rf "$DIR"' EXIT
-"$BIN" --name m --data-dir "$DIR/data" --listen-client-urls "http://127.0.0.1:$PORT" \
-  --advertise-client-urls "http://127.0.0.1:$PORT" --listen-peer-urls "http://127.0.0.1:$((PORT + 1))" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$((PORT + 1))" \
-  --initial-cluster "m=http://127.0.0.1:$((PORT + 1))" --quota-backend-bytes 17179869184 >"$DIR/log" 2>&1 &
+"$BIN" "${MEMBER_FLAGS[@]}" >"$DIR/log" 2>&1 &
 PID=$!
 ctl() { ETCDCTL_API=3 etcdctl --endpoints "127.0.0.1:$PORT" --command-timeout=3600s "$@"; }
 for _ in $(seq 100); do ctl endpoint health >/dev/null 2>&1 && break; sleep 0.2; done
