@@ -933,6 +933,13 @@ const APPEND_RUN_MIN_BYTES: usize = 64 << 10;
 /// A key and its value, borrowed from wherever they are held.
 type Pair<'a> = (&'a [u8], &'a [u8]);
 
+/// Pairs gathered for one [`WriteTx::insert_all`], and their bytes.
+#[derive(Default)]
+struct Run<'a> {
+    pairs: Vec<Pair<'a>>,
+    bytes: usize,
+}
+
 /// The pairs laid end to end in `bytes`, `lens` giving each key's and value's length.
 fn pairs_in<'a>(bytes: &'a [u8], lens: &[(usize, usize)]) -> Vec<Pair<'a>> {
     let mut at = 0;
@@ -992,38 +999,31 @@ impl WriteTx<'_> {
         let layers = self.backend.published();
         self.flush_puts()?;
         for name in Bucket::ALL {
-            let mut run: Vec<Pair<'_>> = Vec::new();
-            let mut run_bytes = 0;
+            let mut run = Run::default();
             for bucket in layers.iter().filter_map(|layer| layer.bucket(name)) {
                 if bucket.cleared {
-                    self.insert_all(name, &run)?;
-                    run.clear();
-                    run_bytes = 0;
+                    self.insert_run(name, &mut run)?;
                     self.clear(bucket.bucket)?;
                 }
                 let mut removed = Vec::new();
                 for (key, value) in &bucket.entries {
                     match value {
                         Some(value) => {
-                            run.push((key, value));
-                            run_bytes += key.len() + value.len();
-                            if run_bytes >= PUTS_FLUSH_BYTES {
-                                self.insert_all(name, &run)?;
-                                run.clear();
-                                run_bytes = 0;
+                            run.pairs.push((key, value));
+                            run.bytes += key.len() + value.len();
+                            if run.bytes >= PUTS_FLUSH_BYTES {
+                                self.insert_run(name, &mut run)?;
                             }
                         }
                         None => removed.push(key.as_slice()),
                     }
                 }
                 if !removed.is_empty() {
-                    self.insert_all(name, &run)?;
-                    run.clear();
-                    run_bytes = 0;
+                    self.insert_run(name, &mut run)?;
                     self.delete_all(bucket.bucket, removed)?;
                 }
             }
-            self.insert_all(name, &run)?;
+            self.insert_run(name, &mut run)?;
         }
         if let Some(layer) = layers.last() {
             self.absorbed = layer.generation;
@@ -1122,6 +1122,14 @@ impl WriteTx<'_> {
         puts.bytes.clear();
         puts.lens.clear();
         result
+    }
+
+    /// Inserts the pairs of `run` into `bucket` and empties it.
+    fn insert_run(&self, bucket: Bucket, run: &mut Run<'_>) -> Result<()> {
+        self.insert_all(bucket, &run.pairs)?;
+        run.pairs.clear();
+        run.bytes = 0;
+        Ok(())
     }
 
     /// Inserts `pairs` into `bucket`, in order.

@@ -54,12 +54,7 @@ impl Rpc {
 
     /// These services, acting with the credentials `request` carries.
     pub(crate) fn as_caller<T>(&self, request: &tonic::Request<T>) -> Rpc {
-        let headers = request.metadata().as_ref();
-        let token = headers
-            .get(etcdrs_serve::names::TOKEN)
-            .or_else(|| headers.get(axum::http::header::AUTHORIZATION))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let token = request_token(request).map(str::to_owned);
         let common_name = request
             .extensions()
             .get::<ClientIdentity>()
@@ -98,12 +93,7 @@ impl Rpc {
         &self,
         request: &tonic::Request<T>,
     ) -> Result<Option<crate::auth::AuthInfo>, tonic::Status> {
-        let headers = request.metadata().as_ref();
-        let token = headers
-            .get(etcdrs_serve::names::TOKEN)
-            .or_else(|| headers.get(axum::http::header::AUTHORIZATION))
-            .and_then(|v| v.to_str().ok())
-            .or(self.caller.token.as_deref());
+        let token = request_token(request).or(self.caller.token.as_deref());
         let common_name = request
             .extensions()
             .get::<ClientIdentity>()
@@ -111,4 +101,14 @@ impl Rpc {
             .or(self.caller.common_name.as_deref());
         Ok(self.server.auth().auth_info(token, common_name)?)
     }
+}
+
+/// The auth token `request` carries: gRPC metadata `token`, or `authorization` as the JSON
+/// gateway passes it.
+fn request_token<T>(request: &tonic::Request<T>) -> Option<&str> {
+    let headers = request.metadata().as_ref();
+    headers
+        .get(etcdrs_serve::names::TOKEN)
+        .or_else(|| headers.get(axum::http::header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
 }
